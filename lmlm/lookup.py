@@ -322,11 +322,16 @@ def _parse_tokens(text: str, tokens: LookupTokens) -> tuple[list[Segment], list[
                     continue
             else:
                 problem = "lookup call is not closed in order (start, sep, retrieve, end)"
+            # the broken call reaches to its end marker or the next call, whichever is first
+            nxt = [j for j in (text.find(t.start, i + 1), text.find(t.end, i + 1)) if j >= 0]
+            stop = min(nxt) if nxt else len(text)
+            stop = stop + len(t.end) if text.startswith(t.end, stop) else stop
         else:
             problem = f"{mk} outside a lookup call"
+            stop = i + len(mk)
         problems.append(LookupProblem(i, problem, text[i:i + 80]))
-        segments.append(Text(text[pos:i + len(mk)], (pos, i + len(mk))))
-        pos = i + len(mk)
+        segments.append(Text(text[pos:stop], (pos, stop)))
+        pos = stop
     segments.append(Text(text[pos:], (pos, len(text))))
     return segments, problems
 

@@ -141,7 +141,7 @@ class LookupTokenizer:
 
         An unfinished or malformed call at the end is returned as text (its markers decoded).
         """
-        ids = [i for i in ids if i != self.doc_id or i in self.call_ids]
+        ids = [i for i in ids if i not in (self.doc_id, self.eos_id)]
         segments: list[Segment] = []
         org: list[int] = []
         prev_text = ""
@@ -163,7 +163,7 @@ class LookupTokenizer:
                 if not want:
                     e, r, v = (self.decode_field(p) for p in parts[:3])
                     if e and r:
-                        text = self.hf.decode(org, skip_special_tokens=True)
+                        text = self.hf.decode(org, skip_special_tokens=False)
                         segments.append(Text(text[len(prev_text):]))
                         prev_text = text
                         segments.append(Lookup(e, r, v))
@@ -171,16 +171,18 @@ class LookupTokenizer:
                         continue
             org.append(ids[i])
             i += 1
-        text = self.hf.decode(org, skip_special_tokens=False)
-        text_skip = self.hf.decode(org, skip_special_tokens=True)
-        segments.append(Text((text_skip if len(text_skip) >= len(prev_text) else text)[len(prev_text):]))
+        segments.append(Text(self.hf.decode(org, skip_special_tokens=False)[len(prev_text):]))
         segments = [s for s in segments if not (isinstance(s, Text) and not s.text)]
         # annotation convention: "born " + call + " 1990" (the space after the call goes with it)
         for k, seg in enumerate(segments):
-            if (isinstance(seg, Lookup) and k > 0 and k + 1 < len(segments) and isinstance(segments[k - 1], Text)
-                    and isinstance(segments[k + 1], Text) and segments[k + 1].text.startswith(" ")
-                    and not segments[k - 1].text[-1:].isspace()):
-                segments[k - 1] = Text(segments[k - 1].text + " ")
+            if not isinstance(seg, Lookup) or k + 1 >= len(segments) or not isinstance(segments[k + 1], Text):
+                continue
+            prev = segments[k - 1] if k > 0 and isinstance(segments[k - 1], Text) else None
+            nxt = segments[k + 1].text
+            if not nxt.startswith(" ") and (prev is None or prev.text[-1:].isspace()):
+                segments[k + 1] = Text(" " + nxt)
+            elif nxt.startswith(" ") and prev is not None and not prev.text[-1:].isspace():
+                segments[k - 1] = Text(prev.text + " ")
         return segments
 
     def save(self, folder: str | Path) -> None:
