@@ -1,0 +1,268 @@
+"""Lookup-interleaved decoding with a tiny GPT-2 trained here on an annotated biography corpus."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from lmlm.generate import LookupGenerator, LookupLogitsProcessor, call_spans
+from lmlm.kb import KnowledgeBase, Triple
+from lmlm.lookup import Lookup, Text, strip
+from lmlm.tokens import LookupTokenizer, labels_from_roles, train_bpe
+
+FIRST = ["Ada", "Bram", "Cleo", "Dario", "Elin", "Farid", "Greta", "Hugo", "Ines", "Jonas",
+         "Kira", "Lars", "Mila", "Nico", "Olga", "Pavel", "Quinn", "Rosa", "Soren", "Tara"]
+LAST = ["Lind", "Moss"]
+CITIES = ["Paris", "Lisbon", "Oslo", "Cairo", "Lima", "Dublin", "Prague", "Vienna", "Quito", "Hanoi"]
+JOBS = ["baker", "pilot", "nurse", "farmer", "painter", "lawyer", "sailor", "teacher"]
+
+
+def make_kb(world, path: str = "kb") -> KnowledgeBase:
+    """A KB holding the world's facts, each citing the biography it came from."""
+    kb = KnowledgeBase.create(path)
+    kb.add([Triple(e, r, v, source=f"bio-{e}") for (e, r), v in world.facts.items()])
+    return kb
+
+
+class CountingKB:
+    """Wraps a KB and records each ``lookup_batch`` call."""
+
+    def __init__(self, kb):
+        self.kb, self.calls = kb, []
+
+    def lookup_batch(self, queries):
+        self.calls.append(list(queries))
+        return self.kb.lookup_batch(queries)
+
+
+def _doc(name: str, city: str, job: str, rng: random.Random) -> list:
+    born = [Text(f"{name} was born in "), Lookup(name, "Birth City", city), Text(f" {city}.")]
+    works = [Text(f"{name} works as a "), Lookup(name, "Occupation", job), Text(f" {job}.")]
+    first, second = (born, works) if rng.random() < 0.5 else (works, born)
+    return first + [Text(" ")] + second
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """A 64-wide model runs fastest on one thread, and is not slowed by other jobs on a shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def world():
+    """A tokenizer, a GPT-2 trained on 40 people's annotated biographies, and their facts."""
+    rng = random.Random(0)
+    people = [(f"{f} {last}", rng.choice(CITIES), rng.choice(JOBS)) for f in FIRST for last in LAST]
+    docs = [_doc(*p, rng) for p in people for _ in range(3)]
+    tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=600, min_frequency=1))
+    encs = [tok.encode(d) for d in docs]
+    width = max(map(len, encs))
+    ids = torch.full((len(encs), width), tok.eos_id)
+    labels = torch.full((len(encs), width), -100)
+    for i, e in enumerate(encs):
+        ids[i, :len(e)] = torch.tensor(e.input_ids)
+        labels[i, :len(e)] = torch.tensor(labels_from_roles(e.input_ids, e.roles, tok.end_id))
+    torch.manual_seed(0)
+    model = _gpt2(tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(250):
+        b = torch.randint(0, len(encs), (16,))
+        loss = model(input_ids=ids[b], labels=labels[b]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.6
+    facts = {(n, "Birth City"): c for n, c, _ in people} | {(n, "Occupation"): j for n, _, j in people}
+    return SimpleNamespace(tok=tok, model=model.eval(), people=people, facts=facts)
+
+
+def _gpt2(tok: LookupTokenizer) -> GPT2LMHeadModel:
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=len(tok), n_positions=256,
+                        bos_token_id=tok.doc_id, eos_token_id=tok.eos_id)
+    return GPT2LMHeadModel(config)
+
+
+def _prompts(world, n: int = 30) -> list[str]:
+    tails = ["was born in", "works as a"]
+    return [f"{name} {tails[i % 2]}" if i % 3 else f"{name} works as a {job}. {name} was born in"
+            for i, (name, _, job) in enumerate(world.people[:n])]
+
+
+def test_lookup_value_comes_from_the_kb(world):
+    prompts = [f"{name} was born in" for name, _, _ in world.people[:10]]
+    kb = make_kb(world)
+    counting = CountingKB(kb)
+    gen = LookupGenerator(world.model, world.tok, counting)
+    for r, (name, city, _) in zip(gen.generate(prompts, max_new_tokens=40), world.people):
+        assert r.trace and r.trace[0].found and r.trace[0].query_entity == name
+        assert r.trace[0].value == city
+        assert r.text.startswith(f"[dblookup('{name}', 'Birth City') -> {city}]")
+    assert counting.calls[0] == [(n, "Birth City") for n, _, _ in world.people[:10]]  # one call for all rows
+    # edit the KB: the same model, unchanged, now writes the new answers
+    moved = {name: "Cairo" if city != "Cairo" else "Oslo" for name, city, _ in world.people[:10]}
+    for name, new in moved.items():
+        version = kb.edit(name, "Birth City", new)
+    copied = 0
+    for r, name in zip(gen.generate(prompts, max_new_tokens=40), moved):
+        new = moved[name]
+        assert r.trace[0].value == new and r.trace[0].kb_version == version
+        assert r.text.startswith(f"[dblookup('{name}', 'Birth City') -> {new}]")
+        copied += r.clean_text.startswith(f"{new}.")
+    assert copied >= 8  # the model copies the looked-up value into the text
+
+
+def test_batched_equals_single_row(world):
+    gen = LookupGenerator(world.model, world.tok, make_kb(world))
+    prompts = _prompts(world) + ["Ada", "Hugo Moss works", "The"]
+    batched = gen.generate(prompts, max_new_tokens=40, batch_size=16)
+    single = [gen.generate([p], max_new_tokens=40)[0] for p in prompts]
+    assert [r.token_ids for r in batched] == [r.token_ids for r in single]
+    assert [r.text for r in batched] == [r.text for r in single]
+    assert sum(bool(r.trace) for r in batched) >= 25
+
+
+def test_without_db_no_lookup_tokens(world):
+    gen = LookupGenerator(world.model, world.tok, None, use_db=False, logit_bias=(30, 30, 30, 30))
+    for r in gen.generate(_prompts(world, 12), max_new_tokens=30):
+        assert not set(r.token_ids) & set(world.tok.call_ids)
+        assert r.trace == [] and r.text == r.clean_text
+    with pytest.raises(ValueError, match="force_lookup"):
+        gen.generate(["Ada"], force_lookup=True)
+
+
+def test_force_lookup(world):
+    gen = LookupGenerator(world.model, world.tok, make_kb(world))
+    names = [name for name, _, _ in world.people[:6]]
+    for name, r in zip(names, gen.generate([f"{n} works as a" for n in names], force_lookup=True, max_new_tokens=30)):
+        assert r.token_ids[0] == world.tok.start_id and r.trace[0].token_start == 0
+        assert r.trace[0].query_entity == name and r.trace[0].found
+    # a prompt the model would not look up after still gets a call
+    r = gen.generate(["The"], force_lookup=True, max_new_tokens=60)[0]
+    assert r.token_ids[0] == world.tok.start_id and len(r.trace) >= 1
+
+
+def test_complete_call(world):
+    gen = LookupGenerator(world.model, world.tok, None)
+    people = world.people[:8]
+    prefixes = [gen.prompt_ids(f"{n} was born in", force_lookup=True) for n, _, _ in people]
+    queries = gen.complete_call(prefixes, batch_size=3)
+    assert queries == [(n, "Birth City") for n, _, _ in people]
+    with pytest.raises(ValueError, match="must end with"):
+        gen.complete_call([[world.tok.doc_id]])
+
+
+def test_trace_fields(world):
+    tok = world.tok
+    kb = make_kb(world)
+    (gone, _, _), (kept, city, _) = world.people[2], world.people[4]
+    kb.delete(entity=gone, relation="Birth City")
+    prompts = [f"{gone} was born in", f"{kept} was born in"]
+    missing, found = LookupGenerator(world.model, tok, kb).generate(prompts, max_new_tokens=40)
+    for r in (missing, found):  # the positions slice the call out of token_ids
+        t = r.trace[0]
+        ids = r.token_ids
+        assert ids[t.token_start] == tok.start_id and ids[t.token_end - 1] == tok.end_id
+        retrieve = ids.index(tok.retrieve_id, t.token_start)
+        assert tok.decode_field(ids[retrieve + 1:t.token_end - 1]) == t.value
+        assert tok.decode_field(ids[t.token_start + 1:ids.index(tok.sep_id)]) == t.query_entity
+    t = found.trace[0]
+    record = kb.get(t.triple_id)
+    assert (t.matched_entity, t.matched_relation, t.value, t.score) == (kept, "Birth City", city, 1.0)
+    assert (record.entity, record.value) == (kept, city)
+    assert t.sources == (f"bio-{kept}",) and t.kb_version == kb.version == 2
+    t = missing.trace[0]  # the nearest key stands in (fuzzy match) ...
+    assert t.query_entity == gone and t.found and (t.matched_entity, t.matched_relation) != (gone, "Birth City")
+    assert t.score < 1.0 and t.value == world.facts[(t.matched_entity, t.matched_relation)]
+    kb.threshold = 1.01  # ... unless nothing is close enough
+    r = LookupGenerator(world.model, tok, kb).generate(prompts[:1], max_new_tokens=40)[0]
+    t = r.trace[0]
+    assert (t.found, t.value, t.matched_entity, t.triple_id, t.kb_version) == (False, "unknown", None, None, 2)
+    # fallback=None closes an unanswered call at once
+    r = LookupGenerator(world.model, tok, kb, fallback=None).generate(prompts[:1], max_new_tokens=40)[0]
+    t = r.trace[0]
+    assert t.value == "" and r.token_ids[t.token_end - 2] == tok.retrieve_id
+
+
+def test_sampling_is_reproducible(world):
+    kb = make_kb(world)
+    gen = LookupGenerator(world.model, world.tok, kb)
+    prompts = _prompts(world, 8)
+    kw = dict(max_new_tokens=30, do_sample=True, temperature=1.5, top_k=50, top_p=0.95)
+    a = gen.generate(prompts, seed=3, **kw)
+    b = gen.generate(prompts, seed=3, **kw)
+    c = gen.generate(prompts, seed=4, **kw)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert [r.token_ids for r in a] != [r.token_ids for r in c]
+    for r in a + c:  # values are forced whatever is sampled
+        for t in r.trace:
+            assert t.value == (world.facts[(t.matched_entity, t.matched_relation)] if t.found else "unknown")
+
+
+def test_beam_search_runs(world):
+    gen = LookupGenerator(world.model, world.tok, make_kb(world))
+    r = gen.generate(["Ada Lind was born in"], max_new_tokens=30, num_beams=3)[0]
+    assert r.trace[0].value == world.facts[("Ada Lind", "Birth City")]
+
+
+# -- a random model pushed hard towards the lookup tokens -------------------------------------
+
+@pytest.fixture(scope="module")
+def random_model(world):
+    torch.manual_seed(1)
+    return _gpt2(world.tok).eval()
+
+
+def test_random_model_terminates_within_limits(world, random_model):
+    tok = world.tok
+    gen = LookupGenerator(random_model, tok, make_kb(world), logit_bias=(30, 30, 30, 30), max_field_tokens=3)
+    for force in (False, True):
+        for r in gen.generate([f"{w} {w}" for w in FIRST], max_new_tokens=50, force_lookup=force):
+            assert len(r.token_ids) <= 50 + force
+            spans, stray = call_spans(r.token_ids, tok)
+            assert stray == [] and spans
+            assert all(sp.end is not None for sp in spans[:-1])  # only the last call may be cut off
+            for sp in spans:  # fields are non-empty and within max_field_tokens
+                if sp.sep is not None:
+                    assert 1 <= sp.sep - sp.start - 1 <= 3
+                if sp.retrieve is not None:
+                    assert 1 <= sp.retrieve - sp.sep - 1 <= 3
+            if spans[-1].end is None:
+                assert any("unfinished" in p for p in r.problems)
+            assert r.trace and all(t.value == "unknown" for t in r.trace if not t.found)
+    # prompts holding half a call: the call is finished, its markers reported as out of place
+    for r in gen.generate(["<|sep|> Ada", "Ada <|db_retrieve|>", "<|db_end|>"], max_new_tokens=50):
+        assert len(r.token_ids) <= 50
+    assert all("outside a call" in r.problems[0] for r in gen.generate(["<|sep|> Ada", "Ada <|db_retrieve|>"]))
+    cut = gen.generate(FIRST[:4], max_new_tokens=2, force_lookup=True)
+    assert all(len(r.token_ids) == 3 and "unfinished" in r.problems[0] for r in cut)
+
+
+def test_max_lookups(world, random_model):
+    tok = world.tok
+    for limit in (0, 2):
+        gen = LookupGenerator(random_model, tok, None, logit_bias=(30, 30, 30, 30), max_lookups=limit)
+        for r in gen.generate([f"{w} was" for w in FIRST[:6]], max_new_tokens=60):
+            assert r.token_ids.count(tok.start_id) == limit and len(r.trace) == limit
+
+
+def test_processor_grammar_and_arguments(world):
+    tok = world.tok
+    proc = LookupLogitsProcessor(tok, logit_bias=None)
+    vocab = len(tok)
+    rows = torch.tensor([[tok.doc_id, tok.start_id], [tok.start_id, 5], [tok.doc_id, 5]])
+    scores = proc(rows, torch.zeros(3, vocab))
+    banned = torch.isinf(scores)
+    assert banned[0, tok.sep_id] and banned[0, tok.eos_id] and not banned[1, tok.sep_id]
+    assert banned[2, tok.sep_id] and banned[2, tok.end_id] and not banned[2, tok.start_id]
+    biased = LookupLogitsProcessor(tok)(rows[2:], torch.zeros(1, vocab))
+    assert biased[0, tok.start_id] == 5.0 and biased[0, 5] == 0.0
+    for bad in (dict(logit_bias=(1.0, 2.0)), dict(max_lookups=-1), dict(max_field_tokens=0), dict(fallback=3)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            LookupLogitsProcessor(tok, **bad)
