@@ -1,0 +1,56 @@
+"""Every CLI command answers --help; the presets table reproduces the paper's counts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lmlm.cli import app
+
+runner = CliRunner()
+
+COMMANDS = [[], ["quickstart"], ["presets"], ["world"], ["train"], ["generate"],
+            ["kb"], ["kb", "build"], ["kb", "add"], ["kb", "edit"], ["kb", "delete"], ["kb", "lookup"],
+            ["kb", "search"], ["kb", "stats"], ["kb", "log"], ["kb", "export"], ["kb", "import"]]
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c) or "lmlm")
+def test_help(cmd):
+    result = runner.invoke(app, cmd + ["--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage" in result.output
+
+
+def test_presets_json_matches_paper(shared_data):
+    result = runner.invoke(app, ["presets", "--json",
+                                 "--tokenizer", f"gpt2={shared_data / 'tokenizers' / 'gpt2'}",
+                                 "--tokenizer", f"llama2={shared_data / 'tokenizers' / 'llama2'}"])
+    assert result.exit_code == 0, result.output
+    rows = {r["preset"]: r for r in json.loads(result.output)}
+    expected = {"gpt2-124m": (50261, 124.4e6, None), "gpt2-355m": (50261, 354.8e6, None),
+                "llama2-176m": (32004, 176.4e6, 160.0e6), "llama2-382m": (32004, 381.8e6, 357.3e6)}
+    for name, (vocab, total, non_emb) in expected.items():
+        row = rows[name]
+        assert row["vocab_size"] == vocab
+        assert abs(row["total"] - total) / total < 0.002
+        if non_emb:
+            assert abs(row["non_embedding"] - non_emb) / non_emb < 0.002
+
+
+def test_world_and_kb_commands(tmp_path):
+    world = tmp_path / "world"
+    assert runner.invoke(app, ["world", str(world), "--preset", "smoke"]).exit_code == 0
+    kb = tmp_path / "kb"
+    res = runner.invoke(app, ["kb", "build", str(kb), "--triples", str(world / "triples.jsonl")])
+    assert res.exit_code == 0, res.output
+    row = json.loads((world / "triples.jsonl").read_text().splitlines()[0])
+    res = runner.invoke(app, ["kb", "lookup", str(kb), row["entity"], row["relation"]])
+    assert res.exit_code == 0 and json.loads(res.output)["value"]
+    res = runner.invoke(app, ["kb", "delete", str(kb), "--entity", row["entity"], "--why", "test"])
+    assert res.exit_code == 0 and "deleted" in res.output
+    res = runner.invoke(app, ["kb", "lookup", str(kb), row["entity"], row["relation"], "--threshold", "1.01"])
+    assert json.loads(res.output) is None
+    res = runner.invoke(app, ["kb", "lookup", str(tmp_path / "nope"), "a", "b"])
+    assert res.exit_code == 2

@@ -1,0 +1,241 @@
+"""Pretraining: packing and labels from roles, a real tiny model really trained, resume and DDP parity."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lmlm.checkpoint import load_checkpoint
+from lmlm.lookup import Text, parse, strip
+from lmlm.tokens import CALL, IGNORE_INDEX, ORG, VALUE, LookupTokenizer, train_bpe
+from lmlm.train import (TrainConfig, _Batches, encode_documents, evaluate_loss, learning_rate, main, pack,
+                        read_documents, train)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FIRST = ["Ada", "Bruno", "Chiara", "Dmitri", "Elena", "Farid", "Greta", "Hiro", "Ines", "Jonas", "Kofi", "Lena",
+         "Marta", "Nils", "Olga", "Pavel", "Quinn", "Rosa", "Sven", "Tariq", "Uma", "Viktor", "Wanda", "Yusuf"]
+LAST = ["Albers", "Brandt", "Costa", "Dubois", "Eriksen", "Fischer", "Garcia", "Horvat", "Ivanova", "Jansen",
+        "Kowalski", "Larsen", "Moreau", "Novak", "Okafor", "Petrov"]
+CITIES = ["London", "Paris", "Lisbon", "Oslo", "Vienna", "Prague", "Madrid", "Dublin", "Warsaw", "Athens"]
+JOBS = ["painter", "chemist", "architect", "violinist", "engineer", "historian", "surgeon", "poet"]
+
+
+def biographies(n: int, seed: int = 0) -> list[str]:
+    """Annotated one-paragraph biographies: text with lookup calls before each fact."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        name = f"{rng.choice(FIRST)} {rng.choice(LAST)}"
+        city, job, year = rng.choice(CITIES), rng.choice(JOBS), rng.randint(1900, 1999)
+        out.append(f"{name} was born in [dblookup('{name}', 'Birth City') -> {city}] {city} in "
+                   f"[dblookup('{name}', 'Birth Year') -> {year}] {year}. {name.split()[0]} worked as a "
+                   f"[dblookup('{name}', 'Occupation') -> {job}] {job} and later moved to "
+                   f"{rng.choice(CITIES)}, where the family still lives.")
+    return out
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return [parse(t).segments for t in biographies(240)]
+
+
+@pytest.fixture(scope="module")
+def tok(docs):
+    return LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=400))
+
+
+def _config(tmp_path, name="run", **kw) -> TrainConfig:
+    base = dict(model="gpt2-tiny", seq_len=64, micro_batch_size=4, batch_size=8, max_steps=8, warmup_steps=2,
+                lr=3e-3, log_every=1, progress=False, threads=1, out_dir=str(tmp_path / name))
+    return TrainConfig(**{**base, **kw})
+
+
+def _losses(out_dir) -> list[float]:
+    lines = [json.loads(ln) for ln in (Path(out_dir) / "train_log.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in lines if "loss" in r]
+
+
+# -- data -----------------------------------------------------------------------------------------
+
+def test_lmlm_and_standard_share_org_tokens(docs, tok):
+    lmlm = encode_documents(docs, tok, "lmlm")
+    standard = encode_documents(docs, tok, "standard")
+    for a, b in zip(lmlm, standard):
+        assert [t for t, r in zip(a.input_ids, a.roles) if r == ORG] == b.input_ids
+        assert set(b.roles) == {ORG}
+        assert set(a.roles) == {0, 1, 2, 3, 4}
+
+
+def test_pack_preserves_every_token_and_role(docs, tok):
+    enc = encode_documents(docs[:30], tok, "lmlm")
+    ids = [t for e in enc for t in e.input_ids]
+    roles = [r for e in enc for r in e.roles]
+    packed = pack(enc, 64, tok.end_id, pad_id=tok.eos_id)
+    assert packed.input_ids.shape == packed.roles.shape == packed.labels.shape == (-(-len(ids) // 64), 64)
+    assert packed.input_ids.flatten()[:len(ids)].tolist() == ids
+    assert packed.roles.flatten()[:len(ids)].tolist() == roles
+    assert (packed.labels.flatten()[len(ids):] == IGNORE_INDEX).all()  # padding is never trained
+    assert packed.num_tokens == len(ids) and packed.real().flatten().tolist() == [True] * len(ids) + [False] * (
+        packed.input_ids.numel() - len(ids))
+    dropped = pack(enc, 64, tok.end_id)
+    assert len(dropped) == len(ids) // 64
+    assert dropped.input_ids.flatten().tolist() == ids[:len(dropped) * 64]
+
+
+def test_labels_mask_exactly_values_and_db_end(docs, tok):
+    enc = encode_documents(docs[:30], tok, "lmlm")
+    packed = pack(enc, 64, tok.end_id)
+    ids, roles, labels = packed.input_ids, packed.roles, packed.labels
+    masked = labels == IGNORE_INDEX
+    assert torch.equal(masked, (roles == VALUE) | (ids == tok.end_id))
+    assert torch.equal(labels[~masked], ids[~masked])
+    assert ((ids == tok.end_id) <= (roles == CALL)).all()
+    assert (roles == VALUE).sum() > 0 and (ids == tok.end_id).sum() == (ids == tok.start_id).sum()
+    # the shifted targets are the labels of the next position
+    targets, target_roles = packed.targets()
+    assert torch.equal(targets[:, :-1], labels[:, 1:]) and (targets[:, -1] == IGNORE_INDEX).all()
+    assert torch.equal(target_roles[:, :-1], roles[:, 1:])
+
+
+def test_read_documents_jsonl_and_txt(tmp_path):
+    texts = biographies(3)
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (tmp_path / "a.txt").write_text("\n".join(texts) + "\n\n")
+    expected = [parse(t).segments for t in texts]
+    assert read_documents(tmp_path / "a.jsonl") == read_documents(tmp_path / "a.txt") == expected
+
+
+def test_block_order_is_a_seeded_permutation_per_epoch():
+    b = _Batches(num_blocks=10, batch_size=4, seed=1)
+    assert b.steps_per_epoch == 2
+    epoch0 = torch.cat([b(0), b(1)])
+    assert len(set(epoch0.tolist())) == 8
+    assert torch.equal(b(0), _Batches(10, 4, 1)(0)) and not torch.equal(b(0), _Batches(10, 4, 2)(0))
+    assert not torch.equal(b(2), b(0))  # a new permutation in the next epoch
+
+
+def test_learning_rate_schedule():
+    cfg = TrainConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.1)
+    assert learning_rate(0, cfg, 110) == pytest.approx(0.1)
+    assert learning_rate(9, cfg, 110) == pytest.approx(1.0)
+    assert learning_rate(60, cfg, 110) == pytest.approx(0.55)
+    assert learning_rate(110, cfg, 110) == pytest.approx(0.1)
+    assert learning_rate(60, TrainConfig(lr=1.0, warmup_steps=10, schedule="constant"), 110) == 1.0
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="mode"):
+        TrainConfig(mode="rag")
+    with pytest.raises(ValueError, match="max_steps or epochs"):
+        TrainConfig(max_steps=3, epochs=1)
+    with pytest.raises(ValueError, match="unknown TrainConfig fields"):
+        TrainConfig.from_dict({"learning_rate": 1.0})
+
+
+# -- training -------------------------------------------------------------------------------------
+
+def test_tiny_model_learns_and_saves_a_checkpoint(tmp_path, docs, tok):
+    held_out = [parse(t).segments for t in biographies(20, seed=99)]
+    cfg = _config(tmp_path, max_steps=40, eval_every=20)
+    result = train(cfg, docs, tok, eval_documents=held_out)
+    losses = _losses(cfg.out_dir)
+    assert len(losses) == 40 and losses[0] > 5.0
+    assert sum(losses[-5:]) / 5 < losses[0] - 1.5
+    stats = result.stats
+    assert stats["steps"] == 40 and stats["completed"] and stats["final_loss"] == losses[-1]
+    assert stats["tokens"] == 40 * 8 * 64 and 0 < stats["trained_tokens"] < stats["tokens"]
+    assert stats["parameters"]["total"] == sum(p.numel() for p in result.model.parameters())
+    assert stats["eval"]["loss"] < losses[0] and {"loss_org", "loss_entity", "loss_value"} <= set(stats["eval"])
+
+    out = Path(cfg.out_dir)
+    resolved = json.loads((out / "train_config.json").read_text())
+    assert resolved["train"]["grad_accum"] == 2 and resolved["model"]["hidden_size"] == 64
+    model, tokenizer, meta = load_checkpoint(out / "checkpoint")
+    assert meta["mode"] == "lmlm" and meta["stats"]["steps"] == 40
+    assert AutoModelForCausalLM.from_pretrained(str(out / "checkpoint")) is not None
+    packed = pack(encode_documents(held_out, tokenizer), 64, tokenizer.end_id, pad_id=tokenizer.eos_id)
+    assert evaluate_loss(model, packed)["loss"] == pytest.approx(stats["eval"]["loss"], rel=1e-5)
+
+
+def test_standard_baseline_trains_on_stripped_text(tmp_path, docs, tok):
+    result = train(_config(tmp_path, mode="standard", model="llama-tiny", max_steps=4), docs, tok)
+    resolved = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    standard_tokens = sum(len(e) for e in encode_documents(docs, tok, "standard"))
+    assert resolved["data_trained_tokens"] == standard_tokens
+    assert result.stats["steps"] == 4 and result.stats["final_loss"] > 0
+
+
+def test_loss_is_the_mean_over_trained_tokens_of_the_global_batch(tmp_path, docs, tok):
+    """One micro-batch of 8 or two accumulated micro-batches of 4: the same steps (values are masked
+    unevenly across micro-batches, so a mean of micro-batch means would differ)."""
+    train(_config(tmp_path, "a", micro_batch_size=8), docs, tok)
+    train(_config(tmp_path, "b", micro_batch_size=4), docs, tok)
+    torch.testing.assert_close(_losses(tmp_path / "a"), _losses(tmp_path / "b"), rtol=1e-5, atol=0)
+
+
+def test_resume_continues_exactly(tmp_path, docs, tok):
+    straight = train(_config(tmp_path, "straight"), docs, tok).stats
+    first = train(_config(tmp_path, "split", stop_step=4), docs, tok).stats
+    assert first["steps"] == 4 and not first["completed"]
+    resumed = train(_config(tmp_path, "split", resume=True), docs, tok).stats
+    assert resumed["steps"] == 8 and resumed["trained_tokens"] == straight["trained_tokens"]
+    # the same batches, weights, optimizer moments and RNG: bit-identical on one process
+    assert resumed["final_loss"] == straight["final_loss"]
+    assert _losses(tmp_path / "split") == _losses(tmp_path / "straight")
+
+
+def test_resume_refuses_a_changed_recipe(tmp_path, docs, tok):
+    train(_config(tmp_path, stop_step=2), docs, tok)
+    with pytest.raises(ValueError, match="train.lr"):
+        train(_config(tmp_path, resume=True, lr=1e-2), docs, tok)
+
+
+def test_max_seconds_stops_and_saves_state(tmp_path, docs, tok):
+    stats = train(_config(tmp_path, max_steps=10_000, max_seconds=0.5), docs, tok).stats
+    assert 0 < stats["steps"] < 10_000 and not stats["completed"]
+    state = json.loads((tmp_path / "run" / "state" / "trainer_state.json").read_text())
+    assert state["step"] == stats["steps"]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(tmp_path, docs, tok):
+    """``torchrun --nproc_per_node 2`` (gloo, CPU) with the same global batch takes the same steps.
+
+    The two processes split each global batch of 8 into halves of 4 and DDP averages their
+    gradients; one process accumulates the same halves. Scaling by 2 and averaging over 2 is exact
+    in floating point and a sum of two terms does not depend on their order, so the losses agree to
+    the last bit here; the tolerance (1e-6 relative) only allows for all-reduce implementations
+    that sum in another precision.
+    """
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in biographies(240)))
+    tok.save(tmp_path / "tok")
+    cfg = _config(tmp_path, max_steps=6, micro_batch_size=4).to_dict()
+    cfg.update(data=str(data), tokenizer=str(tmp_path / "tok"))
+    for name in ("one", "two"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({**cfg, "out_dir": str(tmp_path / name)}))
+    main(["--config", str(tmp_path / "one.json")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "lmlm.train", "--config", str(tmp_path / "two.json")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert stats["num_processes"] == 2 and stats["steps"] == 6
+    torch.testing.assert_close(_losses(tmp_path / "two"), _losses(tmp_path / "one"), rtol=1e-6, atol=0)
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_eager(tmp_path, docs, tok):
+    eager = train(_config(tmp_path, "eager", max_steps=4), docs, tok).stats
+    compiled = train(_config(tmp_path, "compiled", max_steps=4, compile=True), docs, tok).stats
+    assert compiled["final_loss"] == pytest.approx(eager["final_loss"], rel=1e-4)
