@@ -116,7 +116,7 @@ def world(out: Path = typer.Argument(..., help="folder to write the world to"),
 def train(config: Path = typer.Option(..., help="TrainConfig JSON (mode, model, data, tokenizer, ...)"),
           out_dir: Optional[Path] = typer.Option(None, help="override the config's out_dir"),
           resume: bool = typer.Option(False, help="continue from OUT_DIR/state")):
-    """Pretrain an LMLM or Standard model (also under `accelerate launch -m lmlm.train`)."""
+    """Pretrain an LMLM or Standard model (several CPU processes: `torchrun --nproc_per_node N -m lmlm.train`)."""
     from .train import main
 
     argv = ["--config", str(config)] + (["--out-dir", str(out_dir)] if out_dir else []) + (["--resume"] if resume else [])

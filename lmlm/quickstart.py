@@ -51,10 +51,11 @@ class QuickstartConfig:
     model: str = "gpt2-small-cpu"
     vocab_size: int = 4096
     seq_len: int = 256
-    batch_size: int = 16
-    max_steps: int = 1200
+    batch_size: int = 8
+    max_steps: int = 640
     lr: float = 2e-3
-    warmup_steps: int = 60
+    warmup_steps: int = 40
+    precision: str = "bf16"
     n_cloze: int | None = 1500
     n_edits: int = 200
     forget_fraction: float = 0.05
@@ -122,7 +123,7 @@ def _train_models(cfg: QuickstartConfig, world, tok, out: Path) -> dict:
         _stage(f"3. train {mode.upper()} ({cfg.model}, {cfg.max_steps} steps)")
         tc = TrainConfig(mode=mode, model=cfg.model, model_overrides=cfg.model_overrides, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
                          micro_batch_size=cfg.batch_size, max_steps=cfg.max_steps, lr=cfg.lr,
-                         warmup_steps=cfg.warmup_steps, seed=cfg.seed, out_dir=str(run), resume=True,
+                         warmup_steps=cfg.warmup_steps, precision=cfg.precision, seed=cfg.seed, out_dir=str(run), resume=True,
                          kb=str(out / "kb"), save_every=max(cfg.max_steps // 4, 50))
         stats[mode] = train(tc, docs, tok).stats
     return stats

@@ -26,8 +26,10 @@ def render_generation(text: str) -> str:
     from .lookup import Lookup, parse
 
     out = []
-    for seg in parse(text).segments:
+    for k, seg in enumerate(parse(text).segments):
         if isinstance(seg, Lookup):
+            if k == 0:
+                out.append(" ")
             out.append(f"**⟦{seg.entity} · {seg.relation} → {seg.value}⟧**")
         else:
             out.append(seg.text.replace("*", "\\*"))
