@@ -78,8 +78,7 @@ QUICKSTART_PRESETS: dict[str, dict[str, Any]] = {
     # about 12 minutes on a 2-core CPU
     "default": {},
     # about 2-3 minutes: what the tests run
-    "smoke": dict(world="smoke", model="gpt2-tiny", vocab_size=1024, seq_len=128, batch_size=16, max_steps=250,
-                  lr=3e-3, warmup_steps=20, model_overrides={"context_length": 256}, n_cloze=300, n_edits=40, n_retain=150, n_heldout=40, n_samples=3),
+    "smoke": dict(world="smoke", vocab_size=1024, max_steps=200, warmup_steps=20, n_cloze=300, n_edits=40, n_retain=150, n_heldout=40, n_samples=3),
 }
 
 

@@ -86,6 +86,9 @@ class LookupTokenizer:
         # byte-level ones (GPT-2) need an explicit leading space for a word inside a call.
         first = tokenizer.convert_ids_to_tokens(tokenizer.encode("a", add_special_tokens=False))[0]
         self._field_prefix = "" if first.startswith("\u2581") else " "
+        # byte-level tokenizers trained with add_prefix_space decode a document with a leading space
+        self._prefix_space = (self._field_prefix == " " and tokenizer.encode("a", add_special_tokens=False)
+                              == tokenizer.encode(" a", add_special_tokens=False))
 
     def __len__(self) -> int:
         return len(self.hf)
@@ -141,6 +144,7 @@ class LookupTokenizer:
 
         An unfinished or malformed call at the end is returned as text (its markers decoded).
         """
+        from_doc_start = bool(ids) and ids[0] == self.doc_id
         ids = [i for i in ids if i not in (self.doc_id, self.eos_id)]
         segments: list[Segment] = []
         org: list[int] = []
@@ -172,6 +176,9 @@ class LookupTokenizer:
             org.append(ids[i])
             i += 1
         segments.append(Text(self.hf.decode(org, skip_special_tokens=False)[len(prev_text):]))
+        if from_doc_start and self._prefix_space and segments and isinstance(segments[0], Text) \
+                and segments[0].text.startswith(" "):
+            segments[0] = Text(segments[0].text[1:])
         segments = [s for s in segments if not (isinstance(s, Text) and not s.text)]
         # annotation convention: "born " + call + " 1990" (the space after the call goes with it)
         for k, seg in enumerate(segments):
@@ -194,13 +201,16 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 4096, tokens: LookupTokens
     """Train a byte-level BPE on ``texts`` (plain text, lookups stripped) and wrap it for Hugging Face.
 
     Returns a ``PreTrainedTokenizerFast`` with ``<|endoftext|>`` as bos/eos/pad and the four lookup
-    tokens as special tokens.
+    tokens as special tokens. Text is encoded with a leading space (``add_prefix_space``).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # A word at the start of a document gets the same token as inside a sentence (and inside a
+    # lookup call), as with sentencepiece: " Ada" not "Ada". Copying a name into a call is then a
+    # copy of the same tokens.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tok.decoder = decoders.ByteLevel()
     special = [DOC_SEPARATOR, *tokens.as_list()]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=special,

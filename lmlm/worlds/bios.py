@@ -219,9 +219,10 @@ assert all(len(TEMPLATES[(r,)]) >= 4 for r in RELATIONS) and all(_OPENERS.values
 
 BIOS_PRESETS: dict[str, dict] = {
     "smoke": dict(n_people=150, n_heldout_docs=20, n_cities=40, n_universities=20, n_majors=20,
-                  n_companies=40),
-    "default": dict(n_people=1500, n_heldout_docs=200),
-    "large": dict(n_people=20000, n_heldout_docs=1000, n_cities=1000, n_universities=300, n_companies=1000),
+                  n_companies=40, n_first_names=40, n_last_names=40),
+    "default": dict(n_people=1500, n_heldout_docs=200, n_first_names=100, n_last_names=150),
+    "large": dict(n_people=20000, n_heldout_docs=1000, n_cities=1000, n_universities=300, n_companies=1000,
+                  n_first_names=400, n_last_names=1000),
 }
 
 
@@ -244,6 +245,9 @@ class BiosConfig:
         name_prob: chance that a sentence after the first names the person instead of a pronoun.
         international_names: share of names from non-US locales (diacritics, apostrophes).
         n_cities, n_universities, n_majors, n_companies: pool sizes shared by all people.
+        n_first_names, n_last_names: names combine first and last names from pools of these sizes
+            (0: any name Faker makes). Common names make copying a name into a lookup learnable
+            by a small model with a small budget; a rare name is still a unique combination.
         birth_years: (first, last) year of birth.
         seed: everything is deterministic given the seed.
     """
@@ -264,6 +268,8 @@ class BiosConfig:
     n_universities: int = 100
     n_majors: int = 60
     n_companies: int = 200
+    n_first_names: int = 0
+    n_last_names: int = 0
     birth_years: tuple[int, int] = (1940, 2000)
     seed: int = 0
 
@@ -433,13 +439,30 @@ def _make_names(config: BiosConfig) -> list[tuple[str, str]]:
     rng = _rng(config, "names")
     fakers = {loc: _faker(config, "names", loc) for loc in ("en_US", *_NAME_LOCALES)}
 
+    def locale() -> str:
+        return rng.choice(_NAME_LOCALES) if rng.random() < config.international_names else "en_US"
+
+    def pool(n: int, make) -> list[str]:
+        return _unique(lambda: make(fakers[locale()]), n, "names") if n else []
+
+    # Finite name pools: names are combinations of common first and last names, as in real text.
+    firsts = {"female": pool(config.n_first_names // 2, lambda f: f.first_name_female()),
+              "male": pool(config.n_first_names - config.n_first_names // 2, lambda f: f.first_name_male())}
+    lasts = pool(config.n_last_names, lambda f: f.last_name())
+    if lasts:  # keep names that test quoting (O'Byrne) in every pool
+        irish = _unique(lambda: fakers["en_IE"].last_name(), 200, "names")
+        quoted = [n for n in irish if "'" in n and n not in lasts][:max(1, len(lasts) // 50)]
+        lasts[-len(quoted):] = quoted
+
     def draw() -> tuple[str, str]:
-        locale = rng.choice(_NAME_LOCALES) if rng.random() < config.international_names else "en_US"
-        fake, gender = fakers[locale], rng.choice(("female", "male"))
-        first = fake.first_name_female() if gender == "female" else fake.first_name_male()
-        last = fake.last_name()
+        fake, gender = fakers[locale()], rng.choice(("female", "male"))
+        if firsts[gender]:
+            first = rng.choice(firsts[gender])
+        else:
+            first = fake.first_name_female() if gender == "female" else fake.first_name_male()
+        last = rng.choice(lasts) if lasts else fake.last_name()
         if rng.random() < 0.04:
-            last = f"{last}-{fake.last_name()}"
+            last = f"{last}-{rng.choice(lasts) if lasts else fake.last_name()}"
         return " ".join(f"{first} {last}".split()), gender
 
     people: dict[str, str] = {}
