@@ -52,7 +52,7 @@ class QuickstartConfig:
     vocab_size: int = 4096
     seq_len: int = 256
     batch_size: int = 8
-    max_steps: int = 640
+    max_steps: int = 900
     lr: float = 2e-3
     warmup_steps: int = 40
     precision: str = "bf16"
@@ -75,7 +75,7 @@ class QuickstartConfig:
 
 
 QUICKSTART_PRESETS: dict[str, dict[str, Any]] = {
-    # about 12 minutes on a 2-core CPU
+    # about 11-12 minutes on a 2-core CPU
     "default": {},
     # about 2-3 minutes: what the tests run
     "smoke": dict(world="smoke", vocab_size=1024, max_steps=200, warmup_steps=20, n_cloze=300, n_edits=40, n_retain=150, n_heldout=40, n_samples=3),
