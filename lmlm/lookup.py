@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Sequence, Union
+from typing import Iterable, Literal, Union
 
 __all__ = [
     "LookupTokens",
@@ -384,6 +384,3 @@ def convert(text: str, to: Literal["dblookup", "tokens"], tokens: LookupTokens =
     """Convert annotated text between surface forms (malformed calls stay as they were)."""
     return render(parse(text, tokens=tokens).segments, form=to, tokens=tokens)
 
-
-def segments_equal(a: Sequence[Segment], b: Sequence[Segment]) -> bool:
-    return list(a) == list(b)

@@ -91,42 +91,43 @@ def _bar_precision(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _bar_knowledge(report: dict, path: Path) -> None:
+def _labelled_bars(path: Path, labels, vals, colors, ylabel: str, title: str, ylim=None, size=(6, 3.5)) -> None:
+    """One bar per value, each labelled with its value."""
     plt = _plt()
-    u = report["unlearning"]
-    labels = ["added to KB\nafter training", "edited\n(new value)", "forget set\nbefore", "forget set\nafter",
-              "retain set\nbefore", "retain set\nafter"]
-    vals = [report["added_knowledge"]["lmlm"], report["edits"]["lmlm"], u["forget_before"], u["forget_after"],
-            u["retain_before"], u["retain_after"]]
-    colors = ["tab:green", "tab:green", "tab:gray", "tab:red", "tab:gray", "tab:blue"]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = plt.subplots(figsize=size)
     ax.bar(range(len(vals)), vals, color=colors)
+    top = ylim[1] if ylim else max(vals)
     for i, v in enumerate(vals):
-        ax.text(i, v + 0.02, f"{v:.2f}", ha="center", fontsize=8)
+        ax.text(i, v + 0.02 * top, f"{v:.2f}", ha="center", fontsize=8)
     ax.set_xticks(range(len(vals)), labels, fontsize=8)
-    ax.set_ylim(0, 1.1)
-    ax.set_ylabel("LMLM precision")
-    ax.set_title(f"Changing what the model knows, with no training (forget: {u['seconds'] * 1000:.0f} ms)")
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _bar_knowledge(report: dict, path: Path) -> None:
+    u = report["unlearning"]
+    _labelled_bars(
+        path,
+        ["added to KB\nafter training", "edited\n(new value)", "forget set\nbefore", "forget set\nafter",
+         "retain set\nbefore", "retain set\nafter"],
+        [report["added_knowledge"]["lmlm"], report["edits"]["lmlm"], u["forget_before"], u["forget_after"],
+         u["retain_before"], u["retain_after"]],
+        ["tab:green", "tab:green", "tab:gray", "tab:red", "tab:gray", "tab:blue"],
+        "LMLM precision", f"Changing what the model knows, with no training (forget: {u['seconds'] * 1000:.0f} ms)",
+        ylim=(0, 1.1), size=(7, 3.5))
 
 
 def _bar_perplexity(report: dict, path: Path) -> None:
-    plt = _plt()
     p = report["perplexity"]
-    labels = ["LMLM static", "LMLM dynamic", "LMLM normalized", "Standard"]
-    vals = [p["lmlm"]["static"], p["lmlm"]["dynamic"], p["lmlm"]["normalized"], p["standard"]]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar(range(4), vals, color=["tab:blue", "tab:cyan", "tab:purple", "tab:orange"])
-    for i, v in enumerate(vals):
-        ax.text(i, v * 1.01, f"{v:.2f}", ha="center", fontsize=8)
-    ax.set_xticks(range(4), labels, fontsize=8)
-    ax.set_ylabel("perplexity (held-out documents)")
-    ax.set_title("Held-out perplexity (lower is better)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _labelled_bars(path, ["LMLM static", "LMLM dynamic", "LMLM normalized", "Standard"],
+                   [p["lmlm"]["static"], p["lmlm"]["dynamic"], p["lmlm"]["normalized"], p["standard"]],
+                   ["tab:blue", "tab:cyan", "tab:purple", "tab:orange"],
+                   "perplexity (held-out documents)", "Held-out perplexity (lower is better)")
 
 
 def write_report(report: dict, out: str | Path) -> Path:
