@@ -48,7 +48,7 @@ class QuickstartConfig:
 
     name: str = "default"
     world: str = "default"
-    model: str = "gpt2-small-cpu"
+    model: str = "llama-small-cpu"
     vocab_size: int = 4096
     seq_len: int = 256
     batch_size: int = 8
@@ -78,7 +78,7 @@ QUICKSTART_PRESETS: dict[str, dict[str, Any]] = {
     # about 11-12 minutes on a 2-core CPU
     "default": {},
     # about 2-3 minutes: what the tests run
-    "smoke": dict(world="smoke", vocab_size=1024, max_steps=200, warmup_steps=20, n_cloze=300, n_edits=40, n_retain=150, n_heldout=40, n_samples=3),
+    "smoke": dict(world="smoke", model="gpt2-small-cpu", vocab_size=1024, max_steps=200, warmup_steps=20, n_cloze=300, n_edits=40, n_retain=150, n_heldout=40, n_samples=3),
 }
 
 
