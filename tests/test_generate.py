@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from types import SimpleNamespace
 
@@ -57,7 +58,13 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def world():
-    """A tokenizer, a GPT-2 trained on 40 people's annotated biographies, and their facts."""
+    return trained_world()
+
+
+@functools.cache
+def trained_world():
+    """A tokenizer, a GPT-2 trained on 40 people's annotated biographies, and their facts (built once
+    per session; the other generation test files share it)."""
     rng = random.Random(0)
     people = [(f"{f} {last}", rng.choice(CITIES), rng.choice(JOBS)) for f in FIRST for last in LAST]
     docs = [_doc(*p, rng) for p in people for _ in range(3)]
@@ -70,6 +77,8 @@ def world():
         ids[i, :len(e)] = torch.tensor(e.input_ids)
         labels[i, :len(e)] = torch.tensor(labels_from_roles(e.input_ids, e.roles, tok.end_id))
     torch.manual_seed(0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 64-wide model trains fastest on one thread
     model = _gpt2(tok)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(250):
@@ -78,6 +87,7 @@ def world():
         opt.zero_grad()
         loss.backward()
         opt.step()
+    torch.set_num_threads(before)
     assert loss.item() < 0.6
     facts = {(n, "Birth City"): c for n, c, _ in people} | {(n, "Occupation"): j for n, _, j in people}
     return SimpleNamespace(tok=tok, model=model.eval(), people=people, facts=facts)
@@ -174,19 +184,32 @@ def test_trace_fields(world):
     t = found.trace[0]
     record = kb.get(t.triple_id)
     assert (t.matched_entity, t.matched_relation, t.value, t.score) == (kept, "Birth City", city, 1.0)
+    assert t.status == "exact" and t.problem is None
     assert (record.entity, record.value) == (kept, city)
     assert t.sources == (f"bio-{kept}",) and t.kb_version == kb.version == 2
     t = missing.trace[0]  # the nearest key stands in (fuzzy match) ...
     assert t.query_entity == gone and t.found and (t.matched_entity, t.matched_relation) != (gone, "Birth City")
     assert t.score < 1.0 and t.value == world.facts[(t.matched_entity, t.matched_relation)]
+    assert t.status == "fuzzy"
     kb.threshold = 1.01  # ... unless nothing is close enough
     r = LookupGenerator(world.model, tok, kb).generate(prompts[:1], max_new_tokens=40)[0]
     t = r.trace[0]
     assert (t.found, t.value, t.matched_entity, t.triple_id, t.kb_version) == (False, "unknown", None, None, 2)
+    assert t.status == "fallback"
+    # the nearest key anyway (the authors' top1_anyway), marked as below the threshold
+    r = LookupGenerator(world.model, tok, kb, on_miss="nearest").generate(prompts[:1], max_new_tokens=40)[0]
+    t = r.trace[0]
+    assert t.status == "nearest" and t.found and t.score < 1.01
+    assert (t.matched_entity, t.matched_relation) != (gone, "Birth City")
+    assert t.value == world.facts[(t.matched_entity, t.matched_relation)]
+    r = LookupGenerator(world.model, tok, kb, fallback="n/a").generate(prompts[:1], max_new_tokens=40)[0]
+    assert (r.trace[0].value, r.trace[0].status) == ("n/a", "fallback")
     # fallback=None closes an unanswered call at once
     r = LookupGenerator(world.model, tok, kb, fallback=None).generate(prompts[:1], max_new_tokens=40)[0]
     t = r.trace[0]
-    assert t.value == "" and r.token_ids[t.token_end - 2] == tok.retrieve_id
+    assert t.value == "" and r.token_ids[t.token_end - 2] == tok.retrieve_id and t.status == "skipped"
+    skip = LookupGenerator(world.model, tok, kb, on_miss="skip").generate(prompts[:1], max_new_tokens=40)[0]
+    assert skip.token_ids == r.token_ids  # the same policy by name
 
 
 def test_sampling_is_reproducible(world):
@@ -201,6 +224,9 @@ def test_sampling_is_reproducible(world):
     assert [r.token_ids for r in a] != [r.token_ids for r in c]
     for r in a + c:  # values are forced whatever is sampled
         for t in r.trace:
+            if t.status == "unfinished":  # cut by max_new_tokens before <|db_retrieve|>
+                assert t.value == "" and "unfinished" in t.problem
+                continue
             assert t.value == (world.facts[(t.matched_entity, t.matched_relation)] if t.found else "unknown")
 
 
@@ -234,7 +260,15 @@ def test_random_model_terminates_within_limits(world, random_model):
                     assert 1 <= sp.retrieve - sp.sep - 1 <= 3
             if spans[-1].end is None:
                 assert any("unfinished" in p for p in r.problems)
-            assert r.trace and all(t.value == "unknown" for t in r.trace if not t.found)
+            assert len(r.trace) == len(spans)  # every call is traced, finished or not
+            for sp, t in zip(spans, r.trace):
+                assert t.token_start == sp.start
+                if sp.retrieve is None:
+                    assert t.status == "unfinished" and t.value == "" and "unfinished" in t.problem
+                elif not t.found:
+                    assert t.value == "unknown" and t.status == "fallback"
+                if sp.sep is not None and sp.sep - sp.start - 1 == 3:
+                    assert "cut at max_field_tokens=3" in t.problem
     # prompts holding half a call: the call is finished, its markers reported as out of place
     for r in gen.generate(["<|sep|> Ada", "Ada <|db_retrieve|>", "<|db_end|>"], max_new_tokens=50):
         assert len(r.token_ids) <= 50
@@ -262,6 +296,23 @@ def test_processor_grammar_and_arguments(world):
     assert banned[2, tok.sep_id] and banned[2, tok.end_id] and not banned[2, tok.start_id]
     biased = LookupLogitsProcessor(tok)(rows[2:], torch.zeros(1, vocab))
     assert biased[0, tok.start_id] == 5.0 and biased[0, 5] == 0.0
-    for bad in (dict(logit_bias=(1.0, 2.0)), dict(max_lookups=-1), dict(max_field_tokens=0), dict(fallback=3)):
+    for bad in (dict(logit_bias=(1.0, 2.0)), dict(max_lookups=-1), dict(max_field_tokens=0), dict(fallback=3),
+                dict(on_miss="guess"), dict(force_at=[[-1]])):
         with pytest.raises(ValueError, match=next(iter(bad))):
             LookupLogitsProcessor(tok, **bad)
+
+
+def test_processor_tracking_matches_a_full_scan(world):
+    """Reading only each step's new column plans the same as scanning all the ids, rows reordered or not."""
+    tok = world.tok
+    gen = LookupGenerator(world.model, tok, None, max_lookups=2, max_field_tokens=3)
+    proc = gen.processor(count_from=2, force_at=[[4, 40]] * 3)
+    rng = random.Random(0)
+    ids = torch.tensor([[tok.doc_id, 5], [tok.doc_id, tok.start_id], [5, 6]])
+    pool = [5, 6, 7, 8, *tok.call_ids]
+    for step in range(80):
+        fresh = gen.processor(count_from=2, force_at=[[4, 40]] * 3, cache=proc.cache)
+        assert proc.plan(ids) == fresh.plan(ids), step
+        ids = torch.cat([ids, torch.tensor([[rng.choice(pool)] for _ in range(3)])], dim=1)
+        if step in (30, 31, 60):
+            ids = ids[[2, 0, 1]]  # rows reordered, as beam search does

@@ -1,0 +1,146 @@
+"""Streaming: text pieces and lookup events while ``model.generate`` runs in a background thread.
+
+Exercised by ``lmlm generate --stream``.
+
+Examples:
+    >>> for event in generator.stream("Ada Lovelace was born in", max_new_tokens=32):
+    ...     print(event.text if event.lookup is None else f"[{event.lookup.value}]", end="")
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+from transformers import StoppingCriteria
+from transformers.generation.streamers import BaseStreamer
+
+from .answers import Answerer
+from .trace import GenerationResult, LookupTrace, _trace_entry, call_spans, open_call
+
+if TYPE_CHECKING:
+    from .base import LookupGenerator
+
+__all__ = ["StreamEvent", "stream"]
+
+
+@dataclass
+class StreamEvent:
+    """One streamed event: a piece of text outside calls, a finished lookup, or the final result.
+
+    Text pieces concatenate to the decoded text outside the calls.
+    """
+
+    text: str = ""
+    lookup: LookupTrace | None = None
+    result: GenerationResult | None = None
+
+
+class _TokenQueue(BaseStreamer):
+    """Receives each step's token from ``model.generate`` (the prompt, pushed first, is skipped)."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue = queue.Queue()
+        self._prompt_seen = False
+
+    def put(self, value) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self.queue.put(value.reshape(-1).tolist())
+
+    def end(self) -> None:  # the worker thread marks the end, also when generation fails
+        pass
+
+
+class _Cancel(StoppingCriteria):
+    """Stops every row once ``event`` is set (the consumer stopped iterating)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+class _Decoder:
+    """Turns one row's tokens, one at a time, into stream events."""
+
+    def __init__(self, gen: "LookupGenerator", ids: list[int], answers: Answerer):
+        self.tok, self.answers = gen.tok, answers
+        self.max_field, self.tree = gen.options["max_field_tokens"], gen.trie
+        self.stops = set(gen._stop_ids())
+        self.ids = list(ids)
+        self.in_call = bool(ids)
+        self.org: list[int] = []
+        self.sent = ""
+
+    def feed(self, t: int) -> Iterator[StreamEvent]:
+        self.ids.append(t)
+        if t == self.tok.start_id:
+            self.in_call = True
+        elif self.in_call:
+            if t == self.tok.end_id:
+                self.in_call = False
+                yield self._lookup()
+        else:
+            self.org.append(t)
+            yield from self._text(final=False)
+
+    def finish(self) -> Iterator[StreamEvent]:
+        yield from self._text(final=True)
+        if self.in_call:
+            yield self._lookup()
+
+    def _text(self, final: bool) -> Iterator[StreamEvent]:
+        text = self.tok.hf.decode([t for t in self.org if t not in self.stops], skip_special_tokens=False)
+        if text.endswith("\ufffd") and not final:  # half a character: wait for the rest
+            return
+        piece, self.sent = text[len(self.sent):], text
+        if piece:
+            yield StreamEvent(text=piece)
+
+    def _lookup(self) -> StreamEvent:
+        span = call_spans(self.ids, self.tok)[0][-1]
+        return StreamEvent(lookup=_trace_entry(self.ids, span, self.tok, self.answers, self.max_field, self.tree))
+
+
+def stream(gen: "LookupGenerator", prompt: str, **kwargs) -> Iterator[StreamEvent]:
+    """See :meth:`LookupGenerator.stream`."""
+    if kwargs.get("num_beams", 1) > 1:
+        raise ValueError("streaming does not support beam search")
+    if isinstance(prompt, (list, tuple)):
+        raise TypeError("stream takes one prompt (a string)")
+    answers = Answerer(gen.tok, gen.kb, cache=kwargs.pop("cache", None))
+    tokens, cancel = _TokenQueue(), _Cancel()
+    stopping = list(kwargs.pop("stopping_criteria", None) or []) + [cancel]
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            box["result"] = gen.generate([prompt], streamer=tokens, cache=answers.cache, stopping_criteria=stopping,
+                                         **kwargs)[0]
+        except BaseException as e:  # handed to the consumer
+            box["error"] = e
+        finally:
+            tokens.queue.put(None)
+
+    decoder = _Decoder(gen, open_call(gen.prompt_ids(prompt, kwargs.get("force_lookup", False)), gen.tok), answers)
+    thread = threading.Thread(target=work, name="lmlm-stream", daemon=True)
+    thread.start()
+    try:
+        while (step := tokens.queue.get()) is not None:
+            for t in step:
+                if t in decoder.stops:
+                    continue
+                yield from decoder.feed(t)
+    finally:
+        cancel.event.set()
+        thread.join()
+    if "error" in box:
+        raise box["error"]
+    yield from decoder.finish()
+    yield StreamEvent(result=box["result"])

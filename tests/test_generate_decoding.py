@@ -1,0 +1,144 @@
+"""Decoding options around lookups: stop strings, streaming, penalties, beams and sampling under the
+prefix-tree constraint, calls forced at given positions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_generate import FIRST, _gpt2, make_kb, trained_world
+
+from lmlm.generate import LookupGenerator, call_spans
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def world():
+    return trained_world()
+
+
+@pytest.fixture(scope="module")
+def kb(world, tmp_path_factory):
+    return make_kb(world, str(tmp_path_factory.mktemp("kb") / "kb"))
+
+
+@pytest.fixture(scope="module")
+def random_model(world):
+    torch.manual_seed(2)
+    return _gpt2(world.tok).eval()
+
+
+def test_stop_strings_count_only_outside_calls(world, kb):
+    gen = LookupGenerator(world.model, world.tok, kb)
+    people = world.people[:6]
+    stops = [c for _, c, _ in people] + ["."]
+    results = gen.generate([f"{n} was born in" for n, _, _ in people], max_new_tokens=40, stop_strings=stops)
+    stopped = 0
+    for r, (name, city, _) in zip(results, people):
+        # the city inside the call does not stop the row (the call is finished) ...
+        assert r.trace[0].value == city and r.trace[0].problem is None
+        if len(r.token_ids) < 40:  # ... the text after a call does
+            stopped += 1
+            assert r.clean_text.endswith(tuple(stops)) and r.clean_text.count(".") <= 1 and not r.problems
+    assert stopped >= 3
+    with pytest.raises(ValueError, match="ignore_eos"):
+        gen.generate(["Ada"], stop_strings=["."], ignore_eos=True)
+
+
+def test_stream_matches_generate(world, kb):
+    gen = LookupGenerator(world.model, world.tok, kb)
+    prompt = f"{world.people[3][0]} works as a {world.people[3][2]}. {world.people[3][0]} was born in"
+    expected = gen.generate([prompt], max_new_tokens=40)[0]
+    events = list(gen.stream(prompt, max_new_tokens=40))
+    result = events[-1].result
+    assert result is not None and result.token_ids == expected.token_ids and result.text == expected.text
+    lookups = [e.lookup for e in events if e.lookup is not None]
+    assert [(t.value, t.status, t.token_start) for t in lookups] == \
+        [(t.value, t.status, t.token_start) for t in expected.trace]
+    spans, _ = call_spans(expected.token_ids, world.tok)
+    inside = {i for sp in spans for i in range(sp.start, (sp.end if sp.end is not None else 10 ** 6) + 1)}
+    org = [t for i, t in enumerate(expected.token_ids) if i not in inside]
+    assert "".join(e.text for e in events) == world.tok.hf.decode(org)
+    # the first text piece comes before the lookup event that follows it in the ids
+    assert events.index(next(e for e in events if e.lookup)) > 0 or expected.token_ids[0] == world.tok.start_id
+    # a forced call at the prompt's end is streamed as a lookup too; stopping early ends the thread
+    forced = gen.stream(prompt, max_new_tokens=40, force_lookup=True)
+    first = next(e for e in forced if e.lookup is not None)
+    forced.close()
+    assert first.lookup.token_start == 0 and first.lookup.found
+    with pytest.raises(ValueError, match="beam"):
+        list(gen.stream(prompt, num_beams=2))
+
+
+def test_repetition_penalty_keeps_values(world, kb):
+    gen = LookupGenerator(world.model, world.tok, kb)
+    prompts = [f"{n} was born in" for n, _, _ in world.people[:8]]
+    plain = gen.generate(prompts, max_new_tokens=40)
+    penalised = gen.generate(prompts, max_new_tokens=40, repetition_penalty=3.0)
+    assert [r.token_ids for r in plain] != [r.token_ids for r in penalised]
+    for r in penalised:  # the value and <|db_end|> are forced whatever the penalty says
+        for t in r.trace:
+            if t.found:
+                assert t.value == world.facts[(t.matched_entity, t.matched_relation)]
+
+
+@pytest.mark.parametrize("mode", ["greedy", "beams", "sampling"])
+def test_constrained_queries_are_kb_keys(world, kb, random_model, mode):
+    """A random model pushed to look things up writes only queries the KB holds."""
+    gen = LookupGenerator(random_model, world.tok, kb, constrained=True, logit_bias=(30, 30, 30, 30),
+                          max_field_tokens=3)
+    kw = {"greedy": {}, "beams": dict(num_beams=3), "sampling": dict(do_sample=True, seed=0, top_k=20)}[mode]
+    results = gen.generate([f"{w} {w}" for w in FIRST[:8]], max_new_tokens=60, batch_size=4, **kw)
+    finished = [t for r in results for t in r.trace if t.status != "unfinished"]
+    assert len(finished) >= 8
+    for t in finished:  # exact keys, not cut at max_field_tokens (the tree ends every query)
+        assert (t.query_entity, t.query_relation) in world.facts and t.status == "exact", t
+        assert t.value == world.facts[(t.query_entity, t.query_relation)] and t.problem is None
+
+
+def test_constraint_follows_deletes(world, tmp_path, random_model):
+    kb = make_kb(world, str(tmp_path / "kb"))
+    gen = LookupGenerator(random_model, world.tok, kb, constrained=True, logit_bias=(30, 30, 30, 30))
+    prompts = [f"{w} {w}" for w in FIRST[:6]]
+    before = {t.query_entity for r in gen.generate(prompts, max_new_tokens=60) for t in r.trace}
+    gone = sorted(before)[0]
+    kb.delete(entity=gone, why="test")
+    after = [t for r in gen.generate(prompts, max_new_tokens=60) for t in r.trace if t.status != "unfinished"]
+    assert after and all(t.query_entity != gone and (t.query_entity, t.query_relation) in world.facts for t in after)
+    with pytest.raises(ValueError, match="constrained"):
+        LookupGenerator(random_model, world.tok, None, constrained=True)
+
+
+def test_force_lookup_at_offsets(world, kb):
+    """With the start marker pushed far down, calls begin exactly where they are forced."""
+    gen = LookupGenerator(world.model, world.tok, kb, logit_bias=(-30.0, 0.0, 0.0, 0.0))
+    prompts = [f"{n} works as a" for n, _, _ in world.people[:4]]
+    assert not any(r.trace for r in gen.generate(prompts, max_new_tokens=30))
+    for kw in (dict(), dict(num_beams=2)):
+        for r in gen.generate(prompts, max_new_tokens=50, force_lookup_at=[0, 3, 30], **kw):
+            spans, _ = call_spans(r.token_ids, world.tok)
+            assert [sp.start for sp in spans][:1] == [0] and len(spans) == 3
+            # a call owed while another is open begins right after that one ends
+            assert spans[1].start == spans[0].end + 1 and spans[2].start == max(30, spans[1].end + 1)
+            assert all(t.query_entity for t in r.trace)
+    per_prompt = gen.generate(prompts[:2], max_new_tokens=30, force_lookup_at=[[5], []])
+    assert call_spans(per_prompt[0].token_ids, world.tok)[0][0].start == 5 and per_prompt[1].trace == []
+    with pytest.raises(ValueError, match="one list of offsets per prompt"):
+        gen.generate(prompts, force_lookup_at=[[1], [2]])
+
+
+def test_ignore_eos_runs_to_the_limit(world, kb):
+    """Document separators become ordinary tokens; other Hugging Face options pass through."""
+    gen = LookupGenerator(world.model, world.tok, kb)
+    prompts = [f"{n} was born in" for n, _, _ in world.people[:4]]
+    eos_first = {(world.tok.eos_id,): 30.0}  # Hugging Face's sequence_bias, passed through
+    assert all(r.token_ids == [] for r in gen.generate(prompts, max_new_tokens=30, sequence_bias=eos_first))
+    full = gen.generate(prompts, max_new_tokens=30, ignore_eos=True, sequence_bias=eos_first)
+    assert all(len(r.token_ids) == 30 and world.tok.eos_id in r.token_ids for r in full)
+    assert gen.generate(prompts[:1], max_new_tokens=0)[0].token_ids == []
