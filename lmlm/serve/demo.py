@@ -1,0 +1,123 @@
+"""A tiny LMLM and its knowledge base, trained in seconds on a CPU, to try ``lmlm serve`` with.
+
+Forty people, each with a birth city and an occupation, written as short annotated biographies;
+a 2-layer GPT-2 (64 wide) learns to write the lookup calls, the KB holds the facts. The model is
+far too small to be good at anything else, which makes deletions and edits easy to see: the value
+after the call is whatever the KB answers. Exercised by ``lmlm serve --demo DIR``, the serve tests
+and ``lmlm bench serve``.
+
+Examples:
+    >>> demo = build_demo("runs/serve-demo")
+    >>> demo.prompts[0]
+    'Ada Lind was born in'
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Demo", "build_demo", "demo_people"]
+
+FIRST = ["Ada", "Bram", "Cleo", "Dario", "Elin", "Farid", "Greta", "Hugo", "Ines", "Jonas",
+         "Kira", "Lars", "Mila", "Nico", "Olga", "Pavel", "Quinn", "Rosa", "Soren", "Tara"]
+LAST = ["Lind", "Moss"]
+CITIES = ["Paris", "Lisbon", "Oslo", "Cairo", "Lima", "Dublin", "Prague", "Vienna", "Quito", "Hanoi"]
+JOBS = ["baker", "pilot", "nurse", "farmer", "painter", "lawyer", "sailor", "teacher"]
+
+
+@dataclass(frozen=True)
+class Demo:
+    """Where a demo was built, and prompts that make its model look facts up."""
+
+    model_dir: Path
+    kb_dir: Path
+    people: list[tuple[str, str, str]]  # (name, birth city, occupation)
+
+    @property
+    def prompts(self) -> list[str]:
+        return [f"{name} was born in" for name, _, _ in self.people] + \
+               [f"{name} works as a" for name, _, _ in self.people]
+
+    @property
+    def facts(self) -> list[tuple[str, str, str]]:
+        """(entity, relation, value) of every fact in the KB as built."""
+        return [(n, "Birth City", c) for n, c, _ in self.people] + [(n, "Occupation", j) for n, _, j in self.people]
+
+
+def demo_people(seed: int = 0) -> list[tuple[str, str, str]]:
+    rng = random.Random(seed)
+    return [(f"{f} {last}", rng.choice(CITIES), rng.choice(JOBS)) for f in FIRST for last in LAST]
+
+
+def _documents(people, rng: random.Random) -> list[list]:
+    """Three biographies per person, the two facts in random order, each call right before its value."""
+    from ..lookup import Lookup, Text
+
+    docs = []
+    for name, city, job in people:
+        for _ in range(3):
+            born = [Text(f"{name} was born in "), Lookup(name, "Birth City", city), Text(f" {city}.")]
+            works = [Text(f"{name} works as a "), Lookup(name, "Occupation", job), Text(f" {job}.")]
+            first, second = (born, works) if rng.random() < 0.5 else (works, born)
+            docs.append(first + [Text(" ")] + second)
+    return docs
+
+
+def build_demo(out: str | Path, seed: int = 0, steps: int = 250, encoder=None) -> Demo:
+    """Train the demo model into ``out/checkpoint`` and build its KB in ``out/kb`` (reused when present).
+
+    Args:
+        out: the folder to write to.
+        seed: people, documents and initialisation.
+        steps: optimizer steps of batch 16 (250 take a few seconds on one CPU core).
+        encoder: a :class:`lmlm.kb.Encoder` to build the KB with (default: the KB's own).
+    """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from ..checkpoint import is_checkpoint, save_checkpoint
+    from ..kb import KnowledgeBase, Triple
+    from ..lookup import strip
+    from ..tokens import LookupTokenizer, labels_from_roles, train_bpe
+
+    out = Path(out)
+    people = demo_people(seed)
+    demo = Demo(out / "checkpoint", out / "kb", people)
+    if is_checkpoint(demo.model_dir) and (demo.kb_dir / "built.json").exists():
+        return demo
+    docs = _documents(people, random.Random(seed))
+    tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=600, min_frequency=1))
+    encs = [tok.encode(d) for d in docs]
+    width = max(map(len, encs))
+    ids = torch.full((len(encs), width), tok.eos_id)  # (n_docs, width), padded with eos
+    labels = torch.full((len(encs), width), -100)
+    for i, e in enumerate(encs):
+        ids[i, :len(e)] = torch.tensor(e.input_ids)
+        labels[i, :len(e)] = torch.tensor(labels_from_roles(e.input_ids, e.roles, tok.end_id))
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=len(tok), n_positions=256,
+                        bos_token_id=tok.doc_id, eos_token_id=tok.eos_id)
+    model = GPT2LMHeadModel(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        b = torch.randint(0, len(encs), (16,), generator=gen)
+        loss = model(input_ids=ids[b], labels=labels[b]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if demo.kb_dir.exists():
+        import shutil
+        shutil.rmtree(demo.kb_dir)
+    kb = KnowledgeBase.create(demo.kb_dir, encoder=encoder)
+    kb.add([Triple(e, r, v, source=f"bio-{e.replace(' ', '-').lower()}") for e, r, v in demo.facts],
+           who="demo", why="facts of the demo people")
+    kb.close()
+    (demo.kb_dir / "built.json").write_text(json.dumps({"triples": len(demo.facts)}) + "\n")
+    save_checkpoint(demo.model_dir, model.eval(), tok,
+                    {"kb": str(demo.kb_dir), "train_config": {"demo": True, "steps": steps, "seed": seed},
+                     "stats": {"final_loss": loss.item()}})
+    return demo

@@ -1,0 +1,139 @@
+"""Knowledge-base routes: reads are open (lookup, search, a triple by id, the log, the version);
+writes (add, edit, delete, forget a set) need the bearer token and run one at a time on the
+server's KB writer thread. A write's response carries the version it made; from then on every
+lookup, and every generation that starts, sees it.
+"""
+
+
+from dataclasses import asdict
+from typing import Annotated, Optional
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
+
+from ..kb import KBError, Triple, normalize_text
+from .schemas import (MAX_ID, KBVersion, LogResponse, LookupResponse, SearchResponse, TripleOut, VersionDetail,
+                      WriteResponse, _utf8, request_models)
+
+__all__ = ["router"]
+
+
+def _match(m) -> dict | None:
+    return None if m is None else {**asdict(m), "sources": [str(s) for s in m.sources]}
+
+
+def router(state, require_token) -> APIRouter:
+    L, kb = state.limits, state.kb
+    R = request_models(L)
+    api = APIRouter(prefix="/api/kb", tags=["kb"])
+    Field_ = Annotated[str, Query(min_length=1, max_length=L.max_field_chars)]
+    writes = dict(dependencies=[Depends(require_token)],
+                  responses={401: {"description": "no or wrong bearer token"},
+                             403: {"description": "writes are disabled on this server"}})
+
+    def field(name: str, value: str) -> str:
+        try:
+            return _utf8(value)
+        except ValueError as e:
+            raise HTTPException(422, f"{name}: {e}") from None
+
+    # -- reads ------------------------------------------------------------------------------------
+    @api.get("/version", response_model=KBVersion, summary="The KB's current version and number of active triples")
+    async def version():
+        return await state.read(lambda: {"version": kb.version, "triples": len(kb)})
+
+    @api.get("/lookup", response_model=LookupResponse, summary="Look a key up as the generator does "
+             "(exact normalised key, else the nearest key at or above the threshold)")
+    async def lookup(entity: Field_, relation: Field_,
+                     threshold: Annotated[Optional[float], Query(ge=0, le=1)] = None):
+        e, r = field("entity", entity), field("relation", relation)
+        return await state.read(lambda: {"match": _match(kb.lookup(e, r, threshold)), "version": kb.version})
+
+    @api.get("/search", response_model=SearchResponse, summary="The k nearest keys with their scores, "
+             "ignoring the threshold")
+    async def search(entity: Field_, relation: Field_, k: Annotated[int, Query(ge=1, le=L.max_search_k)] = 5):
+        e, r = field("entity", entity), field("relation", relation)
+        return await state.read(lambda: {"matches": [_match(m) for m in kb.search(e, r, k)], "version": kb.version})
+
+    @api.get("/triples/{triple_id}", response_model=TripleOut, summary="A triple by id, active or deleted",
+             responses={404: {"description": "no such triple"}})
+    async def triple(triple_id: Annotated[int, Path(ge=1, le=MAX_ID)]):
+        def get():
+            try:
+                rec = kb.get(triple_id)
+            except KeyError:
+                raise HTTPException(404, f"no triple with id {triple_id}") from None
+            return {**rec.to_dict(), "active": rec.active}
+        return await state.read(get)
+
+    @api.get("/log", response_model=LogResponse, summary="The latest versions, newest first: who changed what, "
+             "when and why")
+    async def log(limit: Annotated[int, Query(ge=1, le=L.max_log)] = 20):
+        return await state.read(lambda: {"versions": [asdict(v) for v in kb.log(limit)], "version": kb.version})
+
+    @api.get("/log/{version}", response_model=VersionDetail, summary="One version and what it did to each triple",
+             responses={404: {"description": "no such version"}})
+    async def version_detail(version: Annotated[int, Path(ge=1, le=MAX_ID)]):
+        def get():
+            current = kb.version
+            if version > current:
+                raise HTTPException(404, f"no version {version}: the KB is at version {current}")
+            found = [v for v in kb.log(current - version + 1) if v.version == version]
+            if not found:
+                raise HTTPException(404, f"no version {version} in the log")
+            return {"record": asdict(found[0]), "changes": [asdict(c) for c in kb.changes(version)]}
+        return await state.read(get)
+
+    # -- writes -----------------------------------------------------------------------------------
+    async def write(fn) -> dict:
+        """Run ``fn() -> (version, changed)`` on the writer thread; bad input is a 422."""
+        try:
+            version, changed = await state.write(fn)
+        except KBError as e:
+            raise HTTPException(404, str(e)) from None
+        except (ValueError, TypeError) as e:
+            raise HTTPException(422, str(e)) from None
+        return {"version": version, "changed": changed}
+
+    @api.post("/triples", response_model=WriteResponse, summary="Add facts as one new version", **writes)
+    async def add(body: R.AddRequest):
+        def run():
+            before = kb.version
+            v = kb.add([Triple(t.entity, t.relation, t.value, source=t.source) for t in body.triples],
+                       who=body.who, why=body.why)
+            return v, (kb.log(1)[0].n_changed if v > before else 0)
+        return await write(run)
+
+    @api.post("/edit", response_model=WriteResponse, summary="Give a fact a new value (the old one stays in history)",
+              dependencies=writes["dependencies"],
+              responses={**writes["responses"], 404: {"description": "no active fact to edit"}})
+    async def edit(body: R.EditRequest):
+        def run():
+            v = kb.edit(body.entity, body.relation, body.value, who=body.who, why=body.why)
+            return v, kb.log(1)[0].n_changed
+        return await write(run)
+
+    @api.post("/delete", response_model=WriteResponse, summary="Delete the active facts matching every filter",
+              **writes)
+    async def delete(body: R.DeleteRequest):
+        def run():
+            n = kb.delete(triple_ids=body.triple_ids, entity=body.entity, relation=body.relation,
+                          source=body.source, who=body.who, why=body.why)
+            return kb.version, n
+        return await write(run)
+
+    @api.post("/forget", response_model=WriteResponse, summary="Delete a forget set (entities, sources, ids) "
+              "as one version", **writes)
+    async def forget(body: R.ForgetRequest):
+        def run():
+            entities = {normalize_text(e) for e in body.entities} - {""}
+            sources = set(body.sources)
+            ids = set(body.triple_ids)
+            if entities or sources:  # one pass over the active triples
+                for rec in kb.triples():
+                    if normalize_text(rec.entity) in entities or any(s in sources for s, _ in rec.sources):
+                        ids.add(rec.id)
+            n = kb.delete(triple_ids=sorted(ids), who=body.who, why=body.why) if ids else 0
+            return kb.version, n
+        return await write(run)
+
+    return api
