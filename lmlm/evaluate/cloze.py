@@ -15,7 +15,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["normalize_words", "match_first_words", "ClozeItem", "cloze_precision"]
+__all__ = ["normalize_words", "match_first_words", "STOP_WORDS", "content_words", "match_first_content_words",
+           "ClozeItem", "cloze_precision"]
 
 _PUNCT = re.compile(r"[^\w\s]")
 
@@ -40,6 +41,38 @@ def match_first_words(output: str, gold: str, n_words: int = 5) -> bool:
     out, g = normalize_words(output), normalize_words(gold)
     if not g:
         raise ValueError("gold value has no words")
+    return any(out[i:i + len(g)] == g for i in range(min(n_words, len(out))))
+
+
+# English function words skipped when counting "content words" (T-REx exact match and precision@1)
+STOP_WORDS = frozenset("""
+a an the and or but nor so yet of in on at to for from by with about as into onto upon over under
+than then there here this that these those it its is are was were be been being am has have had do
+does did will would shall should can could may might must not no also very just only which who whom
+whose what when where while he she they them their his her him we us our you your i me my
+""".split())
+
+
+def content_words(text: str) -> list[str]:
+    """:func:`normalize_words` without :data:`STOP_WORDS` (``"is an Indian actor"`` -> ``["indian", "actor"]``)."""
+    return [w for w in normalize_words(text) if w not in STOP_WORDS]
+
+
+def match_first_content_words(output: str, gold: str, n_words: int = 5) -> bool:
+    """True when the gold value's content words start within the first ``n_words`` content words of ``output``.
+
+    A gold value made only of stop words is matched as :func:`match_first_words` does.
+
+    Examples:
+        >>> match_first_content_words(" is the capital of the United States", "United States", 3)
+        True
+        >>> match_first_content_words(" the actor", "actor", 1)
+        True
+    """
+    g = content_words(gold)
+    if not g:
+        return match_first_words(output, gold, n_words)
+    out = content_words(output)
     return any(out[i:i + len(g)] == g for i in range(min(n_words, len(out))))
 
 

@@ -1,0 +1,112 @@
+"""What every evaluation protocol shares: its name, its primary metric, and how results are written.
+
+A protocol returns ``dict[str, float]`` whose keys start with its name (``trex_exact_match``,
+``popqa_accuracy`` ...), so the results of several protocols merge into one flat dict. Per-item
+records (prompt, output, verdict, lookups) are collected on request and written beside the metrics
+by :func:`write_results`. Exercised by every ``lmlm eval`` command.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..lookup import PAPER_TOKENS, LookupTokens
+
+__all__ = ["Protocol", "mean", "output_text", "outputs_of", "read_json_records", "trace_dicts", "write_results"]
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Describes one evaluation protocol.
+
+    Args:
+        name: the key prefix of its metrics (``"trex"``).
+        primary: the metric that summarises it (``"trex_exact_match"``).
+        greater_is_better: whether a larger primary metric is better.
+        paper: where the protocol is described (for the results file).
+    """
+
+    name: str
+    primary: str
+    greater_is_better: bool = True
+    paper: str = ""
+
+    def __post_init__(self):
+        if not self.primary.startswith(self.name + "_"):
+            raise ValueError(f"primary metric {self.primary!r} must start with {self.name + '_'!r}")
+
+    def key(self, metric: str) -> str:
+        return f"{self.name}_{metric}"
+
+
+def mean(values: Iterable[float]) -> float:
+    """Arithmetic mean; NaN for no values."""
+    values = list(values)
+    return float(sum(values) / len(values)) if values else math.nan
+
+
+def output_text(result, tokens: LookupTokens | None = None) -> str:
+    """A generation's text with lookups stripped, scored by every protocol.
+
+    ``clean_text`` keeps an unfinished call (generation stopped inside it) as text; that call's
+    query is not part of the answer, so the text is cut where it opens, and stray markers go.
+    """
+    tokens = tokens or PAPER_TOKENS
+    text = result.clean_text
+    cut = text.find(tokens.start)
+    if cut >= 0:
+        text = text[:cut]
+    for marker in tokens.as_list():
+        text = text.replace(marker, "")
+    return text
+
+
+def _tokens_of(generator) -> LookupTokens | None:
+    return getattr(getattr(generator, "tok", None), "tokens", None)
+
+
+def outputs_of(generator, results) -> list[str]:
+    """:func:`output_text` of each result, with the generator's lookup token names."""
+    tokens = _tokens_of(generator)
+    return [output_text(r, tokens) for r in results]
+
+
+def trace_dicts(result) -> list[dict]:
+    """The lookups of a generation result as plain dicts (``GenerationResult.trace``)."""
+    return [t.to_dict() if hasattr(t, "to_dict") else dict(vars(t)) for t in getattr(result, "trace", [])]
+
+
+def write_results(path: str | Path, protocol: Protocol, metrics: Mapping[str, float],
+                  records: list[dict] | None = None, config: Mapping[str, Any] | None = None) -> Path:
+    """Write ``{"protocol", "metrics", "config", "records"}`` as JSON to ``path`` (folders created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"protocol": asdict(protocol), "metrics": dict(metrics), "config": dict(config or {}),
+           "records": records or []}
+    path.write_text(json.dumps(doc, indent=2, default=str, allow_nan=True) + "\n")
+    return path
+
+
+def read_json_records(path: str | Path) -> list[dict]:
+    """Records of a ``.json`` file (a list, or an object holding one list) or a JSON-lines file."""
+    text = Path(path).read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        return list(json.loads(text))
+    if stripped.startswith("{"):
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError:  # JSON lines: one object per line
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        lists = [v for v in doc.values() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+        if len(lists) == 1:  # {"data": [...]}-style wrappers
+            return lists[0]
+        return [doc]
+    if not stripped:
+        return []
+    raise ValueError(f"{path}: neither JSON nor JSON lines")

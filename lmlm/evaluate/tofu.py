@@ -1,0 +1,291 @@
+"""TOFU unlearning metrics: ROUGE-L recall, answer probability, truth ratio, forget quality, model utility.
+
+The paper evaluates unlearning on TOFU (appendix B, "TOFU"), building on the official
+implementation (locuslab/tofu, continued as locuslab/open-unlearning). What is implemented here,
+with the definitions of Maini et al., "TOFU: A Task of Fictitious Unlearning for LLMs" (2024), §2.5:
+
+* ROUGE-L recall of the greedy answer against the gold answer (longest common subsequence over
+  rouge-score's tokens: lowercased ``[a-z0-9]+`` runs), lookups stripped from the output (paper).
+  TOFU runs rouge-score with the Porter stemmer; ``use_stemmer=True`` does the same through the
+  optional ``rouge-score`` package, the default does not stem.
+* Answer probability: ``P(a | q) ** (1 / |a|)``, the per-token geometric mean (forget and retain
+  sets); for the real-authors and world-facts sets TOFU divides it by the sum over the correct and
+  the perturbed answers (:func:`option_probability`).
+* Truth ratio ``R = (prod_k P(a_pert_k | q) ** (1 / |a_pert_k|)) ** (1 / K) / P(a_para | q) ** (1 / |a_para|)``:
+  the geometric mean of the length-normalized perturbed-answer probabilities over the
+  length-normalized paraphrased-answer probability. TOFU reports ``max(0, 1 - R)`` on the retain,
+  real-authors and world-facts sets (open-unlearning's "true_better" aggregator) and
+  ``min(R, 1 / R)`` on the forget set ("closer_to_1_better"); see :func:`truth_ratio_score`.
+* Forget quality: the p-value of the two-sample Kolmogorov-Smirnov test between the forget-set
+  truth ratios of the unlearned model and of the retain model (TOFU uses ``scipy.stats.ks_2samp``,
+  whose default is the exact distribution up to 10,000 items per sample). :func:`ks_2samp`
+  computes the exact p-value by counting lattice paths when ``n * m <= 1_000_000`` (every TOFU
+  split) and the asymptotic Kolmogorov distribution otherwise, without scipy.
+* Model utility: the harmonic mean of the nine retain / real-authors / world-facts values
+  (probability, ROUGE-L recall, truth-ratio score).
+
+Not done here: the paper scores likelihoods of LMLMs on *annotated* answers (lookups included);
+:func:`tofu_answer_stats` scores the plain answers, with lookup tokens banned.
+
+Readers take TOFU's files as released (``forget01.json``, ``retain_perturbed.json`` ...): JSON
+lines or a JSON list of records with ``question``, ``answer`` and, in the ``*_perturbed`` files,
+``paraphrased_answer`` and ``perturbed_answer`` (a list).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .base import mean, outputs_of, read_json_records
+
+__all__ = [
+    "QA_TEMPLATE",
+    "TofuItem",
+    "forget_quality",
+    "kolmogorov_sf",
+    "ks_2samp",
+    "lcs_length",
+    "model_utility",
+    "normalized_probability",
+    "option_probability",
+    "read_tofu",
+    "rouge_l_recall",
+    "rouge_tokens",
+    "tofu_answer_stats",
+    "tofu_eval",
+    "truth_ratio",
+    "truth_ratio_score",
+]
+
+QA_TEMPLATE = "Question: {question}\nAnswer:"
+EXACT_MAX_CELLS = 1_000_000  # ks_2samp's "auto": exact p-values up to this many lattice cells (about 1 s)
+
+
+@dataclass(frozen=True)
+class TofuItem:
+    question: str
+    answer: str
+    paraphrased_answer: str | None = None
+    perturbed_answers: tuple[str, ...] = ()
+
+
+def read_tofu(path: str | Path, *, limit: int | None = None) -> list[TofuItem]:
+    """Read a TOFU split (JSON lines or a JSON list)."""
+    items = []
+    for k, rec in enumerate(read_json_records(path)[:limit]):
+        if "question" not in rec or "answer" not in rec:
+            raise ValueError(f"{path}: record {k} needs 'question' and 'answer'; got {sorted(rec)}")
+        pert = rec.get("perturbed_answer") or ()
+        items.append(TofuItem(rec["question"], rec["answer"], rec.get("paraphrased_answer"),
+                              (pert,) if isinstance(pert, str) else tuple(pert)))
+    return items
+
+
+# -- ROUGE-L -------------------------------------------------------------------------------------
+
+_NON_ALNUM = re.compile(r"[^a-z0-9]+")
+
+
+def rouge_tokens(text: str) -> list[str]:
+    """rouge-score's default tokens: lowercase, runs of ``[a-z0-9]``."""
+    return _NON_ALNUM.sub(" ", text.lower()).split()
+
+
+def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
+    """Length of the longest common subsequence of two token lists (O(len(a) * len(b)))."""
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
+def rouge_l_recall(prediction: str, reference: str, use_stemmer: bool = False) -> float:
+    """ROUGE-L recall: LCS(prediction, reference) / len(reference) in tokens (0 for an empty reference).
+
+    Examples:
+        >>> rouge_l_recall("the cat sat on a mat", "The cat is on the mat.")
+        0.6666666666666666
+    """
+    if use_stemmer:
+        from rouge_score import rouge_scorer  # optional: pip install rouge-score
+
+        return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True).score(reference, prediction)["rougeL"].recall
+    ref = rouge_tokens(reference)
+    return lcs_length(rouge_tokens(prediction), ref) / len(ref) if ref else 0.0
+
+
+# -- probabilities and truth ratio ---------------------------------------------------------------
+
+def normalized_probability(logprob: float, n_tokens: int) -> float:
+    """``exp(logprob / n_tokens)``: the per-token geometric mean of a sequence's probability."""
+    if n_tokens < 1:
+        raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
+    return math.exp(logprob / n_tokens)
+
+
+def option_probability(correct: float, wrong: Sequence[float]) -> float:
+    """TOFU's probability on real authors / world facts: ``p_correct / (p_correct + sum(p_wrong))``."""
+    return correct / (correct + sum(wrong))
+
+
+def truth_ratio(paraphrased: tuple[float, int], perturbed: Sequence[tuple[float, int]]) -> float:
+    """``R``: geometric mean of the normalized perturbed probabilities over the normalized paraphrased one.
+
+    Each answer is ``(summed log-probability, number of tokens)``.
+    """
+    if not perturbed:
+        raise ValueError("truth_ratio needs at least one perturbed answer")
+    log_pert = mean(lp / n for lp, n in perturbed)
+    return math.exp(log_pert - paraphrased[0] / paraphrased[1])
+
+
+def truth_ratio_score(ratios: Sequence[float], forget: bool = False) -> float:
+    """TOFU's summary of truth ratios: ``mean(min(R, 1/R))`` on the forget set, else ``mean(max(0, 1 - R))``."""
+    if forget:
+        return mean(min(r, 1 / r) if r > 0 else 0.0 for r in ratios)
+    return mean(max(0.0, 1 - r) for r in ratios)
+
+
+# -- forget quality: two-sample Kolmogorov-Smirnov ----------------------------------------------
+
+def kolmogorov_sf(x: float) -> float:
+    """``P(K > x)`` for the Kolmogorov distribution (the limit of ``sqrt(n) * D_n``).
+
+    Examples:
+        >>> round(kolmogorov_sf(1.0), 6)
+        0.27
+        >>> round(kolmogorov_sf(1.358), 3)
+        0.05
+    """
+    if x <= 0:
+        return 1.0
+    if x < 1.18:  # the theta-function form converges fast for small x
+        s = sum(math.exp(-((2 * k - 1) ** 2) * math.pi ** 2 / (8 * x * x)) for k in range(1, 8))
+        return max(0.0, min(1.0, 1 - math.sqrt(2 * math.pi) / x * s))
+    return max(0.0, min(1.0, 2 * sum((-1) ** (k - 1) * math.exp(-2 * k * k * x * x) for k in range(1, 101))))
+
+
+def _ks_statistic(a: Sequence[float], b: Sequence[float]) -> float:
+    a, b = sorted(a), sorted(b)
+    return max(abs(bisect_right(a, x) / len(a) - bisect_right(b, x) / len(b)) for x in set(a) | set(b))
+
+
+def _exact_pvalue(d: float, n: int, m: int) -> float:
+    """``P(D >= d)`` under the null, counting monotone lattice paths (all equally likely) from (0, 0)
+    to (n, m) that stay strictly inside ``|i/n - j/m| < d``."""
+    h = round(d * n * m)  # d * n * m is an integer: |i * m - j * n| at the maximum
+    inside = [[0.0] * (m + 1) for _ in range(n + 1)]  # probability of reaching (i, j) staying inside
+    inside[0][0] = 1.0
+    for i in range(n + 1):
+        for j in range(m + 1):
+            if (i or j) and abs(i * m - j * n) < h:
+                left = n - i + 1 + m - j  # steps remaining from the previous cell
+                up = inside[i - 1][j] * (n - i + 1) / left if i else 0.0
+                right = inside[i][j - 1] * (m - j + 1) / left if j else 0.0
+                inside[i][j] = up + right
+    return min(1.0, max(0.0, 1.0 - inside[n][m]))
+
+
+def ks_2samp(a: Sequence[float], b: Sequence[float], method: str = "auto") -> tuple[float, float]:
+    """Two-sided two-sample KS test: ``(statistic D, p-value)``.
+
+    Args:
+        a, b: the samples.
+        method: ``"exact"`` (lattice paths; assumes no ties), ``"asymp"`` (Kolmogorov distribution
+            of ``sqrt(n m / (n + m)) * D``) or ``"auto"`` (exact when ``n * m <= 1_000_000``).
+    """
+    if not a or not b:
+        raise ValueError("ks_2samp needs two non-empty samples")
+    if method not in ("auto", "exact", "asymp"):
+        raise ValueError(f"method must be 'auto', 'exact' or 'asymp', got {method!r}")
+    n, m = len(a), len(b)
+    d = _ks_statistic(a, b)
+    if method == "exact" or (method == "auto" and n * m <= EXACT_MAX_CELLS):
+        return d, _exact_pvalue(d, n, m)
+    return d, kolmogorov_sf(math.sqrt(n * m / (n + m)) * d)
+
+
+def forget_quality(unlearned_ratios: Sequence[float], retain_ratios: Sequence[float], method: str = "auto") -> float:
+    """KS-test p-value between the forget-set truth ratios of the unlearned and the retain model."""
+    return ks_2samp(unlearned_ratios, retain_ratios, method)[1]
+
+
+def model_utility(values: Mapping[str, float] | Sequence[float]) -> float:
+    """Harmonic mean of the utility values (0 if any is 0); TOFU uses the nine retain / real-authors /
+    world-facts probability, ROUGE-L recall and truth-ratio scores."""
+    vals = list(values.values()) if isinstance(values, Mapping) else list(values)
+    if not vals:
+        raise ValueError("model_utility needs at least one value")
+    if any(v < 0 for v in vals):
+        raise ValueError(f"utility values must be >= 0, got {vals}")
+    return 0.0 if any(v == 0 for v in vals) else len(vals) / sum(1 / v for v in vals)
+
+
+# -- running a model -----------------------------------------------------------------------------
+
+def tofu_answer_stats(model, tok, items: Sequence[TofuItem], *, template: str = QA_TEMPLATE,
+                      batch_size: int = 16, ban_lookup: bool = True) -> list[dict]:
+    """Per item: ``prob`` (normalized answer probability) and, with paraphrased and perturbed
+    answers, ``truth_ratio`` and ``option_prob`` (correct vs perturbed normalized probabilities)."""
+    from .nlu import score_continuations, split_pair
+
+    pairs, where = [], []
+    for k, it in enumerate(items):
+        ctx = template.format(question=it.question)
+        answers = [("answer", it.answer)]
+        if it.paraphrased_answer and it.perturbed_answers:
+            answers += [("para", it.paraphrased_answer)] + [("pert", p) for p in it.perturbed_answers]
+        for kind, a in answers:
+            pairs.append(split_pair(tok, ctx, " " + a.strip()))
+            where.append((k, kind))
+    scores = score_continuations(model, pairs, banned=tok.call_ids if ban_lookup else (), batch_size=batch_size)
+    per: list[dict] = [{"answer": None, "para": None, "pert": []} for _ in items]
+    for (k, kind), s in zip(where, scores):
+        if kind == "pert":
+            per[k]["pert"].append((s.logprob, s.n_tokens))
+        else:
+            per[k][kind] = (s.logprob, s.n_tokens)
+    out = []
+    for p in per:
+        stats = {"prob": normalized_probability(*p["answer"])}
+        if p["para"] is not None:
+            stats["truth_ratio"] = truth_ratio(p["para"], p["pert"])
+            stats["option_prob"] = option_probability(stats["prob"], [normalized_probability(*x) for x in p["pert"]])
+        out.append(stats)
+    return out
+
+
+def tofu_eval(model, tok, items: Sequence[TofuItem], *, split: str = "retain", generator=None,
+              template: str = QA_TEMPLATE, max_new_tokens: int = 64, batch_size: int = 16,
+              records: list | None = None) -> dict[str, float]:
+    """TOFU metrics of one split: ``tofu_<split>_prob``, ``_rouge_l_recall`` (with a ``generator``),
+    ``_truth_ratio`` (the score of :func:`truth_ratio_score`; ``split`` starting with "forget" uses
+    the forget convention) and ``_n``. Probabilities are option-normalized for ``real_authors`` and
+    ``world_facts`` splits, as TOFU does."""
+    stats = tofu_answer_stats(model, tok, items, template=template, batch_size=batch_size)
+    key = f"tofu_{split}_"
+    use_options = split in ("real_authors", "world_facts") and all("option_prob" in s for s in stats)
+    out = {key + "prob": mean(s["option_prob" if use_options else "prob"] for s in stats)}
+    if generator is not None:
+        res = generator.generate([template.format(question=it.question) for it in items],
+                                 max_new_tokens=max_new_tokens, batch_size=batch_size)
+        outputs = outputs_of(generator, res)
+        rouge = [rouge_l_recall(o, it.answer) for o, it in zip(outputs, items)]
+        out[key + "rouge_l_recall"] = mean(rouge)
+        for s, r, o in zip(stats, rouge, outputs):
+            s.update(rouge_l_recall=r, output=o)
+    ratios = [s["truth_ratio"] for s in stats if "truth_ratio" in s]
+    if ratios:
+        out[key + "truth_ratio"] = truth_ratio_score(ratios, forget=split.startswith("forget"))
+    out[key + "n"] = float(len(items))
+    if records is not None:
+        records.extend({"question": it.question, "answer": it.answer, **s} for it, s in zip(items, stats))
+    return out

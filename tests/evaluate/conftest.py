@@ -1,0 +1,21 @@
+"""Fixtures for the evaluation protocols (helpers in ``eval_support``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from eval_support import tiny_world
+
+
+@pytest.fixture(scope="session")
+def world():
+    return tiny_world()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """A tiny model runs fastest on one thread, and leaves the other cores to other jobs."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,92 @@
+"""Helpers for the evaluation tests: a tiny trained LMLM world, a dict KB, a scripted generator."""
+
+from __future__ import annotations
+
+import functools
+import random
+from types import SimpleNamespace
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from lmlm.kb import Match
+from lmlm.lookup import Lookup, Text, parse, strip
+from lmlm.tokens import LookupTokenizer, labels_from_roles, train_bpe
+
+FIRST = ["Ada", "Bram", "Cleo", "Dario", "Elin", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kira", "Lars"]
+LAST = ["Lind", "Moss"]
+CITIES = ["Paris", "Lisbon", "Oslo", "Cairo", "Lima", "Dublin"]
+JOBS = ["baker", "pilot", "nurse", "farmer", "painter", "lawyer"]
+
+
+class DictKB:
+    """A knowledge base of exact keys: ``lookup_batch`` as :class:`lmlm.kb.KnowledgeBase` answers it."""
+
+    def __init__(self, facts: dict[tuple[str, str], str]):
+        self.facts = dict(facts)
+
+    def lookup_batch(self, queries, **_):
+        out = []
+        for e, r in queries:
+            v = self.facts.get((e, r))
+            out.append(None if v is None else Match(e, r, v, 1.0, 1, True, (), 1, 0))
+        return out
+
+    def triples(self):
+        return [SimpleNamespace(entity=e, relation=r, value=v, active=True) for (e, r), v in self.facts.items()]
+
+
+class ScriptedGenerator:
+    """Stands in for ``LookupGenerator``: returns a fixed annotated continuation per prompt."""
+
+    def __init__(self, outputs: dict[str, str]):
+        self.outputs, self.calls = outputs, []
+
+    def generate(self, prompts, **kwargs):
+        self.calls.append(kwargs)
+        res = []
+        for p in prompts:
+            segs = parse(self.outputs.get(p, "")).segments
+            res.append(SimpleNamespace(prompt=p, text=self.outputs.get(p, ""), clean_text=strip(segs), segments=segs,
+                                       trace=[SimpleNamespace(found=True, value=s.value, query_entity=s.entity,
+                                                              query_relation=s.relation) for s in segs
+                                              if isinstance(s, Lookup)]))
+        return res
+
+
+def _doc(name: str, city: str, job: str, rng: random.Random) -> list:
+    born = [Text(f"{name} was born in "), Lookup(name, "Birth City", city), Text(f" {city}.")]
+    works = [Text(f"{name} works as a "), Lookup(name, "Occupation", job), Text(f" {job}.")]
+    first, second = (born, works) if rng.random() < 0.5 else (works, born)
+    return first + [Text(" ")] + second
+
+
+@functools.cache
+def tiny_world():
+    """A GPT-2 (2 layers, 48 wide) trained on 24 people's annotated biographies, its tokenizer and facts."""
+    rng = random.Random(0)
+    people = [(f"{f} {last}", rng.choice(CITIES), rng.choice(JOBS)) for f in FIRST for last in LAST]
+    docs = [_doc(*p, rng) for p in people for _ in range(3)]
+    tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=400, min_frequency=1))
+    encs = [tok.encode(d) for d in docs]
+    width = max(map(len, encs))
+    ids = torch.full((len(encs), width), tok.eos_id)
+    labels = torch.full((len(encs), width), -100)
+    for i, e in enumerate(encs):
+        ids[i, :len(e)] = torch.tensor(e.input_ids)
+        labels[i, :len(e)] = torch.tensor(labels_from_roles(e.input_ids, e.roles, tok.end_id))
+    torch.manual_seed(0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=48, n_head=2, vocab_size=len(tok), n_positions=128,
+                                       bos_token_id=tok.doc_id, eos_token_id=tok.eos_id))
+    opt = torch.optim.AdamW(model.parameters(), lr=4e-3)
+    for _ in range(160):
+        b = torch.randint(0, len(encs), (16,))
+        loss = model(input_ids=ids[b], labels=labels[b]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.set_num_threads(before)
+    facts = {(n, "Birth City"): c for n, c, _ in people} | {(n, "Occupation"): j for n, _, j in people}
+    return SimpleNamespace(tok=tok, model=model.eval(), people=people, facts=facts, loss=loss.item())

@@ -1,0 +1,94 @@
+"""``lmlm eval``: every command's --help, and each protocol from a saved checkpoint, a KB folder and a file."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lmlm.checkpoint import save_checkpoint
+from lmlm.evaluate.cli import eval_app
+from lmlm.kb import KnowledgeBase, Triple
+
+runner = CliRunner()
+COMMANDS = ["trex", "popqa", "nlu", "factscore"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(world, tmp_path_factory):
+    """A checkpoint of the tiny world's model and a KB folder of its facts (keys not embedded)."""
+    root = tmp_path_factory.mktemp("eval-cli")
+    save_checkpoint(root / "checkpoint", world.model, world.tok, {"mode": "lmlm", "kb": str(root / "kb")})
+    kb = KnowledgeBase.create(root / "kb")
+    kb.add([Triple(e, r, v, source=f"bio-{e}") for (e, r), v in world.facts.items()], embed=False)
+    kb.close()
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _exact_lookups(monkeypatch):
+    """Exact keys only: the fuzzy fallback would load the sentence encoder, seconds this test need not spend."""
+    monkeypatch.setattr(KnowledgeBase, "lookup_batch",
+                        functools.partialmethod(KnowledgeBase.lookup_batch, fuzzy=False))
+
+
+def _run(args):
+    res = runner.invoke(eval_app, args)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help(command):
+    res = runner.invoke(eval_app, [command, "--help"])
+    assert res.exit_code == 0 and "--model" in res.output and "--data" in res.output
+
+
+def test_trex_command(world, run_dir, tmp_path):
+    data = tmp_path / "P19.jsonl"
+    data.write_text("".join(json.dumps({"uuid": str(k), "obj_label": c, "sub_label": n, "predicate_id": "P19",
+                                        "masked_sentences": [f"{n} was born in [MASK] ."]}) + "\n"
+                            for k, (n, c, _) in enumerate(world.people[:4])))
+    out = tmp_path / "trex.json"
+    last = _run(["trex", "--model", str(run_dir / "checkpoint"), "--data", str(data), "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["metrics"] == last["metrics"] and doc["protocol"]["primary"] == "trex_exact_match"
+    assert doc["metrics"]["trex_n"] == 4 and len(doc["records"]) == 4 and doc["config"]["force_lookup"] is True
+    assert all(r["lookups"] for r in doc["records"])  # the checkpoint's KB answered the forced lookups
+
+
+def test_popqa_and_factscore_commands(world, run_dir, tmp_path):
+    data = tmp_path / "test.tsv"
+    with data.open("w", newline="") as f:
+        w = csv.writer(f, delimiter="\t")
+        w.writerow(["id", "subj", "prop", "obj", "s_pop", "question", "possible_answers"])
+        for k, (n, c, _) in enumerate(world.people[:3]):
+            w.writerow([k, n, "place of birth", c, 10, f"In what city was {n} born?", json.dumps([c])])
+    m = _run(["popqa", "--model", str(run_dir / "checkpoint"), "--kb", str(run_dir / "kb"), "--data", str(data),
+              "--out", str(tmp_path / "popqa.json"), "--max-new-tokens", "12"])["metrics"]
+    assert m["popqa_n"] == 3 and 0 <= m["popqa_accuracy"] <= 1
+    topics = tmp_path / "topics.txt"
+    topics.write_text("\n".join(n for n, _, _ in world.people[:2]))
+    m = _run(["factscore", "--model", str(run_dir / "checkpoint"), "--data", str(topics), "--max-new-tokens", "24",
+              "--out", str(tmp_path / "fs.json")])["metrics"]
+    assert m["factscore_n"] == 2 and set(m) >= {"factscore_score", "factscore_respond_ratio"}
+
+
+def test_nlu_command(run_dir, shared_data, tmp_path):
+    m = _run(["nlu", "--model", str(run_dir / "checkpoint"), "--data", str(shared_data / "bigbench" / "social_iqa.json"),
+              "--limit", "4", "--out", str(tmp_path / "nlu.json")])["metrics"]
+    assert m["nlu_n"] == 4 and 0 <= m["nlu_acc_norm"] <= 1
+
+
+def test_errors(run_dir, tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    res = runner.invoke(eval_app, ["trex", "--model", str(run_dir / "checkpoint"), "--data", str(tmp_path / "empty.jsonl")])
+    assert res.exit_code == 2 and "no usable" in res.output
+    res = runner.invoke(eval_app, ["nlu", "--model", str(run_dir / "checkpoint"), "--data", str(tmp_path / "empty.jsonl")])
+    assert res.exit_code == 2 and "cannot read" in res.output
+    (tmp_path / "names.txt").write_text("Ada Lind\n")
+    res = runner.invoke(eval_app, ["factscore", "--model", str(tmp_path), "--data", str(tmp_path / "names.txt")])
+    assert res.exit_code == 2 and "not an lmlm checkpoint" in res.output

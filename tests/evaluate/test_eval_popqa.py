@@ -1,0 +1,129 @@
+"""PopQA: the official tsv / JSON columns, completion prompts, answer matching by hand, FanOutQA's dev set."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from eval_support import DictKB, ScriptedGenerator
+
+from lmlm.evaluate.popqa import (
+    answer_in_output,
+    completion_prompt,
+    normalize_answer,
+    popqa_eval,
+    read_fanoutqa,
+    read_popqa,
+    read_qa,
+)
+from lmlm.generate import LookupGenerator
+
+COLUMNS = ["id", "subj", "prop", "obj", "subj_id", "prop_id", "obj_id", "s_aliases", "o_aliases", "s_uri", "o_uri",
+           "s_wiki_title", "o_wiki_title", "s_pop", "o_pop", "question", "possible_answers"]
+ROWS = [
+    dict(id="4222362", subj="George Rankin", prop="occupation", obj="politician", s_wiki_title="George Rankin",
+         s_pop="142", question="What is George Rankin's occupation?",
+         possible_answers='["politician", "political leader", "political figure"]'),
+    dict(id="1", subj="Ufa", prop="capital of", obj="Bashkortostan", s_wiki_title="Ufa", s_pop="37",
+         question="What is Ufa the capital of?", possible_answers='["Bashkortostan", "Republic of Bashkortostan"]'),
+    dict(id="2", subj="Ada Lind", prop="place of birth", obj="Paris", s_wiki_title="Ada_Lind", s_pop="5",
+         question="In what city was Ada Lind born?", possible_answers='["Paris"]'),
+]
+
+
+def _tsv(tmp_path, rows=ROWS):
+    path = tmp_path / "test.tsv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS, delimiter="\t", restval="")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_normalize_and_match():
+    assert normalize_answer("The Beatles, 1,200 times!") == "beatles 1200 times"
+    assert answer_in_output(" the Republic of Bashkortostan.", ["Bashkortostan"])
+    assert not answer_in_output(" Romeo and Juliet", ["Rome"])  # word boundaries
+    assert answer_in_output(" born in 1,969 or so", ["1969"])
+    assert not answer_in_output(" anything", ["", "the"])  # empty after normalization: never matches
+
+
+def test_completion_prompt():
+    assert completion_prompt("What is Ufa the capital of?", "capital of", "Ufa") == \
+        "What is Ufa the capital of? Ufa is the capital of"  # the paper's example
+    assert completion_prompt("Who knows?", "unknown relation", "X") == "Who knows? The answer is"
+
+
+def test_read_popqa_tsv_and_jsonl(tmp_path):
+    items = read_popqa(_tsv(tmp_path))
+    assert [it.answers for it in items] == [("politician", "political leader", "political figure"),
+                                           ("Bashkortostan", "Republic of Bashkortostan"), ("Paris",)]
+    assert items[0].prompt == "What is George Rankin's occupation? George Rankin's occupation is"
+    assert items[2].prompt == "In what city was Ada Lind born? Ada Lind was born in"
+    assert [it.uid for it in read_popqa(tmp_path / "test.tsv", max_popularity=100)] == ["1", "2"]  # long tail
+    jl = tmp_path / "popqa.jsonl"
+    jl.write_text("".join(json.dumps({**r, "possible_answers": json.loads(r["possible_answers"])}) + "\n"
+                          for r in ROWS))
+    assert [it.answers for it in read_qa(jl)] == [it.answers for it in items]  # a real list works too
+    jl.write_text(json.dumps({"question": "Q?", "possible_answers": '["a"]', "prompt": "My own rewrite:"}) + "\n")
+    assert read_popqa(jl)[0].prompt == "My own rewrite:"
+    jl.write_text('{"question": "Q?"}\n')
+    with pytest.raises(ValueError, match="possible_answers"):
+        read_popqa(jl)
+
+
+def test_popqa_eval_by_hand(tmp_path):
+    items = read_popqa(_tsv(tmp_path))
+    gen = ScriptedGenerator({
+        items[0].prompt: " a retired political leader.",                                    # alias: correct
+        items[1].prompt: " [dblookup('Ufa', 'Capital Of') -> Bashkortostan] Bashkortostan.",  # correct
+        items[2].prompt: " [dblookup('Ada Lind', 'Birth City') -> Paris] Lyon."})            # lookup stripped: wrong
+    records = []
+    m = popqa_eval(gen, items, records=records)
+    assert m["popqa_accuracy"] == pytest.approx(2 / 3) and m["popqa_n"] == 3.0
+    assert m["popqa_accuracy_place_of_birth"] == 0.0 and m["popqa_accuracy_capital_of"] == 1.0
+    assert m["popqa_lookup_found"] == pytest.approx(2 / 3)
+    assert [r["correct"] for r in records] == [True, True, False] and records[2]["output"] == " Lyon."
+
+
+FANOUT = [{"id": "q1", "question": "What is the batting hand of each of the first two picks?", "categories": [],
+           "answer": {"Pat Burrell": "Right", "Mark Mulder": "Left"},
+           "decomposition": [
+               {"id": "s1", "question": "Who were the first 2 picks?", "decomposition": [], "depends_on": [],
+                "answer": ["Pat Burrell", "Mark Mulder"], "evidence": {"title": "1998 MLB draft"}},
+               {"id": "s2", "question": "What is the batting hand of Pat Burrell?", "decomposition": [],
+                "answer": "Right", "depends_on": ["s1"], "evidence": {"title": "Pat Burrell"}},
+               {"id": "s3", "question": "Nested?", "answer": None, "decomposition": [
+                   {"id": "s4", "question": "How tall is Mark Mulder in m?", "decomposition": [], "answer": 1.98,
+                    "evidence": {"title": "Mark Mulder"}},
+                   {"id": "s5", "question": "Is Mark Mulder left-handed?", "decomposition": [], "answer": True}]}]}]
+
+
+def test_read_fanoutqa_fixture(tmp_path):
+    path = tmp_path / "fanout-final-dev.json"
+    path.write_text(json.dumps(FANOUT))
+    items = read_qa(path)  # told from the file: FanOutQA
+    assert [(it.uid, it.answers, it.subject) for it in items] == [
+        ("s1", ("Pat Burrell", "Mark Mulder"), "1998 MLB draft"), ("s2", ("Right",), "Pat Burrell"),
+        ("s4", ("1.98",), "Mark Mulder"), ("s5", ("yes",), "")]
+    assert items[1].prompt == "What is the batting hand of Pat Burrell? The answer is"
+
+
+def test_read_fanoutqa_dev(shared_data):
+    items = read_fanoutqa(shared_data / "fanoutqa" / "fanout-final-dev.json")
+    assert 2050 <= len(items) <= 2200  # about 2,100 single-hop questions with answers
+    assert len({it.uid for it in items}) == len(items) and all(it.answers and it.question for it in items)
+
+
+def test_popqa_on_a_tiny_lmlm(world, tmp_path):
+    rows = [dict(id=str(k), subj=name, prop="place of birth", obj=city, s_pop="3",
+                 question=f"In what city was {name} born?", possible_answers=json.dumps([city]))
+            for k, (name, city, _) in enumerate(world.people[:8])]
+    items = read_popqa(_tsv(tmp_path, rows))
+    gen = LookupGenerator(world.model, world.tok, DictKB(world.facts))
+    records = []
+    m = popqa_eval(gen, items, max_new_tokens=12, records=records)
+    assert m["popqa_n"] == 8
+    assert m["popqa_accuracy"] == pytest.approx(sum(answer_in_output(r["output"], r["answers"]) for r in records) / 8)
+    assert all("<|db" not in r["output"] for r in records)

@@ -1,0 +1,109 @@
+"""T-REx: LAMA's file formats, the cloze prompt, exact match / precision@1 by hand, a tiny LMLM end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from eval_support import DictKB, ScriptedGenerator
+
+from lmlm.evaluate.cloze import content_words, match_first_content_words
+from lmlm.evaluate.trex import cloze_prompt, read_trex, score_trex, trex_eval
+from lmlm.generate import LookupGenerator
+
+# three records as LAMA writes them: evidences (T-REx release), masked_sentences (LAMA's loader), masked_sentence
+LAMA = [
+    {"uuid": "a1", "obj_uri": "Q90", "obj_label": "Paris", "sub_uri": "Q1", "sub_label": "Ada Lind",
+     "predicate_id": "P19", "evidences": [
+         {"masked_sentence": "[MASK] is where Ada Lind was born.", "obj_surface": "Paris"},
+         {"masked_sentence": "Ada Lind was born in [MASK] .", "obj_surface": "Paris"}]},
+    {"uuid": "a2", "obj_label": "actor", "sub_label": "Jaideep Sahni", "predicate_id": "P106",
+     "masked_sentences": ["Jaideep Sahni (born 1968) is an Indian [MASK]."]},
+    {"uuid": "a3", "obj_label": "Oslo", "sub_label": "Bram Moss", "predicate_id": "P19",
+     "masked_sentence": "Bram Moss was born in [MASK], a city in the north."},
+]
+
+
+def _write(tmp_path, records=LAMA, name="P19.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_cloze_prompt():
+    assert cloze_prompt("Jaideep Sahni (born 1968) is an Indian [MASK] .") == "Jaideep Sahni (born 1968) is an Indian"
+    assert cloze_prompt("X was born in [MASK].") == "X was born in"
+    assert cloze_prompt("[MASK] is the capital.") is None  # nothing to the left
+    assert cloze_prompt("Born in [MASK], a city.") is None
+    assert cloze_prompt("Born in [MASK], a city.", left_to_right=False) == "Born in"
+    assert cloze_prompt("no mask here") is None
+
+
+def test_read_trex_formats(tmp_path):
+    items = read_trex(_write(tmp_path))
+    # a1: the first evidence has [MASK] first, the second is usable; a3 is not left to right
+    assert [(i.prompt, i.gold, i.relation, i.uid) for i in items] == [
+        ("Ada Lind was born in", "Paris", "P19", "a1"),
+        ("Jaideep Sahni (born 1968) is an Indian", "actor", "P106", "a2")]
+    loose = read_trex(tmp_path / "P19.jsonl", left_to_right=False)
+    assert [i.uid for i in loose] == ["a1", "a2", "a3"] and loose[2].prompt == "Bram Moss was born in"
+    assert len(read_trex(tmp_path, limit=1)) == 1  # a folder of relation files
+    (tmp_path / "bad.jsonl").write_text('{"sub_label": "x"}\n')
+    with pytest.raises(ValueError, match="obj_label"):
+        read_trex(tmp_path / "bad.jsonl")
+
+
+def test_content_words():
+    assert content_words("is an Indian actor, and a writer") == ["indian", "actor", "writer"]
+    # "is", "the" and "of" are skipped: "United" is the 2nd content word, within 2 but not 1
+    assert match_first_content_words(" is the capital of the United States", "United States", 1) is False
+    assert match_first_content_words(" is the capital of the United States", "United States", 2) is True
+    assert match_first_content_words(" the actor", "actor", 1)
+    assert match_first_content_words(" was in the", "the", 5)  # an all-stop-word gold matches on all words
+
+
+def test_exact_match_and_precision_at_1_by_hand():
+    from lmlm.evaluate.trex import TrexItem
+
+    items = [TrexItem("p1", "actor"), TrexItem("p2", "Paris"), TrexItem("p3", "New York"), TrexItem("p4", "Oslo")]
+    outputs = [" actor and writer.",                       # first content word: EM 1, P@1 1
+               " the city of Lyon, near Paris.",          # content words: city lyon near paris -> EM 1, P@1 0
+               " a famous big old town in New York",      # famous big old town new: "new york" starts 5th -> EM 1
+               " one two three four five Oslo"]           # Oslo is the 6th content word -> EM 0
+    s = score_trex(outputs, items)
+    assert [x["exact_match"] for x in s] == [True, True, True, False]
+    assert [x["precision_at_1"] for x in s] == [True, False, False, False]
+
+
+def test_trex_eval_metrics_by_hand(tmp_path):
+    items = read_trex(_write(tmp_path), left_to_right=False)  # 3 items: Paris (P19), actor (P106), Oslo (P19)
+    gen = ScriptedGenerator({
+        "Ada Lind was born in": "[dblookup('Ada Lind', 'Birth City') -> Paris] Paris.",
+        "Jaideep Sahni (born 1968) is an Indian": " film director and actor.",
+        "Bram Moss was born in": "[dblookup('Bram Moss', 'Birth City') -> Rome] Rome."})
+    records = []
+    m = trex_eval(gen, items, records=records)
+    assert gen.calls[0]["force_lookup"] is True
+    assert m["trex_exact_match"] == pytest.approx(2 / 3)   # Paris, actor (3rd content word)
+    assert m["trex_precision_at_1"] == pytest.approx(1 / 3)  # Paris only
+    assert m["trex_n"] == 3.0 and m["trex_lookup_found"] == pytest.approx(2 / 3)
+    assert m["trex_exact_match_P19"] == 0.5 and m["trex_exact_match_P106"] == 1.0
+    assert all(k.startswith("trex_") for k in m)
+    assert records[0]["output"] == "Paris." and records[0]["lookups"]  # lookups stripped, kept in the record
+
+
+def test_trex_on_a_tiny_lmlm(world, tmp_path):
+    """End to end: the forced lookup asks the KB at the masked position; metrics match the records."""
+    lines = [{"uuid": str(k), "obj_label": city, "sub_label": name, "predicate_id": "P19",
+              "masked_sentences": [f"{name} was born in [MASK]."]} for k, (name, city, _) in enumerate(world.people[:12])]
+    items = read_trex(_write(tmp_path, lines))
+    gen = LookupGenerator(world.model, world.tok, DictKB(world.facts), on_miss="skip")
+    records = []
+    m = trex_eval(gen, items, max_new_tokens=16, records=records)
+    assert m["trex_n"] == 12
+    assert m["trex_exact_match"] == pytest.approx(sum(r["exact_match"] for r in records) / 12)
+    assert m["trex_precision_at_1"] <= m["trex_exact_match"]
+    for r in records:
+        assert "[dblookup" not in r["output"] and "<|db" not in r["output"]
+        assert r["lookups"], "a lookup was forced at the mask"
+        assert r["exact_match"] == match_first_content_words(r["output"], r["gold"])
