@@ -1,0 +1,113 @@
+"""Distant supervision from Wikipedia infoboxes on a dump written here and on the real 106-article excerpt."""
+
+import bz2
+import json
+from pathlib import Path
+
+import pytest
+
+from lmlm.annotate.wikipedia import (annotate_article, annotate_dump, iter_pages, parse_infobox, relation_name,
+                                     WikiPage)
+from lmlm.kb import KnowledgeBase, get_encoder
+from lmlm.lookup import Lookup, parse, plain_text
+
+REAL_DUMP = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "wikipedia" / "enwiki-sample-106-articles.xml.bz2"
+
+ADA = """{{Infobox scientist
+| name        = Ada Lovelace
+| image       = Ada_Lovelace.jpg
+| caption     = Portrait, 1836
+| birth_date  = {{birth date|1815|12|10}}
+| birth_place = [[London]], England
+| death_date  = {{death date and age|1852|11|27|1815|12|10}}
+| known_for   = {{plainlist|
+* [[Analytical Engine|the Analytical Engine]]
+* Mathematics}}
+| spouse      = [[William King-Noel, 1st Earl of Lovelace|William King]]<br />(m. 1835)
+| drives_on   = right
+}}
+'''Augusta Ada King''' ('''Ada Lovelace''') was an English mathematician born in [[London]] on 10 December 1815.
+She married William King in 1835 and wrote about the Analytical Engine.<ref>A source</ref> She worked on the right problems.
+She died on November 27, 1852.
+[[Category:Mathematicians]]
+"""
+
+
+def _dump(tmp_path: Path) -> Path:
+    pages = [("1", "Ada Lovelace", ADA, False), ("2", "Lovelace", "#REDIRECT [[Ada Lovelace]]", True),
+             ("3", "Plain page", "A page about nothing in particular.", False)]
+    xml = ['<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">']
+    for pid, title, text, redirect in pages:
+        esc = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        xml.append(f"<page><title>{title}</title><ns>0</ns><id>{pid}</id>"
+                   + ('<redirect title="Ada Lovelace" />' if redirect else "")
+                   + f"<revision><id>9{pid}</id><text>{esc}</text></revision></page>")
+    xml.append("</mediawiki>")
+    path = tmp_path / "dump.xml.bz2"
+    path.write_bytes(bz2.compress("\n".join(xml).encode()))
+    return path
+
+
+def test_infobox_fields_become_readable_triples():
+    box = parse_infobox(ADA)
+    facts = dict.fromkeys(box.facts)
+    assert ("Birth Date", "December 10, 1815") in facts
+    assert ("Birth Place", "London, England") in facts
+    assert ("Death Date", "November 27, 1852") in facts
+    assert ("Known For", "the Analytical Engine") in facts and ("Known For", "Mathematics") in facts
+    assert ("Spouse", "William King") in facts
+    assert not any(r in {"Image", "Caption", "Name"} for r, _ in box.facts)
+    assert relation_name("term_start2") == "Term Start"
+
+
+def test_calls_sit_before_mentions_and_the_text_is_unchanged():
+    art = annotate_article(WikiPage("1", "Ada Lovelace", ADA))
+    calls = [s for s in art["segments"] if isinstance(s, Lookup)]
+    plain, positions = plain_text(art["segments"])
+    assert plain == art["plain"] and "Category" not in plain and "A source" not in plain
+    found = {(c.relation, c.value): plain[p:] for c, p in zip(calls, positions)}
+    # the date is written "10 December 1815" in the text: the call carries the infobox value
+    assert found[("Birth Date", "December 10, 1815")].startswith("10 December 1815")
+    assert found[("Spouse", "William King")].startswith("William King in 1835")
+    assert found[("Death Date", "November 27, 1852")].startswith("November 27, 1852.")
+    assert found[("Known For", "the Analytical Engine")].startswith("the Analytical Engine")
+    # "right" is a common word: a fact, but not trusted as a mention
+    assert ("Drives On", "right") not in found
+    assert all(c.entity == "Ada Lovelace" for c in calls)
+    # every infobox fact is a triple; unmentioned ones have no position
+    triples = {(r, v): p for _, r, v, p in art["triples"]}
+    assert triples[("Drives On", "right")] is None and triples[("Birth Place", "London, England")] is None
+
+
+def test_dump_to_documents_triples_and_kb(tmp_path):
+    out = tmp_path / "wiki"
+    report = annotate_dump(_dump(tmp_path), out, progress=False)
+    assert report["articles"] == 2 and report["with_infobox"] == 1  # the redirect is skipped
+    docs = [json.loads(line) for line in (out / "documents.jsonl").read_text().splitlines()]
+    assert [d["title"] for d in docs] == ["Ada Lovelace", "Plain page"]
+    for d in docs:
+        assert plain_text(parse(d["annotated"], form="dblookup", strict=True).segments)[0] == d["plain"]
+    assert report["calls"] == sum(d["annotated"].count("[dblookup(") for d in docs) >= 4
+    kb = KnowledgeBase.create(tmp_path / "kb", encoder=get_encoder())
+    kb.import_jsonl(out / "triples.jsonl", why="wikipedia infoboxes")
+    m = kb.lookup("Ada Lovelace", "birth date")
+    assert m is not None and m.value == "December 10, 1815"
+
+
+def test_bad_dumps_are_reported(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no Wikipedia dump"):
+        list(iter_pages(tmp_path / "missing.xml.bz2"))
+    bad = tmp_path / "bad.xml"
+    bad.write_text("<mediawiki><page><title>x</title>")
+    with pytest.raises(ValueError, match="not a MediaWiki XML dump"):
+        list(iter_pages(bad))
+
+
+@pytest.mark.skipif(not REAL_DUMP.exists(), reason="the 106-article Wikipedia excerpt is not on this machine")
+def test_real_excerpt_yields_an_annotated_corpus(tmp_path):
+    report = annotate_dump(REAL_DUMP, tmp_path / "wiki", limit=25, progress=False)
+    assert report["articles"] == 25 and report["with_infobox"] >= 8
+    assert report["calls"] >= 40 and report["triples"] >= 200
+    for line in (tmp_path / "wiki" / "documents.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        assert plain_text(parse(d["annotated"], form="dblookup", strict=True).segments)[0] == d["plain"]
