@@ -20,6 +20,17 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Limited Memory Language Models: train, run, evaluate and edit LMLMs.")
 kb_app = typer.Typer(no_args_is_help=True, help="Build, query and edit a knowledge base.")
 app.add_typer(kb_app, name="kb")
+annotate_app = typer.Typer(no_args_is_help=True, help="Annotate a corpus with lookup calls.")
+app.add_typer(annotate_app, name="annotate")
+
+from .bench import bench_app  # noqa: E402  (benchmark modules register themselves on import below)
+from .bench import commands as _bench_commands  # noqa: E402,F401
+
+app.add_typer(bench_app, name="bench")
+
+from .evaluate.cli import eval_app  # noqa: E402
+
+app.add_typer(eval_app, name="eval")
 console = Console()
 err = Console(stderr=True)
 
@@ -125,82 +136,144 @@ def train(config: Path = typer.Option(..., help="TrainConfig JSON (mode, model, 
 
 @app.command()
 def generate(prompt: List[str] = typer.Argument(..., help="one or more prompts"),
-             model: Path = typer.Option(..., help="checkpoint folder"),
-             kb: Optional[Path] = typer.Option(None, help="knowledge base folder (default: the checkpoint's)"),
+             model: Path = typer.Option(..., help="checkpoint: ours, or a Hugging Face folder (the authors': "
+                                        "add --tokens released)"),
+             kb: Optional[Path] = typer.Option(None, help="KB folder, or the authors' database JSON "
+                                               "(default: the checkpoint's KB)"),
+             tokens: Optional[str] = typer.Option(None, help="lookup tokens: 'paper' or 'released' "
+                                                  "(default: the checkpoint's)"),
              max_new_tokens: int = typer.Option(64),
              no_db: bool = typer.Option(False, help="ablation: no database, lookup tokens banned"),
              force_lookup: bool = typer.Option(False, help="open a lookup at the end of the prompt"),
+             constrained: bool = typer.Option(False, help="write only queries the KB holds (prefix tree of its keys)"),
+             fallback: str = typer.Option("unknown", help="value of a lookup without a match: 'nearest' (best key "
+                                          "below the threshold), 'skip' (none; the model goes on) or any text"),
+             max_lookups: int = typer.Option(16, help="lookups per continuation"),
+             logit_bias: str = typer.Option("5,2,2,2", help="added to the start, sep, retrieve and end scores"),
              sample: bool = typer.Option(False, help="sample instead of greedy decoding"),
-             temperature: float = typer.Option(1.0), top_p: float = typer.Option(1.0),
+             temperature: float = typer.Option(1.0), top_p: float = typer.Option(1.0), top_k: int = typer.Option(0),
+             repetition_penalty: float = typer.Option(1.0), num_beams: int = typer.Option(1, help="beam search"),
+             stop: List[str] = typer.Option(None, help="stop at this text (repeatable)"),
              seed: Optional[int] = typer.Option(None),
+             stream: bool = typer.Option(False, help="print the continuation as it is generated"),
              as_json: bool = typer.Option(False, "--json", help="print results with traces as JSON")):
     """Generate with lookups; the looked-up facts are highlighted."""
-    from .checkpoint import load_checkpoint
     from .generate import LookupGenerator
-    from .kb import KnowledgeBase
+    from rich.markup import escape
+
+    from .generate.loading import load_model, open_kb
+    from .kb import KBError
     from .lookup import Lookup
 
-    m, tok, meta = load_checkpoint(model)
-    kb_path = kb or (Path(meta["kb"]) if meta.get("kb") else None)
-    base = None
-    if not no_db:
-        if kb_path is None:
+    try:
+        m, tok, meta = load_model(model, tokens=tokens)
+        bias = tuple(float(b) for b in logit_bias.split(","))
+        kb_path = kb or (Path(meta["kb"]) if meta.get("kb") else None)
+        if not no_db and kb_path is None:
             _fail("no knowledge base: pass --kb or --no-db")
-        base = KnowledgeBase.open(kb_path)
-    gen = LookupGenerator(m, tok, base, use_db=not no_db)
-    results = gen.generate(prompt, max_new_tokens=max_new_tokens, force_lookup=force_lookup, do_sample=sample,
-                           temperature=temperature, top_p=top_p, seed=seed)
+        base = None if no_db else open_kb(kb_path)
+        policy = fallback if fallback in ("nearest", "skip") else "text"
+        gen = LookupGenerator(m, tok, base, use_db=not no_db, constrained=constrained, logit_bias=bias,
+                              max_lookups=max_lookups, on_miss=policy,
+                              fallback="unknown" if policy != "text" else fallback)
+    except (KBError, ValueError, OSError) as e:
+        _fail(str(e))
+    options = dict(max_new_tokens=max_new_tokens, force_lookup=force_lookup, do_sample=sample, temperature=temperature,
+                   top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty, num_beams=num_beams,
+                   stop_strings=stop or None, seed=seed)
+
+    def show_lookup(entity: str, relation: str, value: str) -> None:
+        console.print(f"[reverse cyan]⟦{escape(entity)} · {escape(relation)} → {escape(value)}⟧[/]", end="")
+
+    def show_trace(r) -> None:
+        for t in r.trace:
+            where = f"triple {t.triple_id}, KB v{t.kb_version}, sources {list(t.sources)[:3]}" if t.found \
+                else "no match"
+            score = f"{t.score:.2f}" if t.score is not None else "-"
+            note = f"; [red]{escape(t.problem)}[/red]" if t.problem else ""
+            query = escape(repr((t.query_entity, t.query_relation)))
+            info = escape(f"[{t.status}, score {score}; {where}]")
+            console.print(f"  [dim]lookup {query} -> {escape(repr(t.value))} {info}[/]{note}", highlight=False)
+
+    try:
+        if stream and not as_json:
+            for p in prompt:
+                console.print(f"[bold]{escape(p)}[/]", end="")
+                for event in gen.stream(p, **options):
+                    if event.lookup is not None:
+                        show_lookup(event.lookup.query_entity, event.lookup.query_relation, event.lookup.value)
+                    elif event.result is not None:
+                        console.print()
+                        show_trace(event.result)
+                    else:
+                        console.print(event.text, end="", markup=False, highlight=False)
+            return
+        results = gen.generate(prompt, **options)
+    except ValueError as e:  # options that do not go together
+        _fail(str(e))
     if as_json:
-        print(json.dumps([{"prompt": r.prompt, "text": r.text, "clean_text": r.clean_text,
-                           "trace": [t.__dict__ for t in r.trace], "problems": r.problems} for r in results],
-                         indent=2, default=str))
+        print(json.dumps([r.to_dict() for r in results], indent=2, default=str))
         return
     for r in results:
-        console.print(f"[bold]{r.prompt}[/]", end="")
+        console.print(f"[bold]{escape(r.prompt)}[/]", end="")
         for seg in r.segments:
             if isinstance(seg, Lookup):
-                console.print(f"[reverse cyan]⟦{seg.entity} · {seg.relation} → {seg.value}⟧[/]", end="")
+                show_lookup(seg.entity, seg.relation, seg.value)
             else:
                 console.print(seg.text, end="", markup=False, highlight=False)
         console.print()
-        for t in r.trace:
-            where = f"triple {t.triple_id}, KB v{t.kb_version}, sources {list(t.sources)[:3]}" if t.found else "no match"
-            score = f"{t.score:.2f}" if t.score is not None else "-"
-            console.print(f"  [dim]lookup ({t.query_entity!r}, {t.query_relation!r}) -> {t.value!r} "
-                          f"[score {score}; {where}][/]")
+        show_trace(r)
 
 
 # -- knowledge base --------------------------------------------------------------------------------
 
-def _open_kb(path: Path):
-    from .kb import KnowledgeBase, KBError
+_FORMATS = "jsonl, parquet, corpus (annotated documents) or authors (their database JSON); default: from the file"
+
+
+def _open_kb(path: Path, at: Optional[int] = None):
+    from .kb import KBError, KnowledgeBase
 
     try:
-        return KnowledgeBase.open(path)
+        kb = KnowledgeBase.open(path)
+        return kb if at is None else kb.checkout(at)
     except KBError as e:
         _fail(str(e))
 
 
-@kb_app.command("build")
-def kb_build(path: Path = typer.Argument(..., help="new KB folder"),
-             triples: Path = typer.Option(..., help="JSONL of triples: entity, relation, value[, source]"),
-             who: str = typer.Option("lmlm"), why: str = typer.Option("build")):
-    """Create a KB from a JSONL file of triples."""
-    from .kb import KnowledgeBase
+def _kb_call(fn, *args, **kwargs):
+    """Run a KB call, turning the errors a user can fix into one red line."""
+    from .kb import KBError
 
-    kb = KnowledgeBase.create(path, exist_ok=True)
-    kb.import_jsonl(triples, who=who, why=why)
+    try:
+        return fn(*args, **kwargs)
+    except (KBError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, ImportError) as e:
+        _fail(str(e))
+
+
+@kb_app.command("build")
+def kb_build(path: Path = typer.Argument(..., help="KB folder: created, or resumed after a build was cut short"),
+             triples: Path = typer.Option(..., help="triples (JSONL or Parquet), an annotated corpus, "
+                                                     "or the authors' JSON"),
+             format: Optional[str] = typer.Option(None, help=_FORMATS),
+             chunk_size: int = typer.Option(100_000, help="facts per version; a crash loses at most one chunk"),
+             embed: bool = typer.Option(True, help="embed every key now (--no-embed: on the first fuzzy lookup)"),
+             who: str = typer.Option("lmlm"), why: str = typer.Option("build")):
+    """Create a KB from a file, resumably: after a crash, run the same command again to go on."""
+    from .kb import build
+
+    kb = _kb_call(build, path, triples, format=format, chunk_size=chunk_size, who=who, why=why, embed=embed)
     console.print_json(json.dumps(kb.stats(), default=str))
 
 
 @kb_app.command("add")
 def kb_add(path: Path, entity: str, relation: str, value: str, source: Optional[str] = typer.Option(None),
            who: str = typer.Option("lmlm"), why: str = typer.Option("")):
-    """Add one fact."""
+    """Add one fact (a fact already there gains support)."""
     from .kb import Triple
 
     kb = _open_kb(path)
-    console.print(f"version {kb.add([Triple(entity, relation, value, source=source)], who=who, why=why)}")
+    version = _kb_call(lambda: kb.add([Triple(entity, relation, value, source=source)], who=who, why=why))
+    console.print(f"version {version}")
 
 
 @kb_app.command("edit")
@@ -208,58 +281,197 @@ def kb_edit(path: Path, entity: str, relation: str, value: str, who: str = typer
             why: str = typer.Option("")):
     """Give a fact a new value (the old one stays in the history)."""
     kb = _open_kb(path)
-    console.print(f"version {kb.edit(entity, relation, value, who=who, why=why)}")
+    console.print(f"version {_kb_call(kb.edit, entity, relation, value, who=who, why=why)}")
+
+
+def _read_forget_set(path: Path) -> list:
+    items = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                items.append(json.loads(line))
+            except ValueError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON line: {e}") from None
+    return items
 
 
 @kb_app.command("delete")
 def kb_delete(path: Path, triple_id: List[int] = typer.Option(None, "--id"), entity: Optional[str] = None,
-              relation: Optional[str] = None, source: Optional[str] = None, who: str = typer.Option("lmlm"),
-              why: str = typer.Option("")):
-    """Delete facts by id, entity, relation or source document; they are unreachable at once."""
-    if not (triple_id or entity or relation or source):
-        _fail("say what to delete: --id, --entity, --relation or --source")
+              relation: Optional[str] = None, source: Optional[str] = None,
+              forget: Optional[Path] = typer.Option(None, help="JSONL forget set: one {id}, {source} or "
+                                                              "{entity, relation[, value]} per line"),
+              who: str = typer.Option("lmlm"), why: str = typer.Option("")):
+    """Delete facts by id, entity, relation, source document or a forget set; unreachable at once."""
+    if not (triple_id or entity or relation or source or forget):
+        _fail("say what to delete: --id, --entity, --relation, --source or --forget FILE")
+    if forget and (triple_id or entity or relation or source):
+        _fail("--forget deletes the listed facts alone; give the other filters in a separate call")
     kb = _open_kb(path)
-    n = kb.delete(triple_ids=triple_id or None, entity=entity, relation=relation, source=source, who=who, why=why)
+    if forget:
+        if not forget.is_file():
+            _fail(f"no forget set at {forget}")
+        n = _kb_call(lambda: kb.forget(_read_forget_set(forget), who=who, why=why))
+    else:
+        n = _kb_call(kb.delete, triple_ids=triple_id or None, entity=entity, relation=relation, source=source,
+                     who=who, why=why)
     console.print(f"deleted {n} facts; version {kb.version}")
 
 
 @kb_app.command("lookup")
-def kb_lookup(path: Path, entity: str, relation: str, threshold: Optional[float] = None):
+def kb_lookup(path: Path, entity: str, relation: str, threshold: Optional[float] = None,
+              at: Optional[int] = typer.Option(None, help="read the KB as it was at this version"),
+              all_values: bool = typer.Option(False, "--all", help="also list every value of the matched key")):
     """Look one key up as the generator would (exact first, then fuzzy)."""
-    m = _open_kb(path).lookup(entity, relation, threshold=threshold)
-    print(json.dumps(m.__dict__ if m else None, default=str, indent=2))
+    kb = _open_kb(path, at)
+    m = kb.lookup(entity, relation, threshold=threshold)
+    out = m.__dict__ if m else None
+    if m and all_values:
+        out = {**out, "values": [r.to_dict() for r in kb.values(m.entity, m.relation)]}
+    print(json.dumps(out, default=str, indent=2))
 
 
 @kb_app.command("search")
-def kb_search(path: Path, entity: str, relation: str, k: int = 5):
-    """Top-k candidate keys with their scores (why did a lookup match?)."""
-    for m in _open_kb(path).search(entity, relation, k=k):
-        console.print(f"{m.score:.3f}  {m.entity} · {m.relation} → {m.value}  (triple {m.triple_id})")
+def kb_search(path: Path, entity: str, relation: str, k: int = typer.Option(5, "-k", "--k"),
+              at: Optional[int] = typer.Option(None, help="read the KB as it was at this version"),
+              as_json: bool = typer.Option(False, "--json")):
+    """Top-k candidate keys with their cosine scores (why did a lookup match, or not?)."""
+    kb = _open_kb(path, at)
+    hits = _kb_call(kb.search, entity, relation, k=k)
+    if as_json:
+        print(json.dumps([m.__dict__ for m in hits], default=str, indent=2))
+        return
+    for m in hits:
+        mark = "=" if m.exact else ("✓" if m.score >= kb.threshold else " ")
+        console.print(f"{m.score:.3f} {mark} {m.entity} · {m.relation} → {m.value}  "
+                      f"(triple {m.triple_id}, seen {m.support}x, {m.alternatives} other values)", highlight=False)
 
 
 @kb_app.command("stats")
-def kb_stats(path: Path):
-    """Counts and the current version."""
-    console.print_json(json.dumps(_open_kb(path).stats(), default=str))
+def kb_stats(path: Path, at: Optional[int] = typer.Option(None, help="counts as of this version")):
+    """Counts, the current version and the index kind."""
+    console.print_json(json.dumps(_open_kb(path, at).stats(), default=str))
 
 
 @kb_app.command("log")
-def kb_log(path: Path, limit: int = 20):
+def kb_log(path: Path, limit: int = 20, as_json: bool = typer.Option(False, "--json")):
     """The latest versions: who changed what and why."""
-    for v in _open_kb(path).log(limit):
-        console.print(v)
+    log = _open_kb(path).log(limit)
+    if as_json:
+        print(json.dumps([v.__dict__ for v in log], indent=2))
+        return
+    for v in log:
+        console.print(f"v{v.version:<5} {v.time}  {v.op:<7} {v.n_changed:>8} triples  {v.who}: {v.why}",
+                      highlight=False)
+
+
+@kb_app.command("diff")
+def kb_diff(path: Path, v1: int, v2: int, as_json: bool = typer.Option(False, "--json"),
+            limit: int = typer.Option(50, help="lines to print (all with --json)")):
+    """What changed between two versions: added, removed and re-supported triples."""
+    entries = _kb_call(_open_kb(path).diff, v1, v2)
+    if as_json:
+        print(json.dumps([e.to_dict() for e in entries], indent=2, ensure_ascii=False))
+        return
+    sign = {"added": "[green]+[/]", "removed": "[red]-[/]", "support": "[yellow]~[/]"}
+    for e in entries[:limit]:
+        counts = f"{e.count_before} → {e.count_after}" if e.op == "support" else e.count_before or e.count_after
+        console.print(f"{sign[e.op]} {e.entity} · {e.relation} → {e.value}  (triple {e.triple_id}, count {counts})")
+    ops = {op: sum(e.op == op for e in entries) for op in sign}
+    console.print(f"v{v1} → v{v2}: {ops['added']} added, {ops['removed']} removed, {ops['support']} re-supported"
+                  + (f" ({len(entries) - limit} more not shown)" if len(entries) > limit else ""))
+
+
+@kb_app.command("checkout")
+def kb_checkout(path: Path, version: int, out: Optional[Path] = typer.Option(None, help="also write its triples here"),
+                format: Optional[str] = typer.Option(None, help="jsonl, parquet or corpus (default: from OUT)")):
+    """Read a past version: its counts, and with --out its triples (the KB itself is not changed)."""
+    view = _open_kb(path, version)
+    if out is not None:
+        n = _kb_call(view.export, out, format)
+        err.print(f"{n} triples of version {version} written to {out}")
+    console.print_json(json.dumps(view.stats(), default=str))
 
 
 @kb_app.command("export")
-def kb_export(path: Path, out: Path):
-    """Write the active triples with their sources as JSONL."""
-    console.print(f"{_open_kb(path).export_jsonl(out)} triples written to {out}")
+def kb_export(path: Path, out: Path, format: Optional[str] = typer.Option(None, help="jsonl, parquet or corpus "
+                                                                                   "(default: from OUT's suffix)"),
+              at: Optional[int] = typer.Option(None, help="export the KB as it was at this version")):
+    """Write the active triples with their counts and sources."""
+    console.print(f"{_kb_call(_open_kb(path, at).export, out, format)} triples written to {out}")
 
 
 @kb_app.command("import")
-def kb_import(path: Path, triples: Path, who: str = typer.Option("lmlm"), why: str = typer.Option("import")):
-    """Add the triples of a JSONL file as one version."""
-    console.print(f"version {_open_kb(path).import_jsonl(triples, who=who, why=why)}")
+def kb_import(path: Path, triples: Path, format: Optional[str] = typer.Option(None, help=_FORMATS),
+              who: str = typer.Option("lmlm"), why: str = typer.Option("import")):
+    """Add the facts of a file as one version."""
+    kb = _open_kb(path)
+    console.print(f"version {_kb_call(kb.import_file, triples, format, who=who, why=why)}")
+
+
+# -- serving ---------------------------------------------------------------------------------------
+
+@app.command()
+def serve(model: Optional[Path] = typer.Option(None, help="checkpoint folder"),
+          kb: Optional[Path] = typer.Option(None, help="knowledge base folder (default: the checkpoint's)"),
+          host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
+          token: Optional[str] = typer.Option(None, envvar="LMLM_SERVE_TOKEN",
+                                              help="bearer token for KB writes (default: a random one, printed)"),
+          read_only: bool = typer.Option(False, help="refuse every KB write"),
+          threshold: Optional[float] = typer.Option(None, help="fuzzy-match threshold (default: the KB's, 0.6)"),
+          max_new_tokens: int = typer.Option(256, help="most tokens one request may generate"),
+          max_concurrent: int = typer.Option(64, help="generation requests in flight; more get 429"),
+          max_batch: int = typer.Option(32, help="most prompts decoded together"),
+          device: Optional[str] = typer.Option(None, help="cpu, cuda, ... (default: cuda when available)"),
+          threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: one less than the cores)"),
+          log_level: str = typer.Option("info", help="uvicorn's: warning hides the access log"),
+          demo: Optional[Path] = typer.Option(None, help="train a tiny demo model and KB in this folder and serve "
+                                                         "them (seconds on a CPU)")):
+    """Serve generation with lookup traces, KB endpoints and a web page (API docs at /docs)."""
+    import secrets
+
+    try:
+        from .serve import ServeLimits, serve as run
+        import fastapi, uvicorn  # noqa: F401,E401
+    except ImportError as e:
+        _fail(f"{e.name} is not installed: pip install -e '.[serve]'")
+    if demo is not None:
+        from .serve.demo import build_demo
+
+        built = build_demo(demo)
+        model, kb = model or built.model_dir, kb or built.kb_dir
+        err.print(f"demo model in {built.model_dir}, KB in {built.kb_dir}; try the prompt {built.prompts[0]!r}")
+    if model is None:
+        _fail("say what to serve: --model CHECKPOINT (or --demo FOLDER)")
+    if token is not None and len(token) < 8:
+        _fail("the token must have at least 8 characters")
+    if not read_only and token is None:
+        token = secrets.token_urlsafe(18)
+        err.print(f"KB write token: [bold]{token}[/] (set one with --token or LMLM_SERVE_TOKEN)")
+    try:
+        limits = ServeLimits(max_new_tokens=max_new_tokens, max_concurrent=max_concurrent, max_batch=max_batch)
+    except ValueError as e:
+        _fail(str(e))
+    err.print(f"serving on http://{host}:{port}/  (API docs: http://{host}:{port}/docs)")
+    threads = threads or max(1, (os.cpu_count() or 2) - 1)  # a core for the HTTP side
+    run(model, kb, host=host, port=port, token=None if read_only else token, limits=limits, device=device,
+        threshold=threshold, threads=threads, log_level=log_level)
+
+
+# -- annotation --------------------------------------------------------------------------------------
+
+@annotate_app.command("wikipedia")
+def annotate_wikipedia(dump: Path = typer.Argument(..., help="MediaWiki XML dump (.xml or .xml.bz2)"),
+                       out: Path = typer.Option(..., help="folder for documents.jsonl, triples.jsonl, report.json"),
+                       limit: Optional[int] = typer.Option(None, help="stop after this many articles")):
+    """Distant supervision: infobox facts become lookup calls where the article mentions them."""
+    from .annotate.wikipedia import annotate_dump
+
+    try:
+        report = annotate_dump(dump, out, limit=limit)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    console.print_json(json.dumps({k: v for k, v in report.items() if k != "top_relations"}))
+    console.print(f"next: lmlm kb build KB --triples {out / 'triples.jsonl'}")
 
 
 def main() -> None:

@@ -11,16 +11,23 @@ Examples:
     'London'
 """
 
+from .authors import import_authors_json, open_authors_json, read_authors_json
 from .base import INDEX_FILENAME, MAX_SOURCES, KnowledgeBase
+from .build import build
 from .encoder import DEFAULT_MODEL, Encoder, encode, get_encoder
+from .formats import FORMATS, detect_format
+from .index import AnnConfig, VectorKeyIndex
 from .keys import key_text, normalize_key, normalize_text, normalize_value
-from .records import Change, Match, Triple, TripleRecord, VersionRecord
+from .records import Change, DiffEntry, Match, Triple, TripleRecord, VersionRecord
 from .store import DB_FILENAME, MIGRATIONS, KBError, KBNotFound, NotAKnowledgeBase, SQLiteStore
+from .trie import KeyTrie
+from .view import KnowledgeBaseView
 
 __all__ = [
-    "KnowledgeBase", "Triple", "Match", "TripleRecord", "VersionRecord", "Change",
-    "KBError", "NotAKnowledgeBase", "KBNotFound",
+    "KnowledgeBase", "KnowledgeBaseView", "Triple", "Match", "TripleRecord", "VersionRecord", "Change", "DiffEntry",
+    "KBError", "NotAKnowledgeBase", "KBNotFound", "build", "FORMATS", "detect_format",
     "normalize_key", "normalize_text", "normalize_value", "key_text",
-    "Encoder", "get_encoder", "encode", "DEFAULT_MODEL",
+    "Encoder", "get_encoder", "encode", "DEFAULT_MODEL", "AnnConfig", "VectorKeyIndex",
     "SQLiteStore", "MIGRATIONS", "DB_FILENAME", "INDEX_FILENAME", "MAX_SOURCES",
+    "KeyTrie", "import_authors_json", "open_authors_json", "read_authors_json",
 ]

@@ -3,10 +3,12 @@
 A KB is one folder: ``kb.sqlite`` (triples, provenance, versions, audit log; see
 :mod:`lmlm.kb.store`) and ``index.faiss`` (one MiniLM embedding per distinct key; see
 :mod:`lmlm.kb.index`). Lookup tries the normalised key first (an in-memory dict hit, score 1.0)
-and falls back to the nearest key by cosine similarity, accepted at ``threshold`` (0.6, as in the
-paper) or above. Adds, edits and deletes are numbered versions; they reach the dict and the index
-before the call returns, and other processes see them on their next lookup (each lookup checks
-the store's version, one primary-key read). Exercised by ``lmlm kb`` and ``lmlm generate``.
+and falls back to the nearest key by cosine similarity (exact search for small KBs, HNSW or IVF
+candidates re-scored exactly for large ones), accepted at ``threshold`` (0.6, as in the paper) or
+above. Adds, edits and deletes are numbered versions; they reach the dict and the index before the
+call returns, and other processes see them on their next lookup (each lookup checks the store's
+version, one primary-key read). :meth:`KnowledgeBase.checkout` reads a past version. Exercised by
+``lmlm kb`` and ``lmlm generate``.
 
 Examples:
     >>> kb = KnowledgeBase.create("ada-kb")
@@ -21,30 +23,32 @@ Examples:
 
 from __future__ import annotations
 
-import json
 import numbers
-import threading
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+import threading
 
 import numpy as np
 
+from . import formats
 from .encoder import DEFAULT_MODEL, Encoder, get_encoder
-from .index import FaissFlatIndex, KeyIndex, load_index, read_header, save_index
-from .keys import KEY_SEP, key_text, normalize_key, normalize_text
-from .records import Change, Match, Triple, TripleRecord, VersionRecord, as_triple
-from .store import DB_FILENAME, Best, Fact, KBNotFound, NotAKnowledgeBase, SQLiteStore
+from .formats import Fact, fact_of
+from .index import AnnConfig, VectorKeyIndex, read_header
+from .indexing import INDEX_FILENAME, PROGRESS_MIN, KeyIndexing
+from .keys import KEY_SEP, key_text, normalize_key, normalize_text, normalize_value
+from .records import Change, DiffEntry, Match, Triple, TripleRecord, VersionRecord, as_triple
+from .store import DB_FILENAME, Best, KBNotFound, NotAKnowledgeBase, SQLiteStore
+
+if TYPE_CHECKING:
+    from .view import KnowledgeBaseView
 
 __all__ = ["KnowledgeBase", "INDEX_FILENAME", "MAX_SOURCES", "PROGRESS_MIN"]
 
-INDEX_FILENAME = "index.faiss"
 MAX_SOURCES = 32  # document ids returned per match; KnowledgeBase.get has them all
-PROGRESS_MIN = 5000  # show progress bars for writes or embeddings of at least this many items
-_ADOPT_MIN = 1000  # keys to embed above which a newer saved index is read instead
-_CANDIDATES = 8  # index hits inspected per fuzzy query, in case the best ones were just deleted
+_CANDIDATES = 8  # index hits inspected per fuzzy query beyond k, in case some were just deleted
 
 
-class KnowledgeBase:
+class KnowledgeBase(KeyIndexing):
     """A versioned store of ``(entity, relation) -> value`` facts with exact-then-fuzzy lookup.
 
     Open with :meth:`create` or :meth:`open`, not the constructor. Thread-safe: one lock guards
@@ -52,52 +56,78 @@ class KnowledgeBase:
 
     Attributes:
         threshold (float, default 0.6): minimum cosine similarity for a fuzzy match.
+        ann_config (AnnConfig): when the key index switches from exact search to HNSW and IVF.
     """
 
     threshold: float = 0.6
 
-    def __init__(self, path: Path, store: SQLiteStore, encoder: Encoder | None = None):
+    def __init__(self, path: Path, store: SQLiteStore, encoder: Encoder | None = None,
+                 ann: AnnConfig | None = None):
         self.path = path
         self.store = store
         self.encoder_name = store.meta().get("encoder", DEFAULT_MODEL)
+        self.ann_config = ann or AnnConfig()
         self._encoder = encoder
         self._lock = threading.RLock()
         self._version = 0  # the store version the dict reflects
         self._best: dict[str, Best] = {}  # key_norm -> best active triple
         self._key_norm: dict[int, str] = {}  # key_id -> key_norm, active keys only
         self._n_active = 0
-        self._index: KeyIndex | None = None  # loaded on first fuzzy use or write
+        self._index: VectorKeyIndex | None = None  # loaded on first fuzzy use or write
         self._index_version = 0  # the store version the index reflects
+        self._unsaved = 0  # vectors embedded or restored since the index file was written
+        self._dirty = False  # any index change (removals too) since then
         self._sync()
 
     # -- opening ---------------------------------------------------------------------------------
     @classmethod
-    def create(cls, path: str | Path, exist_ok: bool = False, encoder: Encoder | str | None = None) -> "KnowledgeBase":
+    def create(cls, path: str | Path, exist_ok: bool = False, encoder: Encoder | str | None = None,
+               ann: AnnConfig | None = None, index_dir: str | Path | None = None) -> "KnowledgeBase":
         """Make a new, empty KB in folder ``path`` (created if needed; an existing folder must be empty).
 
         Args:
-            path: the KB folder.
+            path: the KB folder, or a ``postgresql://`` URL for a KB shared by many servers.
             exist_ok (bool, default False): open the KB if ``path`` already holds one instead of raising.
             encoder: an :class:`Encoder` or a sentence-transformers model name (default all-MiniLM-L6-v2);
                 the name is recorded so every later ``open`` embeds with the same model.
+            ann (AnnConfig, optional): sizes at which the key index becomes approximate.
+            index_dir (optional): where a URL-backed KB keeps its key index on this machine
+                (default: :func:`lmlm.kb.postgres.index_cache_dir`).
         """
+        name = encoder.name if isinstance(encoder, Encoder) else (encoder or DEFAULT_MODEL)
+        enc = encoder if isinstance(encoder, Encoder) else None
+        if _is_url(path):
+            from .postgres import PostgresStore, as_url, redact
+
+            url = as_url(path)
+            if PostgresStore.exists(url):
+                if exist_ok:
+                    return cls.open(url, encoder=enc, ann=ann, index_dir=index_dir)
+                raise FileExistsError(f"{redact(url)} already holds a knowledge base; use KnowledgeBase.open "
+                                      "or exist_ok=True")
+            return cls(_index_folder(url, index_dir), PostgresStore.create(url, {"encoder": name}), enc, ann)
         path = Path(path)
         if (path / DB_FILENAME).exists():
             if exist_ok:
-                return cls.open(path, encoder=encoder if isinstance(encoder, Encoder) else None)
+                return cls.open(path, encoder=enc, ann=ann)
             raise FileExistsError(f"{path} already holds a knowledge base; use KnowledgeBase.open or exist_ok=True")
         if path.exists() and not path.is_dir():
             raise NotADirectoryError(f"cannot create a knowledge base at {path}: it is a file")
         if path.exists() and any(path.iterdir()):
             raise FileExistsError(f"cannot create a knowledge base in {path}: the folder is not empty")
         path.mkdir(parents=True, exist_ok=True)
-        name = encoder.name if isinstance(encoder, Encoder) else (encoder or DEFAULT_MODEL)
         store = SQLiteStore.create(path, {"encoder": name})
-        return cls(path, store, encoder if isinstance(encoder, Encoder) else None)
+        return cls(path, store, enc, ann)
 
     @classmethod
-    def open(cls, path: str | Path, encoder: Encoder | None = None) -> "KnowledgeBase":
-        """Open the KB in folder ``path`` (or its ``kb.sqlite``)."""
+    def open(cls, path: str | Path, encoder: Encoder | None = None, ann: AnnConfig | None = None,
+             index_dir: str | Path | None = None) -> "KnowledgeBase":
+        """Open the KB in folder ``path`` (or its ``kb.sqlite``), or at a ``postgresql://`` URL."""
+        if _is_url(path):
+            from .postgres import PostgresStore, as_url
+
+            url = as_url(path)
+            return cls(_index_folder(url, index_dir), PostgresStore.open(url), encoder, ann)
         path = Path(path)
         if path.is_file() and path.name == DB_FILENAME:
             path = path.parent
@@ -106,10 +136,12 @@ class KnowledgeBase:
                              "(make one with KnowledgeBase.create)")
         if not path.is_dir():
             raise NotAKnowledgeBase(f"{path} is not a knowledge base: a KB is a folder holding {DB_FILENAME}")
-        return cls(path, SQLiteStore.open(path), encoder)
+        return cls(path, SQLiteStore.open(path), encoder, ann)
 
     def close(self) -> None:
+        """Save the key index if it has unsaved work worth keeping, and close the store."""
         with self._lock:
+            self._maybe_save(quiet=True)
             self.store.close()
 
     def __enter__(self) -> "KnowledgeBase":
@@ -119,7 +151,7 @@ class KnowledgeBase:
         self.close()
 
     def __repr__(self) -> str:
-        return f"KnowledgeBase({str(self.path)!r}, version={self._version}, triples={self._n_active})"
+        return f"KnowledgeBase({str(self.store.folder)!r}, version={self._version}, triples={self._n_active})"
 
     @property
     def encoder(self) -> Encoder:
@@ -153,94 +185,42 @@ class KnowledgeBase:
             self._n_active += sum(b.n_active for b in rows)
         self._version = version
 
-    def _sync_index(self, progress: bool | None = None) -> KeyIndex:
-        """Bring the index to ``self._version``: remove keys with no active value, embed new ones."""
-        index_path = self.path / INDEX_FILENAME
-        if self._index is None:
-            self._load_saved_index(index_path)
-            if self._index is None:
-                self._index, self._index_version = FaissFlatIndex(self.encoder.dim), 0
-        if self._index_version == self._version:
-            return self._index
-        stale, new = self._index_delta()
-        if len(new) >= _ADOPT_MIN:  # the process that added them may have saved an index holding them
-            header = read_header(index_path)
-            if header and self._index_version < header.get("version", -1) <= self._version \
-                    and self._load_saved_index(index_path):
-                stale, new = self._index_delta()
-        index = self._index
-        index.remove(stale)
-        if new:
-            rows = self.store.key_texts(new)
-            show = len(rows) >= PROGRESS_MIN if progress is None else progress
-            vectors = self.encoder.encode([key_text(e, r) for _, e, r in rows], cache=False,
-                                          progress=show, desc="embedding KB keys")
-            index.add(np.array([k for k, _, _ in rows], dtype=np.int64), vectors)
-        self._index_version = self._version
-        if len(new) >= _ADOPT_MIN:  # spare other readers the same embedding work
-            self._save_index(quiet=True)
-        return index
-
-    def _index_delta(self) -> tuple[list[int], list[int]]:
-        """(key ids to remove from the index, key ids to embed and add) to reach ``self._version``."""
-        index = self._index
-        if self._index_version == 0:  # built from nothing: compare with every active key
-            return [k for k in index.ids() if k not in self._key_norm], [k for k in self._key_norm if k not in index]
-        touched = self.store.changed_keys(self._index_version, self._version)
-        return ([k for k in touched if k in index and k not in self._key_norm],
-                [k for k in touched if k in self._key_norm and k not in index])
-
-    def _load_saved_index(self, index_path: Path) -> bool:
-        """Adopt the saved index if it was built with our encoder and is not ahead of our dict."""
-        loaded = load_index(index_path)
-        if loaded is None:
-            return False
-        index, header = loaded
-        if header.get("encoder") != self.encoder_name or not 0 <= header.get("version", -1) <= self._version:
-            return False
-        self._index, self._index_version = index, int(header["version"])
-        return True
-
-    def _save_index(self, quiet: bool = False) -> None:
-        index_path = self.path / INDEX_FILENAME
-        header = read_header(index_path)
-        if header and header.get("encoder") == self.encoder_name and header.get("version", -1) >= self._index_version:
-            return  # what is on disk is as new as ours
-        try:
-            save_index(self._index, index_path, {"version": self._index_version, "encoder": self.encoder_name})
-        except OSError:
-            if not quiet:
-                raise
-
-    def _after_write(self, progress: bool | None = None, adds_keys: bool = True) -> None:
-        """Take in a write just made. An add embeds its new keys now and saves the index; a delete or
-        edit never adds a key, so an index not yet loaded is left for the next fuzzy lookup to catch up."""
+    def _after_write(self, progress: bool | None = None, adds_keys: bool = True, embed: bool = True) -> None:
+        """Take in a write just made. An add embeds its new keys now (unless ``embed`` is False); a
+        delete or edit never adds a key, so an index not yet loaded is left for the next fuzzy lookup."""
         self._sync()
-        if adds_keys or self._index is not None:
+        if embed and (adds_keys or self._index is not None):
             self._sync_index(progress)
-            self._save_index()
+            self._maybe_save()
+
+    def key_ids(self) -> dict[tuple[str, str], int]:
+        """Key id of every active key, by (entity, relation) as first written."""
+        self.refresh()
+        return {(b.entity, b.relation): b.key_id for b in list(self._best.values())}
 
     # -- lookup ----------------------------------------------------------------------------------
-    def lookup(self, entity: str, relation: str, threshold: float | None = None) -> Match | None:
+    def lookup(self, entity: str, relation: str, threshold: float | None = None, fuzzy: bool = True) -> Match | None:
         """The value of ``(entity, relation)``: exact normalised key first, else the nearest key.
 
         Args:
             entity, relation: the query, as the model wrote it.
             threshold (float, optional): minimum cosine for a fuzzy match (default ``self.threshold``).
+            fuzzy (bool, default True): False answers from exact keys only (no encoder call).
 
         Returns:
             The best-supported active value of the matched key as a :class:`Match`, or None when no
             key is exact and none is at least ``threshold`` similar.
         """
-        return self.lookup_batch([(entity, relation)], threshold)[0]
+        return self.lookup_batch([(entity, relation)], threshold, fuzzy)[0]
 
-    def lookup_batch(self, queries: Sequence[tuple[str, str]], threshold: float | None = None) -> list[Match | None]:
+    def lookup_batch(self, queries: Sequence[tuple[str, str]], threshold: float | None = None,
+                     fuzzy: bool = True) -> list[Match | None]:
         """:meth:`lookup` for many queries; the ones without an exact key share one encoder call."""
         threshold = self.threshold if threshold is None else float(threshold)
         with self._lock:
             self.refresh()
             hits: list[tuple[Best, float, bool] | None] = [None] * len(queries)
-            fuzzy: list[int] = []
+            misses: list[int] = []
             for i, (entity, relation) in enumerate(queries):
                 en, rn = normalize_text(entity), normalize_text(relation)
                 if not en and not rn:
@@ -249,13 +229,23 @@ class KnowledgeBase:
                 if best is not None:
                     hits[i] = (best, 1.0, True)
                 else:
-                    fuzzy.append(i)
-            if fuzzy and self._best:
-                nearest = self._nearest([key_text(*queries[i]) for i in fuzzy], k=1)
-                for i, found in zip(fuzzy, nearest):
+                    misses.append(i)
+            if fuzzy and misses and self._best:
+                nearest = self._nearest([key_text(*queries[i]) for i in misses], k=1)
+                for i, found in zip(misses, nearest):
                     if found and found[0][1] >= threshold:
                         hits[i] = (found[0][0], found[0][1], False)
             return self._matches(hits)
+
+    def lookup_vectors(self, vectors: np.ndarray, threshold: float | None = None) -> list[Match | None]:
+        """Fuzzy lookup by query embeddings computed elsewhere, ``(n, dim)`` unit-norm rows."""
+        threshold = self.threshold if threshold is None else float(threshold)
+        with self._lock:
+            self.refresh()
+            if not self._best:
+                return [None] * len(vectors)
+            found = self._nearest_vectors(np.asarray(vectors, dtype=np.float32), k=1)
+            return self._matches([(f[0][0], f[0][1], False) if f and f[0][1] >= threshold else None for f in found])
 
     def search(self, entity: str, relation: str, k: int = 5) -> list[Match]:
         """The ``k`` nearest keys with their scores, best first, ignoring the threshold (for debugging)."""
@@ -272,31 +262,39 @@ class KnowledgeBase:
 
     def _nearest(self, texts: list[str], k: int) -> list[list[tuple[Best, float]]]:
         """Top-``k`` active keys per text, as (best triple, cosine)."""
-        index = self._sync_index()
-        vectors = self.encoder.encode(texts)  # (n, dim), cached per query string
-        scores, ids = index.search(vectors, k + _CANDIDATES)
+        self._sync_index()  # before encoding: a first use may load the encoder and index
+        return self._nearest_vectors(self.encoder.encode(texts), k)  # (n, dim), cached per query string
+
+    def _search_index(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._sync_index().search(vectors, k)
+
+    def _nearest_vectors(self, vectors: np.ndarray, k: int) -> list[list[tuple[Best, float]]]:
+        scores, ids = self._search_index(vectors, k + _CANDIDATES)
         out = []
         for row_scores, row_ids in zip(scores.tolist(), ids.tolist()):
             found = []
             for s, kid in zip(row_scores, row_ids):
                 kn = self._key_norm.get(kid)
-                if kn is not None:  # -1 (no hit) and keys deleted since the index was built drop out
+                if kn is not None:  # -1 (no hit) and keys not active in this version drop out
                     found.append((self._best[kn], float(s)))
                 if len(found) == k:
                     break
             out.append(found)
         return out
 
+    def _sources(self, triple_ids: list[int]) -> dict[int, tuple[str, ...]]:
+        return self.store.sources(triple_ids, limit=MAX_SOURCES)
+
     def _matches(self, hits: Sequence[tuple[Best, float, bool] | None]) -> list[Match | None]:
-        sources = self.store.sources([h[0].triple_id for h in hits if h], limit=MAX_SOURCES)
+        sources = self._sources([h[0].triple_id for h in hits if h])
         return [None if h is None else Match(
             entity=h[0].entity, relation=h[0].relation, value=h[0].value, score=h[1], triple_id=h[0].triple_id,
             exact=h[2], sources=sources.get(h[0].triple_id, ()), version=self._version,
-            alternatives=h[0].n_active - 1) for h in hits]
+            alternatives=h[0].n_active - 1, support=h[0].count) for h in hits]
 
     # -- changes ---------------------------------------------------------------------------------
     def add(self, triples: Iterable[Triple], who: str = "lmlm", why: str = "", batch_size: int = 1000,
-            progress: bool | None = None) -> int:
+            progress: bool | None = None, embed: bool = True) -> int:
         """Add facts as one new version and return it (the current version if nothing changed).
 
         A fact whose key and value are already active gains support (``count`` + 1 and the new
@@ -310,10 +308,26 @@ class KnowledgeBase:
             who, why: recorded in the audit log.
             batch_size (int, default 1000): triples read from ``triples`` per step.
             progress (bool, optional): show progress bars (default: for ``PROGRESS_MIN`` items or more).
+            embed (bool, default True): embed new keys now; False leaves it to :meth:`embed` or the
+                first fuzzy lookup (exact lookups never need it).
         """
         total = len(triples) if hasattr(triples, "__len__") else None
-        facts = (_fact(as_triple(t)) for t in triples)
-        return self._write(facts, "add", who, why, batch_size, progress, total)
+        facts = (fact_of(as_triple(t)) for t in triples)
+        return self._write(facts, "add", who, why, batch_size, progress, total, embed=embed)
+
+    def import_file(self, path: str | Path, format: str | None = None, who: str = "lmlm", why: str = "",
+                    batch_size: int = 1000, progress: bool | None = None, embed: bool = True) -> int:
+        """Add the facts of a file as one version (op ``import``) and return it.
+
+        Args:
+            path: JSON lines or Parquet of triples (as written by :meth:`export`), an annotated
+                corpus (JSON lines with ``doc_id`` and ``annotated`` text), or the authors' database JSON.
+            format (str, optional): ``jsonl``, ``parquet``, ``corpus`` or ``authors``; by default
+                told from the file (see :func:`lmlm.kb.formats.detect_format`).
+        """
+        self._writable()
+        facts, total = formats.read(path, format)
+        return self._write(facts, "import", who, why, batch_size, progress, total, embed=embed)
 
     def import_jsonl(self, path: str | Path, who: str = "lmlm", why: str = "", batch_size: int = 1000,
                      progress: bool | None = None) -> int:
@@ -323,13 +337,11 @@ class KnowledgeBase:
         (a list of ``[doc_id, position]``) as written by :meth:`export_jsonl`, or ``source`` and
         ``position`` as in :class:`Triple`.
         """
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"no JSON-lines file at {path}")
-        return self._write(_read_jsonl(path), "import", who, why, batch_size, progress, None)
+        return self.import_file(path, "jsonl", who, why, batch_size, progress)
 
     def _write(self, facts: Iterable[Fact], op: str, who: str, why: str, batch_size: int,
-               progress: bool | None, total: int | None) -> int:
+               progress: bool | None, total: int | None, embed: bool = True, meta: dict | None = None) -> int:
+        self._writable()
         _check_who(who, why)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -338,17 +350,19 @@ class KnowledgeBase:
         show = progress if progress is not None else (total or 0) >= PROGRESS_MIN
         with self._lock:
             with tqdm(total=total, desc="writing triples", unit="triple", disable=not show) as bar:
-                version = self.store.write_facts(facts, op, who, why, batch_size, bar.update)
-            self._after_write(progress)
+                version = self.store.write_facts(facts, op, who, why, batch_size, bar.update, meta)
+            self._after_write(progress, embed=embed)
             return version
 
     def delete(self, *, triple_ids: Iterable[int] | int | None = None, entity: str | None = None,
                relation: str | None = None, source: str | None = None, who: str = "lmlm", why: str = "") -> int:
         """Delete the active facts matching all given filters, as one version; returns how many.
 
-        Deleted facts are unreachable by exact and fuzzy lookup when this returns, and stay in
-        history. ``source`` deletes every fact that cites that document, whatever else cites it.
+        Deleted facts are unreachable by exact and fuzzy lookup when this returns, in this and every
+        other handle, and stay in history. ``source`` deletes every fact that cites that document,
+        whatever else cites it. To delete a list of facts, keys or documents at once, use :meth:`forget`.
         """
+        self._writable()
         if triple_ids is None and entity is None and relation is None and source is None:
             raise ValueError("delete needs at least one of triple_ids, entity, relation, source "
                              "(refusing to delete everything)")
@@ -363,18 +377,44 @@ class KnowledgeBase:
                 self._after_write(adds_keys=False)
             return n
 
+    def forget(self, items: Iterable, who: str = "lmlm", why: str = "") -> int:
+        """Delete a forget set as one version; returns how many active facts it removed.
+
+        Args:
+            items: any mix of triple ids (int), keys ``(entity, relation)`` (every value of the key),
+                facts ``(entity, relation, value)`` or :class:`Triple`, and dicts with ``id``,
+                ``source`` (a document: every fact citing it), or ``entity`` + ``relation`` [+ ``value``].
+
+        Like :meth:`delete`, the facts are unreachable by any lookup when this returns.
+        """
+        self._writable()
+        _check_who(who, why)
+        ids, keys, facts, sources = [], [], [], []
+        for n, item in enumerate(items):
+            kind, value = _forget_item(item, n)
+            {"id": ids, "key": keys, "fact": facts, "source": sources}[kind].append(value)
+        with self._lock:
+            _, n = self.store.forget(who, why, ids, keys, facts, sources)
+            if n:
+                self._after_write(adds_keys=False)
+            return n
+
     def edit(self, entity: str, relation: str, new_value: str, who: str = "lmlm", why: str = "") -> int:
         """Make ``new_value`` the only active value of ``(entity, relation)``; returns the new version.
 
         The replaced values stay in history (``deleted_version`` set, op ``edit`` in :meth:`changes`).
         Raises KBError when the key has no active value.
         """
+        self._writable()
         t = Triple(entity.strip(), relation.strip(), new_value.strip())  # validates
         _check_who(who, why)
         with self._lock:
             version = self.store.edit(t.entity, t.relation, t.value, who, why)
             self._after_write(adds_keys=False)
             return version
+
+    def _writable(self) -> None:
+        """Views of past versions override this to refuse writes."""
 
     # -- reading records -------------------------------------------------------------------------
     @property
@@ -395,6 +435,12 @@ class KnowledgeBase:
             raise KeyError(f"no triple with id {triple_id} in {self.path}")
         return record
 
+    def values(self, entity: str, relation: str) -> list[TripleRecord]:
+        """Every active value of the key, best supported first (the one :meth:`lookup` returns)."""
+        with self._lock:
+            active = [r for r in self.store.history(entity, relation) if r.active]
+        return sorted(active, key=lambda r: (-r.count, -r.created_version, -r.id))
+
     def history(self, entity: str, relation: str) -> list[TripleRecord]:
         """Every triple ever stored under the key, deleted ones included, oldest first."""
         with self._lock:
@@ -410,6 +456,17 @@ class KnowledgeBase:
         with self._lock:
             return self.store.changes(version)
 
+    def diff(self, a: int, b: int) -> list[DiffEntry]:
+        """The triples that differ between versions ``a`` and ``b`` (see :class:`DiffEntry`)."""
+        with self._lock:
+            return self.store.diff(a, b)
+
+    def checkout(self, version: int) -> "KnowledgeBaseView":
+        """A read-only view of the KB as it was at ``version``: lookup, search, triples, export."""
+        from .view import KnowledgeBaseView
+
+        return KnowledgeBaseView(self, version)
+
     def triples(self) -> Iterator[TripleRecord]:
         """The active triples in id order, streamed from a snapshot."""
         return self.store.records(active_only=True)
@@ -423,19 +480,38 @@ class KnowledgeBase:
         with self._lock:
             self.refresh()
             header = read_header(self.path / INDEX_FILENAME) or {}
+            loaded = self._index is not None
             return {"path": str(self.path), "version": self._version, **self.store.counts(),
                     "encoder": self.encoder_name, "threshold": self.threshold,
-                    "index_size": len(self._index) if self._index is not None else header.get("size", 0),
-                    "index_version": self._index_version if self._index is not None else header.get("version", 0)}
+                    "index_size": len(self._index) if loaded else header.get("size", 0),
+                    "index_version": self._index_version if loaded else header.get("version", 0),
+                    "index_kind": self._index.ann_kind if loaded else header.get("ann", "flat")}
+
+    def export(self, path: str | Path, format: str | None = None) -> int:
+        """Write the active triples with counts and sources; returns how many.
+
+        ``format``: ``jsonl`` (default), ``parquet`` or ``corpus`` (an annotated corpus, one
+        document per source); by default told from the file suffix.
+        """
+        return formats.write(self.triples(), path, format)
 
     def export_jsonl(self, path: str | Path) -> int:
         """Write the active triples to a JSON-lines file (readable by :meth:`import_jsonl`); returns how many."""
-        n = 0
-        with open(path, "w", encoding="utf-8") as f:
-            for record in self.triples():
-                f.write(json.dumps(record.to_dict(), ensure_ascii=False) + "\n")
-                n += 1
-        return n
+        return self.export(path, "jsonl")
+
+
+def _is_url(path) -> bool:
+    from .postgres import is_url
+
+    return is_url(path)
+
+
+def _index_folder(url: str, index_dir: str | Path | None) -> Path:
+    from .postgres import index_cache_dir
+
+    folder = Path(index_dir) if index_dir is not None else index_cache_dir(url)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _required(norm: str, name: str, raw: str) -> str:
@@ -451,24 +527,24 @@ def _check_who(who: str, why: str) -> None:
         raise TypeError(f"why must be a string, got {type(why).__name__}")
 
 
-def _fact(t: Triple) -> Fact:
-    sources = ((t.source, t.position),) if t.source is not None else ()
-    return Fact(t.entity.strip(), t.relation.strip(), t.value.strip(), 1, sources)
-
-
-def _read_jsonl(path: Path) -> Iterator[Fact]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                t = Triple(d["entity"], d["relation"], d["value"], d.get("source"), d.get("position"))
-                sources = [(str(s[0]), s[1]) for s in d.get("sources", [])]
-                count = int(d.get("count", 1))
-                if count < 1:
-                    raise ValueError(f"count must be >= 1, got {count}")
-            except (ValueError, TypeError, KeyError, IndexError) as e:
-                raise ValueError(f"{path}:{lineno}: not a triple: {e}") from None
-            fact = _fact(t)
-            yield fact._replace(count=count, sources=fact.sources + tuple(sources))
+def _forget_item(item, n: int) -> tuple[str, object]:
+    """Classify item ``n`` of a forget set as ('id', int), ('key', key_norm), ('fact', (key_norm,
+    value_norm)) or ('source', doc_id)."""
+    if isinstance(item, numbers.Integral) and not isinstance(item, bool):
+        return "id", int(item)
+    if isinstance(item, dict):
+        if "id" in item or "triple_id" in item:
+            return "id", int(item.get("id", item.get("triple_id")))
+        if "source" in item:
+            return "source", str(item["source"])
+        item = tuple(item[f] for f in ("entity", "relation", "value") if f in item)
+    elif isinstance(item, Triple):
+        item = (item.entity, item.relation, item.value)
+    if isinstance(item, (tuple, list)) and len(item) in (2, 3) and all(isinstance(x, str) for x in item):
+        en, rn = normalize_text(item[0]), normalize_text(item[1])
+        if not en or not rn:
+            raise ValueError(f"forget item {n}: empty entity or relation in {item!r}")
+        kn = en + KEY_SEP + rn
+        return ("key", kn) if len(item) == 2 else ("fact", (kn, normalize_value(item[2])))
+    raise ValueError(f"forget item {n} is not a triple id, (entity, relation[, value]), Triple or dict "
+                     f"with id/source/entity+relation: {item!r}")

@@ -1,29 +1,49 @@
-"""Vector index over KB keys: one unit-norm embedding per distinct active ``(entity, relation)`` key.
+"""Vector index over KB keys: one unit-norm embedding per distinct ``(entity, relation)`` key.
 
-The knowledge base talks to the index only through :class:`KeyIndex` (add, remove, search, save,
-load), so an approximate index can replace the exact one later. :class:`FaissFlatIndex` is exact
-inner-product search (cosine on unit vectors) with ``IndexIDMap2`` so key ids are the store's key
-ids and a delete is one ``remove_ids``. Exercised by every fuzzy ``KnowledgeBase.lookup``.
+The knowledge base talks to the index only through :class:`KeyIndex`. :class:`VectorKeyIndex`
+keeps every key's float32 vector (the exact copy) and, once there are enough keys, an approximate
+FAISS structure chosen by size (:class:`AnnConfig`): exact search below ``flat_max`` keys, HNSW
+(8-bit scalar-quantised codes) up to ``ivf_min``, IVF from there (4-bit product-quantised codes
+scanned with SIMD "fast scan", ten times faster than 8-bit codes at 10^6 keys). The approximate
+structure only proposes candidates; each query's top candidates (``rescore`` for HNSW,
+``ivf_rescore`` for IVF) are re-scored exactly against the stored float32 vectors, so the scores a
+lookup compares with its threshold are true cosines. Deleting a key clears its bit in an alive
+mask that every search filters on (FAISS ``IDSelectorBitmap``), so a delete is immediate and costs
+no rebuild; a dead row keeps its vector (a past version may need it) until :meth:`rebuild`.
+Exercised by every fuzzy ``KnowledgeBase.lookup`` and by ``lmlm bench kb``.
 
 An index file is one file, replaced atomically: an 8-byte magic, a 4-byte little-endian header
-length, a JSON header (``version`` of the store it reflects, ``kind``, ``dim``, ``encoder``), then
-the serialised FAISS index. Readers check the header alone (:func:`read_header`) to decide whether
-the file is newer than what they hold.
+length, a JSON header (``version`` of the store it reflects, ``kind``, ``dim``, ``encoder``,
+``rows``, ...), then the body (key ids, alive mask, vectors, serialised FAISS structure). Readers
+check the header alone (:func:`read_header`) to decide whether the file is newer than what they hold.
+
+Examples:
+    >>> index = VectorKeyIndex(4)
+    >>> index.add(np.array([7, 9]), np.eye(4, dtype=np.float32)[:2])
+    >>> index.search(np.eye(4, dtype=np.float32)[1:2], 1)[1].tolist()
+    [[9]]
+    >>> index.remove([9]), 9 in index, index.has_vector(9)
+    (1, False, True)
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import IO, Iterable, Protocol
 
 import numpy as np
 
-__all__ = ["KeyIndex", "FaissFlatIndex", "INDEXES", "read_header", "save_index", "load_index"]
+__all__ = ["KeyIndex", "AnnConfig", "VectorKeyIndex", "FaissFlatIndex", "Selection", "INDEXES",
+           "read_header", "save_index", "load_index"]
 
 _MAGIC = b"LMLMIDX1"
+_QUERY_BLOCK = 256  # queries searched together: (256, 128 candidates, 384) float32 is 50 MB of scratch
+_RANK = {"flat": 0, "hnsw": 1, "ivf": 2}
 
 
 class KeyIndex(Protocol):
@@ -32,91 +52,414 @@ class KeyIndex(Protocol):
     kind: str
     dim: int
 
-    def __len__(self) -> int: ...
-
-    def __contains__(self, key_id: int) -> bool: ...
-
-    def ids(self) -> list[int]:
-        """The key ids held."""
-
-    def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        """Add ``vectors`` (n, dim) under ``ids`` (n,); ids already present are skipped."""
-
-    def remove(self, ids: Iterable[int]) -> int:
-        """Remove ``ids`` (absent ones ignored); returns how many were removed."""
-
-    def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` per query: scores (n, k) float32 and ids (n, k) int64, id -1 where fewer exist."""
-
-    def to_bytes(self) -> bytes: ...
-
-    @classmethod
-    def from_bytes(cls, data: bytes, dim: int) -> "KeyIndex": ...
-
-
-class FaissFlatIndex:
-    """Exact cosine search: ``faiss.IndexIDMap2(faiss.IndexFlatIP(dim))``."""
-
-    kind = "faiss-flat"
-
-    def __init__(self, dim: int, index=None):
-        import faiss
-
-        self.dim = dim
-        self._faiss = faiss
-        self.index = index if index is not None else faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
-        if self.index.d != dim:
-            raise ValueError(f"index dimension {self.index.d} does not match dim={dim}")
-        self._ids = set(faiss.vector_to_array(self.index.id_map).tolist())
-
     def __len__(self) -> int:
-        return int(self.index.ntotal)
+        """Number of live keys."""
 
     def __contains__(self, key_id: int) -> bool:
-        return int(key_id) in self._ids
+        """Whether ``key_id`` is live (searchable)."""
 
     def ids(self) -> list[int]:
-        return sorted(self._ids)
+        """The live key ids."""
 
-    def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(ids), self.dim)
-        keep = np.array([i not in self._ids for i in ids.tolist()], dtype=bool)
-        _, first = np.unique(ids, return_index=True)  # a repeated id in one call is added once
-        once = np.zeros(len(ids), dtype=bool)
-        once[first] = True
-        keep &= once
-        if keep.any():
-            self.index.add_with_ids(vectors[keep], ids[keep])
-            self._ids.update(ids[keep].tolist())
+    def has_vector(self, key_id: int) -> bool:
+        """Whether a vector is stored for ``key_id``, live or not."""
+
+    def add(self, ids: np.ndarray, vectors: np.ndarray, alive: bool = True, build: bool = True) -> None:
+        """Store ``vectors`` (n, dim) under ``ids`` (n,); ids already stored are made live, not re-added.
+        With ``build=False`` the approximate structure is extended later, by ``settle``."""
+
+    def restore(self, ids: Iterable[int]) -> list[int]:
+        """Make the stored ``ids`` live again; returns the ids that have no stored vector."""
 
     def remove(self, ids: Iterable[int]) -> int:
-        present = [int(i) for i in ids if int(i) in self._ids]
-        if not present:
-            return 0
-        n = int(self.index.remove_ids(np.asarray(present, dtype=np.int64)))
-        self._ids.difference_update(present)
+        """Make ``ids`` unsearchable at once (absent ones ignored); returns how many were live."""
+
+    def search(self, vectors: np.ndarray, k: int, within: "Selection | None" = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` per query: exact cosines (n, k) float32 and key ids (n, k) int64, -1 where fewer exist."""
+
+
+@dataclass
+class AnnConfig:
+    """How the index chooses and tunes its approximate structure.
+
+    Args:
+        flat_max (int, default 50_000): below this many live keys, search is exact (no ANN).
+        ivf_min (int, default 300_000): from this many live keys, IVF; between the two, HNSW.
+        hnsw_m (int, default 32): HNSW neighbours per node.
+        hnsw_ef_construction (int, default 40), hnsw_ef_search (int, default 128): HNSW beam widths.
+        ivf_nprobe (int, default 64): IVF lists scanned per query.
+        rescore (int, default 32): HNSW candidates per query re-scored exactly with the float32 vectors.
+        ivf_rescore (int, default 128): the same for IVF, whose 4-bit codes rank more coarsely.
+    """
+
+    flat_max: int = 50_000
+    ivf_min: int = 300_000
+    hnsw_m: int = 32
+    hnsw_ef_construction: int = 40
+    hnsw_ef_search: int = 128
+    ivf_nprobe: int = 64
+    rescore: int = 32
+    ivf_rescore: int = 128
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"AnnConfig.{name} must be a positive int, got {value!r}")
+        if self.ivf_min < self.flat_max:
+            raise ValueError(f"AnnConfig.ivf_min ({self.ivf_min}) must be >= flat_max ({self.flat_max})")
+
+    def choose(self, n: int) -> str:
+        """The structure for ``n`` live keys: ``"flat"``, ``"hnsw"`` or ``"ivf"``."""
+        return "flat" if n < self.flat_max else "hnsw" if n < self.ivf_min else "ivf"
+
+
+@dataclass
+class Selection:
+    """A fixed set of keys to search within (for reading a past version); see :meth:`VectorKeyIndex.select`."""
+
+    key_ids: np.ndarray  # (m,) int64
+    rows: np.ndarray  # (m',) int64: rows of the keys that have a vector, as of ``generation``
+    bitmap: np.ndarray  # packed little-endian bits over rows
+    generation: int
+
+
+def _no_hits(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    k = max(k, 0)
+    return np.full((n, k), -np.inf, dtype=np.float32), np.full((n, k), -1, dtype=np.int64)
+
+
+def _top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Column positions and values of the ``k`` largest scores per row, best first. scores: (n, m)."""
+    k = min(k, scores.shape[1])
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < scores.shape[1] else \
+        np.broadcast_to(np.arange(scores.shape[1]), scores.shape).copy()
+    vals = np.take_along_axis(scores, part, axis=1)
+    order = np.argsort(-vals, axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1), np.take_along_axis(vals, order, axis=1)
+
+
+class VectorKeyIndex:
+    """Exact float32 key vectors plus an approximate FAISS structure chosen by size.
+
+    Args:
+        dim (int): vector dimension.
+        config (AnnConfig, optional): thresholds and tuning (defaults: :class:`AnnConfig`).
+        ann (str, optional): force ``"flat"``, ``"hnsw"`` or ``"ivf"`` instead of choosing by size.
+    """
+
+    kind = "faiss-keys"
+
+    def __init__(self, dim: int, config: AnnConfig | None = None, ann: str | None = None):
+        if not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if ann is not None and ann not in _RANK:
+            raise ValueError(f"ann must be one of {list(_RANK)} or None, got {ann!r}")
+        self.dim = dim
+        self.config = config or AnnConfig()
+        self.forced = ann
+        self._vecs = np.zeros((0, dim), dtype=np.float32)  # (capacity, dim); rows [0, n) used
+        self._keys = np.zeros(0, dtype=np.int64)  # (capacity,) row -> key id
+        self._alive = np.zeros(0, dtype=bool)  # (capacity,)
+        self._n = 0
+        self._n_alive = 0
+        self._row: dict[int, int] = {}  # key id -> row
+        self._ann = None  # FAISS index over rows [0, ann_rows), or None for exact search
+        self._ann_rows = 0
+        self.ann_kind = "flat"
+        self._trained_on = 0  # rows when the IVF structure was trained
+        self._dead_sel = None  # (bitmap, selector) over live rows, rebuilt after removes
+        self.generation = 0  # bumped whenever rows are renumbered
+
+    # -- size and membership ---------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._n_alive
+
+    def __contains__(self, key_id: int) -> bool:
+        row = self._row.get(int(key_id))
+        return row is not None and bool(self._alive[row])
+
+    def has_vector(self, key_id: int) -> bool:
+        return int(key_id) in self._row
+
+    def ids(self) -> list[int]:
+        return sorted(self._keys[:self._n][self._alive[:self._n]].tolist())
+
+    @property
+    def rows(self) -> int:
+        """Stored vectors, live and dead."""
+        return self._n
+
+    def vectors(self, ids: Iterable[int]) -> np.ndarray:
+        """The stored vectors of ``ids`` (n, dim); KeyError names the first id with none."""
+        rows = []
+        for i in ids:
+            row = self._row.get(int(i))
+            if row is None:
+                raise KeyError(f"no vector stored for key id {i}")
+            rows.append(row)
+        return self._vecs[np.asarray(rows, dtype=np.int64)].copy()
+
+    def live_vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(key ids (m,), vectors (m, dim)) of every live key, for exact reference searches."""
+        alive = self._alive[:self._n]
+        return self._keys[:self._n][alive], self._vecs[:self._n][alive]
+
+    # -- changes ---------------------------------------------------------------------------------
+    def add(self, ids: np.ndarray, vectors: np.ndarray, alive: bool = True, build: bool = True) -> None:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.shape != (len(ids), self.dim):
+            raise ValueError(f"vectors must have shape ({len(ids)}, {self.dim}) for {len(ids)} ids, "
+                             f"got {vectors.shape}")
+        fresh, seen = [], set()
+        for j, i in enumerate(ids.tolist()):
+            if i in self._row:
+                if alive:
+                    self.restore([i])
+            elif i not in seen:
+                seen.add(i)
+                fresh.append(j)
+        if not fresh:
+            return
+        start, m = self._n, len(fresh)
+        self._reserve(start + m)
+        self._vecs[start:start + m] = vectors[fresh]
+        self._keys[start:start + m] = ids[fresh]
+        self._alive[start:start + m] = alive
+        self._row.update(zip(ids[fresh].tolist(), range(start, start + m)))
+        self._n += m
+        if alive:
+            self._n_alive += m
+        else:
+            self._dead_sel = None
+        if build:
+            self.settle()
+
+    def restore(self, ids: Iterable[int]) -> list[int]:
+        missing = []
+        for i in ids:
+            row = self._row.get(int(i))
+            if row is None:
+                missing.append(int(i))
+            elif not self._alive[row]:
+                self._alive[row] = True
+                self._n_alive += 1
+                self._dead_sel = None
+        return missing
+
+    def remove(self, ids: Iterable[int]) -> int:
+        n = 0
+        for i in ids:
+            row = self._row.get(int(i))
+            if row is not None and self._alive[row]:
+                self._alive[row] = False
+                n += 1
+        if n:
+            self._n_alive -= n
+            self._dead_sel = None
         return n
 
-    def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
-        if len(self) == 0 or k <= 0:
-            n = len(vectors)
-            return np.full((n, max(k, 0)), -np.inf, dtype=np.float32), np.full((n, max(k, 0)), -1, dtype=np.int64)
-        scores, ids = self.index.search(vectors, min(k, len(self)))  # (n, k) each
-        return scores, ids
+    def _reserve(self, n: int) -> None:
+        cap = len(self._keys)
+        if n <= cap:
+            return
+        cap = max(n, int(cap * 1.5), 1024)
+        vecs = np.empty((cap, self.dim), dtype=np.float32)
+        vecs[:self._n] = self._vecs[:self._n]
+        keys, alive = np.empty(cap, dtype=np.int64), np.zeros(cap, dtype=bool)
+        keys[:self._n], alive[:self._n] = self._keys[:self._n], self._alive[:self._n]
+        self._vecs, self._keys, self._alive = vecs, keys, alive
 
-    def to_bytes(self) -> bytes:
-        return self._faiss.serialize_index(self.index).tobytes()
+    # -- the approximate structure ---------------------------------------------------------------
+    def settle(self, progress: bool | None = None) -> None:
+        """Bring the approximate structure up to the stored rows: extend it with rows added since,
+        or rebuild it when the live keys call for a bigger kind or outgrew an IVF's training four
+        times. Removing keys never rebuilds (deletes stay cheap, and a removed key keeps its vector
+        for reading past versions); :meth:`rebuild` drops dead rows when asked."""
+        want = self.forced or self.config.choose(self._n_alive)
+        if _RANK[want] > _RANK[self.ann_kind] or (self.ann_kind == "ivf" and self._n_alive > 4 * self._trained_on):
+            self.rebuild(want, progress)
+        elif self._ann is not None and self._ann_rows < self._n:
+            self._add_to_ann(self._ann_rows, self._n, progress)
 
-    @classmethod
-    def from_bytes(cls, data: bytes, dim: int) -> "FaissFlatIndex":
+    def rebuild(self, ann: str | None = None, progress: bool | None = None) -> None:
+        """Drop dead rows and build the structure afresh (``ann`` or the one the size calls for)."""
+        live = np.flatnonzero(self._alive[:self._n])
+        self._vecs, self._keys = self._vecs[live], self._keys[live]
+        self._alive = np.ones(len(live), dtype=bool)
+        self._n = self._n_alive = len(live)
+        self._row = dict(zip(self._keys.tolist(), range(self._n)))
+        self._dead_sel = None
+        self.generation += 1
+        self.ann_kind = ann or self.forced or self.config.choose(self._n)
+        self._ann, self._ann_rows, self._trained_on = None, 0, 0
+        if self.ann_kind == "flat" or self._n == 0:
+            self.ann_kind = "flat"
+            return
         import faiss
 
-        return cls(dim, faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8)))
+        sample = self._vecs[np.random.default_rng(0).permutation(self._n)[:max(self._n // 4, 65_536)]]
+        if self.ann_kind == "hnsw":
+            index = faiss.IndexHNSWSQ(self.dim, faiss.ScalarQuantizer.QT_8bit, self.config.hnsw_m,
+                                      faiss.METRIC_INNER_PRODUCT)
+            index.hnsw.efConstruction = self.config.hnsw_ef_construction
+            index.train(sample)
+        else:
+            nlist = max(1, min(int(2 * np.sqrt(self._n)), self._n // 40))
+            codes = f"PQ{self.dim // 4}x4fs" if self.dim % 4 == 0 else "SQ8"  # 4 dims per 4-bit code
+            index = faiss.index_factory(self.dim, f"IVF{nlist},{codes}", faiss.METRIC_INNER_PRODUCT)
+            ivf = faiss.extract_index_ivf(index)
+            ivf.cp.niter, ivf.cp.spherical = 10, True
+            index.train(sample[:max(40 * nlist, 65_536)])
+            self._trained_on = self._n_alive
+        self._ann = index
+        self._add_to_ann(0, self._n, progress)
+
+    def _add_to_ann(self, start: int, end: int, progress: bool | None = None) -> None:
+        from tqdm.auto import tqdm
+
+        show = (end - start) >= 100_000 if progress is None else progress
+        step = 50_000
+        with tqdm(total=end - start, desc=f"building {self.ann_kind} index", unit="key", disable=not show) as bar:
+            for i in range(start, end, step):
+                j = min(i + step, end)
+                self._ann.add(self._vecs[i:j])
+                self._ann_rows = j
+                bar.update(j - i)
+
+    # -- search ----------------------------------------------------------------------------------
+    def select(self, key_ids: Iterable[int]) -> Selection:
+        """A :class:`Selection` of ``key_ids`` to pass as ``search(..., within=...)``."""
+        key_ids = np.asarray(sorted({int(i) for i in key_ids}), dtype=np.int64)
+        rows = np.asarray(sorted(self._row[i] for i in key_ids.tolist() if i in self._row), dtype=np.int64)
+        mask = np.zeros(self._n, dtype=bool)
+        mask[rows] = True
+        return Selection(key_ids, rows, np.packbits(mask, bitorder="little"), self.generation)
+
+    def search(self, vectors: np.ndarray, k: int, within: Selection | None = None) -> tuple[np.ndarray, np.ndarray]:
+        q = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)  # (n, dim)
+        if self._ann is not None and self._ann_rows < self._n:
+            self.settle()
+        if within is not None and within.generation != self.generation:
+            within = self.select(within.key_ids)
+        if k <= 0 or (self._n_alive == 0 if within is None else len(within.rows) == 0):
+            return _no_hits(len(q), k)
+        if within is not None and (self._ann is None or len(within.rows) <= self.config.flat_max):
+            run = lambda block: self._exact(block, k, within.rows)  # noqa: E731
+        elif self._ann is None:
+            run = lambda block: self._exact(block, k, None)  # noqa: E731
+        else:
+            run = lambda block: self._approximate(block, k, within)  # noqa: E731
+        if len(q) <= _QUERY_BLOCK:
+            return run(q)
+        parts = [run(q[i:i + _QUERY_BLOCK]) for i in range(0, len(q), _QUERY_BLOCK)]  # bounded scratch memory
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def _exact(self, q: np.ndarray, k: int, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        if rows is None:
+            rows = np.arange(self._n) if self._n_alive == self._n else np.flatnonzero(self._alive[:self._n])
+        scores = q @ self._vecs[rows].T  # (n, m)
+        cols, vals = _top_k(scores, k)
+        return self._pad(vals, self._keys[rows[cols]], k)
+
+    def _approximate(self, q: np.ndarray, k: int, within: Selection | None) -> tuple[np.ndarray, np.ndarray]:
+        import faiss
+
+        cand = max(k, self.config.rescore if self.ann_kind == "hnsw" else self.config.ivf_rescore)
+        sel = None
+        if within is not None:
+            bitmap = within.bitmap
+            sel = faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap))
+        elif self._n_alive < self._n:
+            if self._dead_sel is None:
+                bitmap = np.packbits(self._alive[:self._n], bitorder="little")
+                self._dead_sel = (bitmap, faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap)))
+            bitmap, sel = self._dead_sel  # keep the bitmap referenced while FAISS reads it
+        if self.ann_kind == "hnsw":
+            params = faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw_ef_search, cand))
+        else:
+            params = faiss.SearchParametersIVF(nprobe=self.config.ivf_nprobe)
+        if sel is not None:
+            params.sel = sel
+        _, rows = self._ann.search(q, cand, params=params)  # (n, cand) rows, -1 where none
+        ok = rows >= 0
+        exact = np.einsum("ncd,nd->nc", self._vecs[np.where(ok, rows, 0)], q)  # (n, cand) true cosines
+        exact[~ok] = -np.inf
+        cols, vals = _top_k(exact, k)
+        picked = np.take_along_axis(rows, cols, axis=1)
+        ids = np.where(picked >= 0, self._keys[np.maximum(picked, 0)], -1)
+        return self._pad(vals, ids, k)
+
+    @staticmethod
+    def _pad(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.where(np.isfinite(scores), ids, -1)
+        if scores.shape[1] < k:
+            extra = k - scores.shape[1]
+            scores = np.pad(scores, ((0, 0), (0, extra)), constant_values=-np.inf)
+            ids = np.pad(ids, ((0, 0), (0, extra)), constant_values=-1)
+        return scores.astype(np.float32), ids.astype(np.int64)
+
+    # -- persistence -----------------------------------------------------------------------------
+    def _ann_saved(self) -> bool:
+        return self._ann is not None and self._ann_rows == self._n
+
+    def header(self) -> dict:
+        return {"rows": self._n, "ann": self.ann_kind if self._ann_saved() else "flat", "forced": self.forced,
+                "trained_on": self._trained_on,
+                "config": asdict(self.config)}
+
+    def write_body(self, f: IO[bytes]) -> None:
+        """Key ids (int64), alive mask (uint8), vectors (float32), then the FAISS structure."""
+        n = self._n
+        f.write(memoryview(np.ascontiguousarray(self._keys[:n])).cast("B"))
+        f.write(memoryview(np.ascontiguousarray(self._alive[:n]).view(np.uint8)).cast("B"))
+        f.write(memoryview(np.ascontiguousarray(self._vecs[:n])).cast("B"))
+        if self._ann_saved():  # a structure that lags the rows is rebuilt by the reader instead
+            import faiss
+
+            f.write(memoryview(faiss.serialize_index(self._ann)))
+
+    @classmethod
+    def from_body(cls, body: memoryview, header: dict) -> "VectorKeyIndex":
+        dim, n = int(header["dim"]), int(header["rows"])
+        index = cls(dim, AnnConfig(**header.get("config", {})), header.get("forced"))
+        o1, o2, o3 = 8 * n, 9 * n, 9 * n + 4 * dim * n
+        index._keys = np.frombuffer(body[:o1], dtype=np.int64).copy()
+        index._alive = np.frombuffer(body[o1:o2], dtype=np.uint8).astype(bool)
+        index._vecs = np.frombuffer(body[o2:o3], dtype=np.float32).reshape(n, dim).copy()
+        index._n, index._n_alive = n, int(index._alive.sum())
+        index._row = dict(zip(index._keys.tolist(), range(n)))
+        index.ann_kind, index._trained_on = header.get("ann", "flat"), int(header.get("trained_on", 0))
+        if index.ann_kind != "flat":
+            import faiss
+
+            index._ann = faiss.deserialize_index(np.frombuffer(body[o3:], dtype=np.uint8))
+            index._ann_rows = n
+            if index._ann.ntotal != n:
+                raise ValueError(f"index body holds {index._ann.ntotal} coded vectors for {n} rows")
+        return index
 
 
-INDEXES: dict[str, type] = {FaissFlatIndex.kind: FaissFlatIndex}
+class FaissFlatIndex(VectorKeyIndex):
+    """A :class:`VectorKeyIndex` that always searches exactly (no approximate structure)."""
+
+    def __init__(self, dim: int, config: AnnConfig | None = None):
+        super().__init__(dim, config, ann="flat")
+
+
+INDEXES: dict[str, type] = {VectorKeyIndex.kind: VectorKeyIndex}
+
+
+def _legacy_flat(body: memoryview, header: dict) -> VectorKeyIndex:
+    """Read an index file of the first format (``faiss-flat``: a serialised ``IndexIDMap2``)."""
+    import faiss
+
+    old = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))
+    ids = faiss.vector_to_array(old.id_map).astype(np.int64)
+    index = VectorKeyIndex(int(header["dim"]))
+    if len(ids):
+        index.add(ids, old.index.reconstruct_n(0, len(ids)))
+    return index
 
 
 def read_header(path: str | os.PathLike) -> dict | None:
@@ -132,30 +475,54 @@ def read_header(path: str | os.PathLike) -> dict | None:
         return None
 
 
-def save_index(index: KeyIndex, path: str | os.PathLike, header: dict) -> None:
-    """Write ``index`` with ``header`` (plus kind and dim) to ``path`` atomically (temp file + rename)."""
+def _remove_stale_temps(path: Path) -> None:
+    """Delete temp files of saves whose process died mid-write (SIGKILL skips their cleanup)."""
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            pid = int(tmp.name.rsplit(".", 2)[-2])
+            os.kill(pid, 0)  # raises when no such process
+        except (ValueError, ProcessLookupError):
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # a live process of another user: leave it
+
+
+def save_index(index: VectorKeyIndex, path: str | os.PathLike, header: dict) -> None:
+    """Write ``index`` with ``header`` (plus kind, dim, size) to ``path`` atomically (temp file + rename)."""
     path = Path(path)
-    head = json.dumps({**header, "kind": index.kind, "dim": index.dim, "size": len(index)}).encode("utf-8")
+    head = json.dumps({**header, **index.header(), "kind": index.kind, "dim": index.dim,
+                       "size": len(index)}).encode("utf-8")
+    _remove_stale_temps(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(_MAGIC + struct.pack("<I", len(head)) + head)
-        f.write(index.to_bytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(_MAGIC + struct.pack("<I", len(head)) + head)
+            index.write_body(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
-def load_index(path: str | os.PathLike) -> tuple[KeyIndex, dict] | None:
+def load_index(path: str | os.PathLike) -> tuple[VectorKeyIndex, dict] | None:
     """Read an index file written by :func:`save_index`; None if missing, unreadable or of unknown kind."""
     try:
-        data = Path(path).read_bytes()  # one read: header and body come from the same file
-        start = len(_MAGIC) + 4
-        if data[:len(_MAGIC)] != _MAGIC:
-            return None
-        (n,) = struct.unpack("<I", data[len(_MAGIC):start])
-        header = json.loads(data[start:start + n].decode("utf-8"))
-        if header.get("kind") not in INDEXES:
-            return None
-        return INDEXES[header["kind"]].from_bytes(data[start + n:], int(header["dim"])), header
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            start = len(_MAGIC) + 4
+            if data[:len(_MAGIC)] != _MAGIC:
+                return None
+            (n,) = struct.unpack("<I", data[len(_MAGIC):start])
+            header = json.loads(data[start:start + n].decode("utf-8"))
+            body = memoryview(data)[start + n:]
+            try:
+                if header.get("kind") == "faiss-flat":
+                    return _legacy_flat(body, header), header
+                if header.get("kind") not in INDEXES:
+                    return None
+                return INDEXES[header["kind"]].from_body(body, header), header
+            finally:
+                body.release()
     except Exception:  # missing, torn or foreign file: the caller rebuilds from the store
         return None

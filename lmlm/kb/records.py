@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .keys import normalize_text
 
-__all__ = ["Triple", "Match", "TripleRecord", "VersionRecord", "Change", "as_triple"]
+__all__ = ["Triple", "Match", "TripleRecord", "VersionRecord", "Change", "DiffEntry", "as_triple"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class Match:
         sources: ids of documents the fact was read from (at most ``MAX_SOURCES``).
         version: the KB version that answered.
         alternatives: how many other active values the key has (0 when unambiguous).
+        support: how often the returned value was seen (its count); it is the key's best-supported value.
     """
 
     entity: str
@@ -81,6 +82,7 @@ class Match:
     sources: tuple[str, ...]
     version: int
     alternatives: int
+    support: int = 1
 
 
 @dataclass(frozen=True)
@@ -127,3 +129,24 @@ class Change:
     op: str
     old_value: str | None
     new_value: str | None
+
+
+@dataclass(frozen=True)
+class DiffEntry:
+    """One triple that differs between two versions (see ``KnowledgeBase.diff``).
+
+    ``op``: ``added`` (active only in the newer), ``removed`` (only in the older) or ``support``
+    (in both, seen a different number of times); counts are 0 where the triple is not active.
+    """
+
+    op: str
+    triple_id: int
+    entity: str
+    relation: str
+    value: str
+    count_before: int
+    count_after: int
+
+    def to_dict(self) -> dict:
+        return {"op": self.op, "id": self.triple_id, "entity": self.entity, "relation": self.relation,
+                "value": self.value, "count_before": self.count_before, "count_after": self.count_after}

@@ -6,8 +6,9 @@ Nothing is ever overwritten: a deleted or edited fact keeps its row with ``delet
 and ``changes`` says what each version did to each triple. The schema is built by numbered,
 append-only :data:`MIGRATIONS`; never edit one that has shipped, append a new one.
 
-The knowledge base uses only the methods of :class:`SQLiteStore` (no SQL outside this module), so a
-server-backed store can implement the same methods and register itself in :data:`STORES`.
+The knowledge base uses only the methods of :class:`SQLiteStore` (no SQL outside this module and
+:mod:`lmlm.kb.versions`, which reads past versions), so a server-backed store can implement the
+same methods and register itself in :data:`STORES`.
 Exercised by every ``lmlm kb`` command.
 """
 
@@ -23,6 +24,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from .keys import KEY_SEP, normalize_text, normalize_value
 from .records import Change, TripleRecord, VersionRecord
+from .versions import PastVersions
 
 __all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "STORES", "register_store", "Fact", "Best",
            "SQLiteStore", "KBError", "NotAKnowledgeBase", "KBNotFound"]
@@ -76,6 +78,16 @@ MIGRATIONS: list[str] = [
         op TEXT NOT NULL CHECK (op IN ('add', 'support', 'edit', 'delete')),
         old_value TEXT, new_value TEXT,
         PRIMARY KEY (version, triple_id));
+    """,
+    # 2: counts and sources by version, so a past version can be read back (checkout, diff).
+    # A change carries how much it added to the triple's count; a source row, the version that
+    # recorded it. Rows written before this migration get the whole count on their 'add' and the
+    # triple's creation version: exact for the present, approximate for counts in between.
+    """
+    ALTER TABLE changes ADD COLUMN count_delta INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sources ADD COLUMN version INTEGER;
+    UPDATE changes SET count_delta = (SELECT count FROM triples t WHERE t.id = changes.triple_id) WHERE op = 'add';
+    UPDATE sources SET version = (SELECT created_version FROM triples t WHERE t.id = sources.triple_id);
     """,
 ]
 
@@ -133,7 +145,7 @@ def _marks(n: int) -> str:
 
 
 @register_store("sqlite")
-class SQLiteStore:
+class SQLiteStore(PastVersions):
     """The SQLite store of one KB folder. One connection, WAL mode; safe to share between threads."""
 
     def __init__(self, folder: Path, conn: sqlite3.Connection):
@@ -149,6 +161,7 @@ class SQLiteStore:
         conn.execute("PRAGMA journal_mode=WAL")  # readers never block the writer, and the reverse
         conn.execute("PRAGMA synchronous=FULL")  # one fsync per version; versions are coarse
         conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA cache_size=-65536")  # 64 MiB of pages: lookups at 10^6 triples stay in memory
         return conn
 
     @classmethod
@@ -157,8 +170,8 @@ class SQLiteStore:
         store = cls(folder, cls._connect(db, create=True))
         store.migrate()
         with store._transaction():
-            store.conn.executemany("INSERT OR REPLACE INTO meta(name, value) VALUES (?, ?)",
-                                   [("format", FORMAT), ("created", _now()), *meta.items()])
+            store._xm("INSERT OR REPLACE INTO meta(name, value) VALUES (?, ?)",
+                      [("format", FORMAT), ("created", _now()), *meta.items()])
         return store
 
     @classmethod
@@ -206,7 +219,16 @@ class SQLiteStore:
                     raise
 
     def meta(self) -> dict[str, str]:
-        return dict(self.conn.execute("SELECT name, value FROM meta").fetchall())
+        return dict(self._x("SELECT name, value FROM meta").fetchall())
+
+    # -- statements (a server-backed store translates these) -------------------------------------
+    def _x(self, sql: str, params: Sequence = ()):
+        """Run one statement; returns a cursor."""
+        return self.conn.execute(sql, params)
+
+    def _xm(self, sql: str, rows: Iterable[Sequence]) -> None:
+        """Run one statement for each parameter row."""
+        self.conn.executemany(sql, rows)
 
     # -- transactions ----------------------------------------------------------------------------
     @contextmanager
@@ -222,27 +244,28 @@ class SQLiteStore:
 
     def _new_version(self, op: str, who: str, why: str) -> int:
         v = self.version() + 1
-        self.conn.execute("INSERT INTO versions(version, time, who, why, op) VALUES (?, ?, ?, ?, ?)",
-                          (v, _now(), who, why, op))
+        self._x("INSERT INTO versions(version, time, who, why, op) VALUES (?, ?, ?, ?, ?)",
+                (v, _now(), who, why, op))
         return v
 
     def _finish_version(self, v: int) -> None:
-        (n,) = self.conn.execute("SELECT count(*) FROM changes WHERE version = ?", (v,)).fetchone()
+        (n,) = self._x("SELECT count(*) FROM changes WHERE version = ?", (v,)).fetchone()
         if n == 0:
             raise _NoChange
-        self.conn.execute("UPDATE versions SET n_changed = ? WHERE version = ?", (n, v))
+        self._x("UPDATE versions SET n_changed = ? WHERE version = ?", (n, v))
 
     def version(self) -> int:
         """The latest version (0 for an empty store). One primary-key lookup."""
-        return self.conn.execute("SELECT max(version) FROM versions").fetchone()[0] or 0
+        return self._x("SELECT max(version) FROM versions").fetchone()[0] or 0
 
     # -- writes ----------------------------------------------------------------------------------
     def write_facts(self, facts: Iterable[Fact], op: str, who: str, why: str, batch_size: int = 1000,
-                    on_batch: Callable[[int], None] | None = None) -> int:
+                    on_batch: Callable[[int], None] | None = None, meta: dict[str, str] | None = None) -> int:
         """Add ``facts`` as one version; returns it (or the current version when nothing changed).
 
         A fact already active under the same key and value gains ``count`` and its new sources
         instead of a second row; if every source it names is already recorded, it changes nothing.
+        ``meta`` entries are written in the same transaction (a resumable build records how far it got).
         """
         it = iter(facts)
         try:
@@ -250,49 +273,84 @@ class SQLiteStore:
                 v = self._new_version(op, who, why)
                 key_ids: dict[str, int] = {}
                 while chunk := list(islice(it, batch_size)):
-                    for fact in chunk:
-                        self._write_fact(v, fact, key_ids)
+                    self._write_chunk(v, chunk, key_ids)
                     if on_batch:
                         on_batch(len(chunk))
+                if meta:
+                    self._put_meta(meta)
                 self._finish_version(v)
         except _NoChange:
+            if meta:
+                with self._transaction():
+                    self._put_meta(meta)
             return self.version()
         return v
 
-    def _key_id(self, key_norm: str, entity: str, relation: str, cache: dict[str, int]) -> int:
-        if key_norm not in cache:
-            c = self.conn
-            c.execute("INSERT OR IGNORE INTO keys(key_norm, entity, relation) VALUES (?, ?, ?)",
-                      (key_norm, entity, relation))
-            cache[key_norm] = c.execute("SELECT id FROM keys WHERE key_norm = ?", (key_norm,)).fetchone()[0]
-        return cache[key_norm]
+    def _put_meta(self, meta: dict[str, str]) -> None:
+        self._xm("INSERT OR REPLACE INTO meta(name, value) VALUES (?, ?)",
+                 [(k, str(val)) for k, val in meta.items()])
 
-    def _write_fact(self, v: int, f: Fact, key_ids: dict[str, int]) -> None:
-        c = self.conn
-        en, rn, vn = normalize_text(f.entity), normalize_text(f.relation), normalize_value(f.value)
-        kn = en + KEY_SEP + rn
-        row = c.execute("SELECT id FROM triples WHERE key_norm = ? AND value_norm = ? AND deleted_version IS NULL",
-                        (kn, vn)).fetchone()
-        if row is None:
-            key_id = self._key_id(kn, f.entity, f.relation, key_ids)
-            tid = c.execute(
-                "INSERT INTO triples(key_id, entity, relation, value, key_norm, entity_norm, relation_norm, value_norm,"
-                " count, created_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (key_id, f.entity, f.relation, f.value, kn, en, rn, vn, f.count, v)).lastrowid
-            c.executemany("INSERT OR IGNORE INTO sources(triple_id, doc_id, position) VALUES (?, ?, ?)",
-                          [(tid, d, p) for d, p in f.sources])
-            c.execute("INSERT INTO changes(version, triple_id, op, new_value) VALUES (?, ?, 'add', ?)",
-                      (v, tid, f.value))
+    def set_meta(self, meta: dict[str, str]) -> None:
+        with self._transaction():
+            self._put_meta(meta)
+
+    def _key_ids(self, keys: dict[str, tuple[str, str]], cache: dict[str, int]) -> None:
+        """Fill ``cache`` with the id of every key_norm in ``keys`` ({key_norm: (entity, relation)})."""
+        todo = [kn for kn in keys if kn not in cache]
+        if not todo:
             return
-        tid = row[0]
-        new = sum(c.execute("INSERT OR IGNORE INTO sources(triple_id, doc_id, position) VALUES (?, ?, ?)",
-                            (tid, d, p)).rowcount for d, p in f.sources)
+        self._xm("INSERT OR IGNORE INTO keys(key_norm, entity, relation) VALUES (?, ?, ?)",
+                 [(kn, *keys[kn]) for kn in todo])
+        for ch in _chunks(todo):
+            cache.update(self._x(f"SELECT key_norm, id FROM keys WHERE key_norm IN ({_marks(len(ch))})", ch))
+
+    def _write_chunk(self, v: int, facts: Sequence[Fact], key_ids: dict[str, int]) -> None:
+        """New facts go in with one statement per table; facts already active gain support one by one."""
+        rows = []
+        for f in facts:
+            en, rn = normalize_text(f.entity), normalize_text(f.relation)
+            rows.append((f, en, rn, en + KEY_SEP + rn, normalize_value(f.value)))
+        kns = sorted({r[3] for r in rows})
+        active: dict[tuple[str, str], int] = {}  # (key_norm, value_norm) -> triple id
+        for ch in _chunks(kns):
+            active.update(((kn, vn), tid) for tid, kn, vn in self._x(
+                "SELECT id, key_norm, value_norm FROM triples WHERE deleted_version IS NULL"
+                f" AND key_norm IN ({_marks(len(ch))})", ch))
+        self._key_ids({r[3]: (r[0].entity, r[0].relation) for r in rows if (r[3], r[4]) not in active}, key_ids)
+        next_id = (self._x("SELECT max(id) FROM triples").fetchone()[0] or 0) + 1
+        new_triples, new_sources, new_changes, support = [], [], [], []
+        for f, en, rn, kn, vn in rows:
+            tid = active.get((kn, vn))
+            if tid is not None:
+                support.append((tid, f))
+                continue
+            tid = active[(kn, vn)] = next_id
+            next_id += 1
+            new_triples.append((tid, key_ids[kn], f.entity, f.relation, f.value, kn, en, rn, vn, f.count, v))
+            new_sources += [(tid, d, p, v) for d, p in f.sources]
+            new_changes.append((v, tid, f.value, f.count))
+        self._xm("INSERT INTO triples(id, key_id, entity, relation, value, key_norm, entity_norm,"
+                 " relation_norm, value_norm, count, created_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 new_triples)
+        self._xm("INSERT OR IGNORE INTO sources(triple_id, doc_id, position, version) VALUES (?, ?, ?, ?)",
+                 new_sources)
+        self._xm("INSERT INTO changes(version, triple_id, op, new_value, count_delta) VALUES (?, ?, 'add', ?, ?)",
+                 new_changes)
+        for tid, f in support:
+            self._support(v, tid, f)
+
+    def _support(self, v: int, tid: int, f: Fact) -> None:
+        """Fact ``f`` seen again for active triple ``tid``: its new sources, and count + f.count
+        (nothing at all when every source it names is already recorded)."""
+        new = sum(self._x("INSERT OR IGNORE INTO sources(triple_id, doc_id, position, version) VALUES (?, ?, ?, ?)",
+                          (tid, d, p, v)).rowcount for d, p in f.sources)
         if f.sources and not new:
             return  # already read from exactly these places
-        c.execute("UPDATE triples SET count = count + ? WHERE id = ?", (f.count, tid))
-        old = c.execute("SELECT value FROM triples WHERE id = ?", (tid,)).fetchone()[0]
-        c.execute("INSERT OR IGNORE INTO changes(version, triple_id, op, old_value, new_value)"
-                  " VALUES (?, ?, 'support', ?, ?)", (v, tid, old, old))
+        self._x("UPDATE triples SET count = count + ? WHERE id = ?", (f.count, tid))
+        old = self._x("SELECT value FROM triples WHERE id = ?", (tid,)).fetchone()[0]
+        self._x("INSERT INTO changes(version, triple_id, op, old_value, new_value, count_delta)"
+                " VALUES (?, ?, 'support', ?, ?, ?) ON CONFLICT(version, triple_id)"
+                " DO UPDATE SET count_delta = changes.count_delta + excluded.count_delta", (v, tid, old, old, f.count))
 
     def delete(self, who: str, why: str, triple_ids: Sequence[int] | None = None, entity_norm: str | None = None,
                relation_norm: str | None = None, source: str | None = None) -> tuple[int, int]:
@@ -308,21 +366,51 @@ class SQLiteStore:
         try:
             with self._transaction():
                 if triple_ids is None:
-                    rows = self.conn.execute(sql, params).fetchall()
+                    rows = self._x(sql, params).fetchall()
                 else:
                     ids = sorted({int(i) for i in triple_ids})
-                    rows = [r for ch in _chunks(ids) for r in self.conn.execute(
+                    rows = [r for ch in _chunks(ids) for r in self._x(
                         f"{sql} AND id IN ({_marks(len(ch))})", [*params, *ch]).fetchall()]
                 if not rows:
                     raise _NoChange
                 v = self._new_version("delete", who, why)
-                self.conn.executemany("UPDATE triples SET deleted_version = ? WHERE id = ?", [(v, i) for i, _ in rows])
-                self.conn.executemany("INSERT INTO changes(version, triple_id, op, old_value)"
-                                      " VALUES (?, ?, 'delete', ?)", [(v, i, val) for i, val in rows])
+                self._xm("UPDATE triples SET deleted_version = ? WHERE id = ?", [(v, i) for i, _ in rows])
+                self._xm("INSERT INTO changes(version, triple_id, op, old_value)"
+                         " VALUES (?, ?, 'delete', ?)", [(v, i, val) for i, val in rows])
                 self._finish_version(v)
         except _NoChange:
             return self.version(), 0
         return v, len(rows)
+
+    def forget(self, who: str, why: str, triple_ids: Iterable[int] = (), keys: Iterable[str] = (),
+               facts: Iterable[tuple[str, str]] = (), sources: Iterable[str] = ()) -> tuple[int, int]:
+        """Delete, as one version, every active triple named by any of: id, key_norm, (key_norm,
+        value_norm) or source document. Returns (version, number deleted)."""
+        try:
+            with self._transaction():
+                self._x("CREATE TEMP TABLE IF NOT EXISTS forget_ids (id INTEGER PRIMARY KEY)")
+                self._x("DELETE FROM forget_ids")
+                self._xm("INSERT OR IGNORE INTO forget_ids(id) VALUES (?)", ((int(i),) for i in triple_ids))
+                self._xm("INSERT OR IGNORE INTO forget_ids(id) SELECT id FROM triples"
+                         " WHERE key_norm = ? AND deleted_version IS NULL", ((k,) for k in keys))
+                self._xm("INSERT OR IGNORE INTO forget_ids(id) SELECT id FROM triples"
+                         " WHERE key_norm = ? AND value_norm = ? AND deleted_version IS NULL", facts)
+                self._xm("INSERT OR IGNORE INTO forget_ids(id) SELECT triple_id FROM sources WHERE doc_id = ?",
+                         ((d,) for d in sources))
+                (n,) = self._x("SELECT count(*) FROM triples t JOIN forget_ids f ON f.id = t.id"
+                               " WHERE t.deleted_version IS NULL").fetchone()
+                if n == 0:
+                    raise _NoChange
+                v = self._new_version("delete", who, why)
+                self._x("INSERT INTO changes(version, triple_id, op, old_value) SELECT ?, t.id, 'delete', t.value"
+                        " FROM triples t JOIN forget_ids f ON f.id = t.id WHERE t.deleted_version IS NULL", (v,))
+                self._x("UPDATE triples SET deleted_version = ? WHERE deleted_version IS NULL"
+                        " AND id IN (SELECT id FROM forget_ids)", (v,))
+                self._x("DELETE FROM forget_ids")
+                self._finish_version(v)
+        except _NoChange:
+            return self.version(), 0
+        return v, n
 
     def edit(self, entity: str, relation: str, value: str, who: str, why: str) -> int:
         """Make ``value`` the only active value of the key; the others are kept in history as edited.
@@ -333,20 +421,20 @@ class SQLiteStore:
         kn = en + KEY_SEP + rn
         try:
             with self._transaction():
-                rows = self.conn.execute("SELECT id, value, value_norm, key_id FROM triples"
-                                         " WHERE key_norm = ? AND deleted_version IS NULL", (kn,)).fetchall()
+                rows = self._x("SELECT id, value, value_norm, key_id FROM triples"
+                               " WHERE key_norm = ? AND deleted_version IS NULL", (kn,)).fetchall()
                 if not rows:
                     raise KBError(f"no active fact for ({entity!r}, {relation!r}) to edit; add it instead")
                 others = [(i, val) for i, val, vnorm, _ in rows if vnorm != vn]
                 if not others:
                     raise _NoChange  # value already the only one
                 v = self._new_version("edit", who, why)
-                self.conn.executemany("UPDATE triples SET deleted_version = ? WHERE id = ?",
-                                      [(v, i) for i, _ in others])
-                self.conn.executemany("INSERT INTO changes(version, triple_id, op, old_value, new_value)"
-                                      " VALUES (?, ?, 'edit', ?, ?)", [(v, i, old, value) for i, old in others])
+                self._xm("UPDATE triples SET deleted_version = ? WHERE id = ?",
+                         [(v, i) for i, _ in others])
+                self._xm("INSERT INTO changes(version, triple_id, op, old_value, new_value)"
+                         " VALUES (?, ?, 'edit', ?, ?)", [(v, i, old, value) for i, old in others])
                 if len(others) == len(rows):  # the new value is not among the old ones
-                    self._write_fact(v, Fact(entity, relation, value), {kn: rows[0][3]})
+                    self._write_chunk(v, [Fact(entity, relation, value)], {kn: rows[0][3]})
                 self._finish_version(v)
         except _NoChange:
             return self.version()
@@ -368,7 +456,7 @@ class SQLiteStore:
 
     def changed_keys(self, after: int, upto: int) -> list[int]:
         """Ids of keys touched by versions in ``(after, upto]``."""
-        return [r[0] for r in self.conn.execute(
+        return [r[0] for r in self._x(
             "SELECT DISTINCT t.key_id FROM changes c JOIN triples t ON t.id = c.triple_id"
             " WHERE c.version > ? AND c.version <= ?", (after, upto))]
 
@@ -378,11 +466,11 @@ class SQLiteStore:
                " FROM triples t JOIN keys k ON k.id = t.key_id WHERE t.deleted_version IS NULL {}"
                " ORDER BY t.key_id, t.count DESC, t.created_version DESC, t.id DESC")
         if key_ids is None:
-            rows = self.conn.execute(sql.format("")).fetchall()
+            rows = self._x(sql.format("")).fetchall()
         else:
             rows = []
             for ch in _chunks(sorted(set(key_ids))):
-                rows += self.conn.execute(sql.format(f"AND t.key_id IN ({_marks(len(ch))})"), list(ch)).fetchall()
+                rows += self._x(sql.format(f"AND t.key_id IN ({_marks(len(ch))})"), list(ch)).fetchall()
         out: list[Best] = []
         for r in rows:
             if out and out[-1].key_id == r[0]:
@@ -391,21 +479,25 @@ class SQLiteStore:
                 out.append(Best(*r, n_active=1))
         return out
 
-    def key_texts(self, key_ids: Sequence[int]) -> list[tuple[int, str, str]]:
-        """(key_id, entity, relation) as first written, for embedding."""
+    def key_texts(self, key_ids: Sequence[int] | None = None) -> list[tuple[int, str, str]]:
+        """(key_id, entity, relation) as first written, for embedding; None: every key with an active value."""
+        if key_ids is None:
+            return self._x("SELECT id, entity, relation FROM keys WHERE id IN"
+                           " (SELECT key_id FROM triples WHERE deleted_version IS NULL) ORDER BY id").fetchall()
         out = []
         for ch in _chunks(list(key_ids)):
-            out += self.conn.execute(f"SELECT id, entity, relation FROM keys WHERE id IN ({_marks(len(ch))})",
-                                     list(ch)).fetchall()
+            out += self._x(f"SELECT id, entity, relation FROM keys WHERE id IN ({_marks(len(ch))})",
+                           list(ch)).fetchall()
         return out
 
-    def sources(self, triple_ids: Sequence[int], limit: int = 32) -> dict[int, tuple[str, ...]]:
-        """Distinct document ids per triple, first recorded first, at most ``limit`` each."""
+    def sources(self, triple_ids: Sequence[int], limit: int = 32, at: int | None = None) -> dict[int, tuple[str, ...]]:
+        """Distinct document ids per triple, first recorded first, at most ``limit`` each (as of version ``at``)."""
         out: dict[int, list[str]] = {}
+        upto = "" if at is None else f" AND version <= {int(at)}"
         for ch in _chunks(sorted(set(triple_ids))):
-            for tid, doc in self.conn.execute(
-                    f"SELECT triple_id, doc_id FROM sources WHERE triple_id IN ({_marks(len(ch))})"
-                    " GROUP BY triple_id, doc_id ORDER BY triple_id, min(rowid)", list(ch)):
+            for tid, doc in self._x(
+                    f"SELECT triple_id, doc_id FROM sources WHERE triple_id IN ({_marks(len(ch))}){upto}"
+                    " GROUP BY triple_id, doc_id ORDER BY triple_id, min(sources.rowid)", list(ch)):
                 docs = out.setdefault(tid, [])
                 if len(docs) < limit:
                     docs.append(doc)
@@ -416,17 +508,7 @@ class SQLiteStore:
                    " s.doc_id, s.position FROM triples t LEFT JOIN sources s ON s.triple_id = t.id")
 
     def _records(self, where: str, params: Sequence = ()) -> Iterator[TripleRecord]:
-        cur = self.conn.execute(f"{self._RECORD_SQL} WHERE {where} ORDER BY t.id, s.rowid", params)
-        rec, srcs = None, []
-        for r in cur:
-            if rec is not None and r[0] != rec[0]:
-                yield TripleRecord(*rec, sources=tuple(srcs))
-                srcs = []
-            rec = r[:7]
-            if r[7] is not None:
-                srcs.append((r[7], r[8]))
-        if rec is not None:
-            yield TripleRecord(*rec, sources=tuple(srcs))
+        return _group_records(self._x(f"{self._RECORD_SQL} WHERE {where} ORDER BY t.id, s.rowid", params))
 
     def get(self, triple_id: int) -> TripleRecord | None:
         return next(self._records("t.id = ?", (int(triple_id),)), None)
@@ -435,27 +517,31 @@ class SQLiteStore:
         kn = normalize_text(entity) + KEY_SEP + normalize_text(relation)
         return list(self._records("t.key_norm = ?", (kn,)))
 
-    def records(self, active_only: bool = True) -> Iterator[TripleRecord]:
-        """All (active) triples in id order, streamed: a separate cursor, not held in memory."""
+    def records(self, active_only: bool = True, at: int | None = None) -> Iterator[TripleRecord]:
+        """All (active) triples in id order, streamed: a separate cursor, not held in memory.
+        With ``at``, the triples active at that version, with their counts and sources then."""
         cursor_conn = sqlite3.connect(self.folder.joinpath(DB_FILENAME).resolve().as_uri() + "?mode=ro", uri=True)
         try:
             reader = SQLiteStore(self.folder, cursor_conn)
-            yield from reader._records("t.deleted_version IS NULL" if active_only else "1")
+            if at is not None:
+                yield from reader.records_at(at)
+            else:
+                yield from reader._records("t.deleted_version IS NULL" if active_only else "1")
         finally:
             cursor_conn.close()
 
     def log(self, limit: int | None = 20) -> list[VersionRecord]:
-        rows = self.conn.execute("SELECT version, time, who, why, op, n_changed FROM versions"
-                                 " ORDER BY version DESC LIMIT ?", (-1 if limit is None else limit,)).fetchall()
+        sql = "SELECT version, time, who, why, op, n_changed FROM versions ORDER BY version DESC"
+        rows = self._x(sql if limit is None else sql + " LIMIT ?", () if limit is None else (int(limit),)).fetchall()
         return [VersionRecord(*r) for r in rows]
 
     def changes(self, version: int) -> list[Change]:
-        rows = self.conn.execute("SELECT version, triple_id, op, old_value, new_value FROM changes"
-                                 " WHERE version = ? ORDER BY triple_id", (version,)).fetchall()
+        rows = self._x("SELECT version, triple_id, op, old_value, new_value FROM changes"
+                       " WHERE version = ? ORDER BY triple_id", (version,)).fetchall()
         return [Change(*r) for r in rows]
 
     def counts(self) -> dict[str, int]:
-        q = lambda sql: self.conn.execute(sql).fetchone()[0] or 0  # noqa: E731
+        q = lambda sql: self._x(sql).fetchone()[0] or 0  # noqa: E731
         return {
             "triples": q("SELECT count(*) FROM triples WHERE deleted_version IS NULL"),
             "keys": q("SELECT count(DISTINCT key_id) FROM triples WHERE deleted_version IS NULL"),
@@ -464,3 +550,17 @@ class SQLiteStore:
             "documents": q("SELECT count(DISTINCT doc_id) FROM sources"),
             "versions": q("SELECT count(*) FROM versions"),
         }
+
+
+def _group_records(rows: Iterable[tuple]) -> Iterator[TripleRecord]:
+    """Rows (id, entity, relation, value, count, created, deleted, doc_id, position), ordered by id -> records."""
+    rec, srcs = None, []
+    for r in rows:
+        if rec is not None and r[0] != rec[0]:
+            yield TripleRecord(*rec, sources=tuple(srcs))
+            srcs = []
+        rec = r[:7]
+        if r[7] is not None:
+            srcs.append((r[7], r[8]))
+    if rec is not None:
+        yield TripleRecord(*rec, sources=tuple(srcs))

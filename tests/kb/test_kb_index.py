@@ -1,11 +1,24 @@
-import numpy as np
+"""The key index: exact below a size, HNSW or IVF above, exact re-scoring, immediate removal, files."""
 
-from lmlm.kb.index import FaissFlatIndex, load_index, read_header, save_index
+import struct
+import json
+
+import numpy as np
+import pytest
+
+from lmlm.kb.index import AnnConfig, FaissFlatIndex, VectorKeyIndex, load_index, read_header, save_index
+
+SMALL = AnnConfig(flat_max=200, ivf_min=1000, rescore=32)
 
 
 def _unit(n, dim=8, seed=0):
     v = np.random.default_rng(seed).normal(size=(n, dim)).astype(np.float32)
     return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def _near(v, scale=0.15, seed=1):
+    q = v + np.random.default_rng(seed).normal(size=v.shape).astype(np.float32) * scale / np.sqrt(v.shape[1])
+    return q / np.linalg.norm(q, axis=1, keepdims=True)
 
 
 def test_add_search_remove():
@@ -29,9 +42,121 @@ def test_search_empty_index_returns_no_ids():
 def test_save_load_roundtrip(tmp_path):
     index = FaissFlatIndex(8)
     index.add(np.array([3, 4]), _unit(2))
+    (tmp_path / ".index.faiss.999999999.tmp").write_bytes(b"half a file from a killed save")
     save_index(index, tmp_path / "index.faiss", {"version": 7, "encoder": "m"})
+    assert [p.name for p in tmp_path.iterdir()] == ["index.faiss"]
     assert read_header(tmp_path / "index.faiss")["version"] == 7
     loaded, header = load_index(tmp_path / "index.faiss")
     assert header["size"] == 2 and loaded.ids() == [3, 4]
     (tmp_path / "junk.faiss").write_bytes(b"not an index")
     assert load_index(tmp_path / "junk.faiss") is None and read_header(tmp_path / "missing") is None
+
+
+def test_structure_is_chosen_by_size():
+    index = VectorKeyIndex(16, SMALL)
+    vectors = _unit(1300, 16)
+    index.add(np.arange(150), vectors[:150])
+    assert index.ann_kind == "flat"
+    index.add(np.arange(150, 400), vectors[150:400])
+    assert index.ann_kind == "hnsw"
+    index.add(np.arange(400, 1300), vectors[400:])
+    assert index.ann_kind == "ivf" and len(index) == 1300
+
+
+@pytest.mark.parametrize("ann", ["hnsw", "ivf"])
+def test_candidates_are_rescored_exactly_and_agree_with_flat(ann):
+    vectors = _unit(3000, 32, seed=2)
+    index = VectorKeyIndex(32, SMALL, ann=ann)
+    index.add(np.arange(1000, 4000), vectors)
+    assert index.ann_kind == ann
+    queries = _near(vectors[:500], scale=0.5)
+    scores, ids = index.search(queries, 3)
+    exact = np.einsum("nkd,nd->nk", vectors[ids - 1000], queries)
+    np.testing.assert_allclose(scores, exact, atol=1e-5)  # true cosines, not 8-bit code distances
+    flat_top1 = np.argmax(queries @ vectors.T, axis=1) + 1000
+    assert (ids[:, 0] == flat_top1).mean() >= 0.99
+    assert (np.diff(scores, axis=1) <= 1e-6).all()  # best first
+
+
+@pytest.mark.parametrize("ann", ["flat", "hnsw", "ivf"])
+def test_removed_keys_are_never_returned_and_stay_removed_on_disk(ann, tmp_path):
+    vectors = _unit(1500, 16, seed=3)
+    index = VectorKeyIndex(16, SMALL, ann=ann)
+    index.add(np.arange(1500), vectors)
+    gone = list(range(0, 1500, 3))
+    assert index.remove(gone) == 500 and index.remove(gone) == 0
+    _, ids = index.search(vectors[gone], 10)  # each query is the removed key's own vector
+    assert not np.isin(ids, gone).any() and (ids >= 0).all()
+    save_index(index, tmp_path / "i", {"version": 1})
+    loaded, header = load_index(tmp_path / "i")
+    assert header["ann"] == ann and len(loaded) == 1000 and loaded.rows == 1500
+    _, ids = loaded.search(vectors[gone], 10)
+    assert not np.isin(ids, gone).any()
+    assert loaded.restore([0, 3, 9999]) == [9999]  # stored vectors come back without re-embedding
+    _, ids = loaded.search(vectors[[0, 3]], 1)
+    assert ids[:, 0].tolist() == [0, 3]
+
+
+def test_selection_searches_a_fixed_key_set_including_removed_keys():
+    vectors = _unit(1200, 16, seed=4)
+    index = VectorKeyIndex(16, SMALL)
+    index.add(np.arange(1200), vectors)
+    index.remove([5, 6])
+    within = index.select([5, 6, 7, 4242])  # 4242 has no vector: ignored
+    _, ids = index.search(vectors[[5, 6, 100]], 3, within=within)
+    assert set(ids.ravel().tolist()) <= {5, 6, 7, -1} and ids[0, 0] == 5 and ids[1, 0] == 6
+    assert 5 not in set(index.search(vectors[[5]], 20)[1].ravel().tolist())  # the live search still skips it
+
+
+def test_deferred_adds_settle_and_rebuild_drops_dead_rows():
+    vectors = _unit(1000, 16, seed=5)
+    index = VectorKeyIndex(16, SMALL, ann="hnsw")
+    index.add(np.arange(600), vectors[:600], build=False)
+    assert index.ann_kind == "flat"  # nothing built yet
+    index.settle()
+    assert index.ann_kind == "hnsw"
+    index.remove(range(550))
+    index.add(np.arange(600, 1000), vectors[600:])  # growth keeps the dead rows (a past version may need them)
+    assert index.rows == 1000 and len(index) == 450 and index.has_vector(3)
+    generation = index.generation
+    index.rebuild()
+    assert index.rows == 450 and not index.has_vector(3) and index.generation == generation + 1
+    _, ids = index.search(vectors[[700]], 1)
+    assert ids[0, 0] == 700
+
+
+def test_reads_index_files_of_the_first_format(tmp_path):
+    import faiss
+
+    old = faiss.IndexIDMap2(faiss.IndexFlatIP(8))
+    old.add_with_ids(_unit(3), np.array([7, 8, 9], dtype=np.int64))
+    head = json.dumps({"version": 2, "kind": "faiss-flat", "dim": 8, "encoder": "m", "size": 3}).encode()
+    (tmp_path / "index.faiss").write_bytes(b"LMLMIDX1" + struct.pack("<I", len(head)) + head +
+                                           faiss.serialize_index(old).tobytes())
+    loaded, header = load_index(tmp_path / "index.faiss")
+    assert header["version"] == 2 and loaded.ids() == [7, 8, 9]
+    assert loaded.search(_unit(3)[1:2], 1)[1][0, 0] == 8
+
+
+def test_bad_arguments_name_the_problem():
+    with pytest.raises(ValueError, match="AnnConfig.flat_max must be a positive int"):
+        AnnConfig(flat_max=0)
+    with pytest.raises(ValueError, match="ivf_min .* must be >= flat_max"):
+        AnnConfig(flat_max=10, ivf_min=5)
+    with pytest.raises(ValueError, match="ann must be one of"):
+        VectorKeyIndex(8, ann="lsh")
+    with pytest.raises(ValueError, match=r"vectors must have shape \(2, 8\)"):
+        VectorKeyIndex(8).add(np.array([1, 2]), _unit(3))
+    with pytest.raises(KeyError, match="no vector stored for key id 5"):
+        VectorKeyIndex(8).vectors([5])
+
+
+def test_many_queries_are_searched_in_blocks_with_the_same_answers():
+    vectors = _unit(1500, 16, seed=6)
+    index = VectorKeyIndex(16, SMALL, ann="ivf")
+    index.add(np.arange(1500), vectors)
+    queries = _near(np.concatenate([vectors, vectors[:200]]), scale=0.3)  # 1700 queries: 7 blocks
+    scores, ids = index.search(queries, 2)
+    one_scores, one_ids = zip(*(index.search(queries[i:i + 1], 2) for i in range(0, 1700, 97)))
+    np.testing.assert_array_equal(np.concatenate(one_ids), ids[::97])
+    np.testing.assert_allclose(np.concatenate(one_scores), scores[::97], atol=1e-6)

@@ -1,0 +1,6 @@
+"""Registers every benchmark command on ``bench_app``; one import per benchmark module."""
+
+from __future__ import annotations
+from . import serve  # noqa: F401  (lmlm bench serve)
+from . import generate  # noqa: F401  (lmlm bench generate)
+from . import kb  # noqa: F401  (lmlm bench kb)

@@ -1,0 +1,440 @@
+"""``lmlm bench kb --triples N``: build, lookup latency, ANN quality and forgetting at N triples.
+
+Everything runs in one process on a synthetic KB and prints one JSON object as its last line:
+
+1. **Triples.** N/10 people (first name, middle initial, last name from fixed pools), ten relations
+   each, one value and one source document (with a position) per fact.
+2. **Build.** ``KnowledgeBase.add`` of all N triples as one version, store only: triples/s and
+   peak memory.
+3. **Embeddings.** MiniLM runs at about 10^2-10^3 keys/s on two CPU cores, so a build of 10^6 keys
+   would spend most of its time encoding. The bench encodes ``--embed-keys`` sampled keys with the
+   real encoder (their rate is reported as ``encode_keys_per_s``) and gives every other key a
+   synthetic unit vector: the real embedding of a random sampled key of the same relation plus
+   Gaussian noise (cosine about 0.8 to it). ``method`` in the JSON says this. The vectors go in
+   through ``KnowledgeBase.put_vectors``, which builds the index the size calls for (exact, HNSW or
+   IVF); ``build_triples_per_s`` counts store and index, and ``build_triples_per_s_with_encoding``
+   adds the time encoding every key at the measured rate would take.
+4. **Lookups.** Exact: existing keys in other spellings. Fuzzy: the sampled keys with the relation
+   paraphrased (never an exact hit) and often a typo in the name, encoder cache cleared, so the
+   embedding is in the time. Batched: ``lookup_batch`` of 256 unseen fuzzy queries at a time.
+   The ``*_cached`` figures repeat the same queries with their embeddings in the encoder's cache:
+   the lookup without the encoder.
+5. **ANN quality.** ``--ann-queries`` perturbed queries; top-1 of the index (candidates re-scored
+   exactly) against an exact flat search over every live vector.
+6. **Forgetting.** A random 5% of the facts deleted as one forget set (``KnowledgeBase.forget``).
+   Then every deleted fact is looked up exactly and by its own key vector (the nearest possible
+   query), here and in a second process that opens the KB; every retained fact is looked up
+   exactly, and ``--retain-check`` of them by vector. ``deleted_retrievable`` and ``retained_lost``
+   count failures.
+
+Examples:
+    lmlm bench kb --triples 100000
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+
+from . import bench_app
+
+__all__ = ["RELATIONS", "synthetic_triples", "perturb", "run_kb_bench"]
+
+# relation -> paraphrases a model might write instead
+RELATIONS = {
+    "Birth City": ("birthplace", "city of birth", "born in"),
+    "Birth Date": ("date of birth", "born on", "birthday"),
+    "Occupation": ("job", "profession", "works as"),
+    "Employer": ("employed by", "works for", "company"),
+    "Alma Mater": ("university", "studied at", "college attended"),
+    "Spouse": ("married to", "husband or wife", "partner"),
+    "Nationality": ("citizenship", "country of citizenship", "nationality of"),
+    "Death Year": ("year of death", "died in", "year died"),
+    "Father": ("dad", "name of father", "father is"),
+    "Award": ("prize", "honour received", "award won"),
+}
+_FIRST = ("Ada Alan Grace Marie Charles Emmy Niels Lise Paul Rosalind Srinivasa Sofia Kurt Barbara Claude "
+          "Dorothy Enrico Hedy Isaac Johanna Katherine Leonhard Max Nikola Olga Pierre Rachel Werner Yuri Zora "
+          "Amara Bruno Chiara Diego Elena Farid Greta Hiroshi Ines Jonas Kamala Lars Mina Nadia Omar Priya "
+          "Quentin Rosa Samir Tara Umberto Vera Wen Ximena Yusuf Zeynep").split()
+_LAST = ("Lovelace Turing Hopper Curie Babbage Noether Bohr Meitner Dirac Franklin Ramanujan Kovalevskaya "
+         "Godel McClintock Shannon Hodgkin Fermi Lamarr Newton Kepler Johnson Euler Planck Tesla Ladyzhenskaya "
+         "Curran Carson Heisenberg Gagarin Neale Okafor Bianchi Conti Ferreira Ionescu Haddad Lindqvist Tanaka "
+         "Moreau Schmidt Harris Nilsson Mendes Kaur Rahman Quispe Ortega Sato Volkov Weber Xu Yilmaz Zeller "
+         "Abara Brandt Castillo Dubois Eriksen Fischer").split()
+
+
+def synthetic_triples(n: int, seed: int = 0) -> list[tuple[str, str, str, str, int]]:
+    """``n`` facts ``(entity, relation, value, source, position)``: ten relations per person, in order."""
+    rng = np.random.default_rng(seed)
+    rels = list(RELATIONS)
+    people = -(-n // len(rels))
+    space = len(_FIRST) * 26 * len(_LAST) * 100
+    if people > space:
+        raise ValueError(f"at most {space * len(rels)} synthetic triples, asked for {n}")
+    codes = rng.choice(space, size=people, replace=False)
+    out = []
+    for p, c in enumerate(codes.tolist()):
+        c, suffix = divmod(c, 100)
+        c, last = divmod(c, len(_LAST))
+        first, initial = divmod(c, 26)
+        name = f"{_FIRST[first]} {chr(65 + initial)}. {_LAST[last]}" + (f" {suffix}" if suffix else "")
+        for j, rel in enumerate(rels):
+            if len(out) == n:
+                break
+            out.append((name, rel, f"{rel.split()[-1]} {(p * 7919 + j * 104729) % 5003}", f"doc-{p}", 60 * j))
+    return out
+
+
+def perturb(rng: np.random.Generator, entity: str, relation: str) -> tuple[str, str]:
+    """A query for the key as a model might write it: paraphrased relation, often a typo or a dropped initial."""
+    rel = RELATIONS[relation][rng.integers(3)]
+    words = entity.split()
+    r = rng.random()
+    if r < 0.3 and len(words) > 2:
+        words = [w for w in words if not (len(w) == 2 and w.endswith("."))]
+    elif r < 0.6:
+        w = max(range(len(words)), key=lambda i: len(words[i]))
+        s = words[w]
+        if len(s) > 3:
+            i = int(rng.integers(1, len(s) - 2))
+            words[w] = s[:i] + s[i + 1] + s[i] + s[i + 2:]
+    return " ".join(words).lower() if rng.random() < 0.5 else " ".join(words), rel
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return round(float(np.percentile(np.asarray(xs) * 1e3, q)), 3)
+
+
+def _folder_bytes(path: Path) -> dict[str, int]:
+    return {f.name: f.stat().st_size for f in path.iterdir() if f.is_file()}
+
+
+def _synthesize(real: np.ndarray, real_rel: np.ndarray, rel_of: np.ndarray, rng: np.random.Generator,
+                noise: float = 0.75) -> np.ndarray:
+    """Unit vectors for keys of relation ``rel_of``: a random real vector of the same relation plus noise."""
+    out = np.empty((len(rel_of), real.shape[1]), dtype=np.float32)
+    pools = {r: np.flatnonzero(real_rel == r) for r in np.unique(real_rel)}
+    fallback = np.arange(len(real))
+    for start in range(0, len(rel_of), 100_000):
+        rels = rel_of[start:start + 100_000]
+        base = np.array([rng.choice(pools.get(r, fallback)) for r in rels.tolist()])
+        g = rng.standard_normal((len(rels), real.shape[1]), dtype=np.float32)
+        g *= noise / np.linalg.norm(g, axis=1, keepdims=True)
+        v = real[base] + g
+        out[start:start + len(rels)] = v / np.linalg.norm(v, axis=1, keepdims=True)
+    return out
+
+
+class _Triples:
+    """The rows as Triple objects, made one at a time (10^7 of them at once would not fit), with a length."""
+
+    def __init__(self, rows: list[tuple], make):
+        self.rows, self.make = rows, make
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self):
+        return (self.make(*r) for r in self.rows)
+
+
+def _check_other_process(kb_dir: Path, deleted: list, vectors: np.ndarray | None) -> int:
+    """Open the KB in a fresh process; count deleted facts it can still retrieve (exactly or by vector)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if vectors is not None:
+            np.save(Path(tmp) / "v.npy", vectors)
+        Path(tmp, "d.json").write_text(json.dumps(deleted))
+        code = ("import json, os, sys, numpy as np\nfrom lmlm.kb import KnowledgeBase\n"
+                "kb = KnowledgeBase.open(sys.argv[1])\nd = json.load(open(sys.argv[2]))\n"
+                "gone = {tuple(x) for x in d}\n"
+                "ms = kb.lookup_batch([(e, r) for e, r, v in d], fuzzy=False)\n"
+                "if os.path.exists(sys.argv[3]):\n"
+                "    ms += kb.lookup_vectors(np.load(sys.argv[3]), threshold=0.0)\n"
+                "print(sum(m is not None and (m.entity, m.relation, m.value) in gone for m in ms))\n")
+        out = subprocess.run([sys.executable, "-c", code, str(kb_dir), str(Path(tmp) / "d.json"),
+                              str(Path(tmp) / "v.npy")], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def _pick_threads(enc, texts: list[str]) -> dict[int, float]:
+    """Encoder keys/s with 1 and 2 torch threads on the same texts; the encoder keeps the faster."""
+    rates = {}
+    for n in (1, 2):
+        enc.threads = n
+        t = time.perf_counter()
+        enc.encode(texts, cache=False)
+        rates[n] = round(len(texts) / (time.perf_counter() - t), 1)
+    enc.threads = max(rates, key=rates.get)
+    return rates
+
+
+class _KBBench:
+    """The steps of one run on ``n`` synthetic triples; each adds its numbers to ``report``."""
+
+    def __init__(self, n: int, work: Path, encoder_threads: int | None, store_only: bool, seed: int, log):
+        from ..kb import get_encoder, key_text
+
+        self.n, self.log, self.t0 = n, log, time.perf_counter()
+        self.rng = np.random.default_rng(seed)
+        self.report: dict = {"triples": n, "load_avg_start": round(os.getloadavg()[0], 2), "cpu_count": os.cpu_count()}
+        self.kb_dir = work / "kb"
+        if self.kb_dir.exists():
+            shutil.rmtree(self.kb_dir)
+        self.enc = None if store_only else get_encoder()
+        if self.enc is not None:
+            self.enc.encode(["warm up"], cache=False)
+            self.threads_before = self.enc.threads
+            if encoder_threads is None:
+                probe = [key_text(f"Probe Person {i}", rel) for i in range(32) for rel in RELATIONS][:256]
+                self.report["encoder_keys_per_s_by_threads"] = _pick_threads(self.enc, probe)
+            else:
+                self.enc.threads = encoder_threads
+            self.report["encoder_threads"] = self.enc.threads
+        self.rows = synthetic_triples(n, seed)
+        self.keys = [(e, r) for e, r, *_ in self.rows]  # one key per fact here
+        self.sample = np.zeros(0, dtype=np.int64)  # keys embedded for real
+        self.vectors: np.ndarray | None = None
+
+    def build(self) -> None:
+        from ..kb import KnowledgeBase, Triple
+
+        self.log(f"building a KB of {self.n:,} triples in {self.kb_dir}")
+        t = time.perf_counter()
+        self.kb = KnowledgeBase.create(self.kb_dir, encoder=self.enc)
+        self.kb.add(_Triples(self.rows, Triple), who="bench", why="build", batch_size=5000,
+                    progress=self.n >= 50_000, embed=False)
+        self.store_s = time.perf_counter() - t
+        self.report.update(store_s=round(self.store_s, 2), store_triples_per_s=round(self.n / self.store_s),
+                           build_peak_rss_mb=round(_rss_mb()))
+
+    def index(self, embed_keys: int) -> None:
+        """A real sample of keys embedded, synthetic vectors for the rest, then the index."""
+        from ..kb import key_text
+
+        key_id = self.kb.key_ids()
+        ids = np.array([key_id[k] for k in self.keys], dtype=np.int64)
+        del key_id
+        rel_codes = {r: i for i, r in enumerate(RELATIONS)}
+        rel_of = np.array([rel_codes[r] for _, r in self.keys])
+        m = min(embed_keys, self.n)
+        self.sample = np.sort(self.rng.choice(self.n, size=m, replace=False))
+        self.log(f"encoding {m:,} sampled keys with {self.enc.name}")
+        t = time.perf_counter()
+        real = self.enc.encode([key_text(*self.keys[i]) for i in self.sample], cache=False, progress=m >= 5000)
+        rate = m / (time.perf_counter() - t)
+        self.vectors = np.empty((self.n, self.enc.dim), dtype=np.float32)
+        self.vectors[self.sample] = real
+        rest = np.setdiff1d(np.arange(self.n), self.sample)
+        if len(rest):
+            self.vectors[rest] = _synthesize(real, rel_of[self.sample], rel_of[rest], self.rng)
+        self.log("building the key index")
+        t = time.perf_counter()
+        self.kb.put_vectors(ids, self.vectors)
+        index_s = time.perf_counter() - t
+        self.report.update(
+            keys=len(ids), embedded_keys=m, synthetic_keys=len(rest), encode_keys_per_s=round(rate, 1),
+            method=(f"real MiniLM embeddings for {m} sampled keys; the other {len(rest)} keys get synthetic unit "
+                    "vectors (a random real key of the same relation plus Gaussian noise, cosine ~0.8); "
+                    "ANN and fuzzy queries are perturbed texts of sampled keys, encoded for real"),
+            index_kind=self.kb.key_index().ann_kind, index_build_s=round(index_s, 2),
+            build_triples_per_s=round(self.n / (self.store_s + index_s)),
+            build_triples_per_s_with_encoding=round(self.n / (self.store_s + index_s + len(ids) / rate)),
+            index_peak_rss_mb=round(_rss_mb()))
+
+    def exact(self, count: int) -> None:
+        qi = self.rng.choice(self.n, size=min(count, self.n), replace=False)
+        spell = [(e.upper(), r.lower() + ":") if j % 2 else (f"  {e}", r.replace(" ", "_"))
+                 for j, (e, r) in enumerate(self.keys[i] for i in qi)]
+        lat = []
+        for e, r in spell:
+            t = time.perf_counter()
+            hit = self.kb.lookup(e, r)
+            lat.append(time.perf_counter() - t)
+            assert hit is not None and hit.exact, (e, r)
+        self.report.update(exact_p50_ms=_pct(lat, 50), exact_p99_ms=_pct(lat, 99))
+
+    def _queries(self, count: int) -> list[tuple[str, str]]:
+        picked = self.rng.choice(self.sample, size=count, replace=count > len(self.sample))
+        return [perturb(self.rng, *self.keys[i]) for i in picked]
+
+    def fuzzy(self, single: int, batched: int) -> None:
+        kb = self.kb
+
+        def timed(qs: list[tuple[str, str]]) -> tuple[list[float], int]:
+            lat, accepted = [], 0
+            for e, r in qs:
+                t = time.perf_counter()
+                accepted += kb.lookup(e, r) is not None
+                lat.append(time.perf_counter() - t)
+            return lat, accepted
+
+        def in_batches(qs: list[tuple[str, str]]) -> float:
+            t = time.perf_counter()
+            for i in range(0, len(qs), 256):
+                kb.lookup_batch(qs[i:i + 256])
+            return round(len(qs) / (time.perf_counter() - t), 1)
+
+        qs = self._queries(single)
+        self.enc.clear_cache()
+        lat, accepted = timed(qs)
+        cached, _ = timed(qs)  # the same queries again: embeddings from the cache, the rest as before
+        self.report.update(fuzzy_p50_ms=_pct(lat, 50), fuzzy_p99_ms=_pct(lat, 99),
+                           fuzzy_accepted=round(accepted / max(len(lat), 1), 3),
+                           fuzzy_cached_p50_ms=_pct(cached, 50), fuzzy_cached_p99_ms=_pct(cached, 99))
+        qs = self._queries(batched)
+        self.enc.clear_cache()
+        self.report["batched_fuzzy_qps"] = in_batches(qs)
+        self.report["batched_fuzzy_cached_qps"] = in_batches(qs)
+
+    def ann(self, count: int) -> None:
+        """Top-1 of the index against an exact flat search over every live vector."""
+        import faiss
+
+        from ..kb import key_text
+
+        qs = self._queries(count)
+        self.log(f"ANN quality on {len(qs):,} perturbed queries")
+        qv = self.enc.encode([key_text(e, r) for e, r in qs], cache=False, progress=len(qs) >= 5000)
+        index = self.kb.key_index()
+        got_s, got = index.search(qv, 1)
+        live_ids, live = index.live_vectors()
+        ref_s, ref = faiss.knn(qv, live, 1, metric=faiss.METRIC_INNER_PRODUCT)
+        same = (got[:, 0] == live_ids[ref[:, 0]]) | (np.abs(got_s[:, 0] - ref_s[:, 0]) < 1e-5)
+        self.report.update(ann_queries=len(qs), ann_top1_agreement=round(float(same.mean()), 4))
+
+    def forget(self, fraction: float, retain_check: int, retain_exact: int | None) -> None:
+        """Delete a random ``fraction`` of the facts as one forget set, then try to get them back."""
+        n, kb, rows = self.n, self.kb, self.rows
+        k = int(round(fraction * n))
+        gone = np.sort(self.rng.choice(n, size=k, replace=False))
+        forget = [rows[i][:3] for i in gone.tolist()]
+        self.log(f"forgetting {k:,} facts")
+        t = time.perf_counter()
+        removed = kb.forget(forget, who="bench", why="forget set")
+        self.report.update(forgotten=removed, delete_forget_seconds=round(time.perf_counter() - t, 3))
+        gone_set = set(map(tuple, forget))
+        hits = lambda ms: sum(m is not None and (m.entity, m.relation, m.value) in gone_set for m in ms)  # noqa: E731
+        bad = hits(kb.lookup_batch([f[:2] for f in forget], fuzzy=False))
+        checked = f"{k} exact"
+        texts = [perturb(self.rng, *self.keys[i]) for i in np.intersect1d(gone, self.sample).tolist()]
+        if self.vectors is not None:
+            bad += hits(kb.lookup_vectors(self.vectors[gone], threshold=0.0)) + hits(kb.lookup_batch(texts, 0.0))
+            checked += f" + {k} by own key vector + {len(texts)} fuzzy texts"
+        self.log("looking the forgotten facts up from a second process")
+        other = _check_other_process(self.kb_dir, forget, None if self.vectors is None else self.vectors[gone])
+        kept = np.setdiff1d(np.arange(n), gone)
+        if retain_exact is not None and retain_exact < len(kept):
+            kept = np.sort(self.rng.choice(kept, size=retain_exact, replace=False))
+        lost = 0
+        for i in range(0, len(kept), 20_000):
+            part = kept[i:i + 20_000].tolist()
+            lost += sum(m is None or m.value != rows[j][2]
+                        for j, m in zip(part, kb.lookup_batch([self.keys[j] for j in part], fuzzy=False)))
+        retained = f"{len(kept)} exact"
+        if self.vectors is not None:
+            check = self.rng.choice(kept, size=min(retain_check, len(kept)), replace=False)
+            lost += sum(m is None or m.value != rows[j][2]
+                        for j, m in zip(check.tolist(), kb.lookup_vectors(self.vectors[check])))
+            retained += f" + {len(check)} by own key vector"
+        self.report.update(deleted_retrievable=bad + other, deleted_retrievable_other_process=other,
+                           deleted_checked=f"{checked} here; {k} exact"
+                                           + (f" + {k} by vector" if self.vectors is not None else "")
+                                           + " in a second process",
+                           retained_lost=lost, retained_checked=retained)
+
+    def finish(self) -> dict:
+        self.kb.close()
+        sizes = _folder_bytes(self.kb_dir)
+        store = sum(v for name, v in sizes.items() if name.startswith("kb.sqlite"))
+        r = self.report
+        r.update(disk_bytes_per_triple=round(sum(sizes.values()) / self.n),
+                 store_bytes_per_triple=round(store / self.n),
+                 index_bytes_per_triple=round(sizes.get("index.faiss", 0) / self.n), peak_rss_mb=round(_rss_mb()),
+                 load_avg_end=round(os.getloadavg()[0], 2), seconds=round(time.perf_counter() - self.t0, 1))
+        targets = {"exact_p50_ms<=0.2": ("exact_p50_ms", lambda x: x <= 0.2),
+                   "fuzzy_p50_ms<=10": ("fuzzy_p50_ms", lambda x: x <= 10),
+                   "batched_fuzzy_qps>=500": ("batched_fuzzy_qps", lambda x: x >= 500),
+                   "ann_top1_agreement>=0.99": ("ann_top1_agreement", lambda x: x >= 0.99),
+                   "deleted_retrievable==0": ("deleted_retrievable", lambda x: x == 0),
+                   "retained_lost==0": ("retained_lost", lambda x: x == 0)}
+        r["targets_met"] = {name: ok(r[field]) for name, (field, ok) in targets.items() if field in r}
+        if self.enc is not None:
+            self.enc.threads = self.threads_before
+        return r
+
+
+def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int = 10_000,
+                 fuzzy_queries: int = 300, exact_queries: int = 5000, batched_queries: int = 2048,
+                 forget_fraction: float = 0.05, retain_check: int = 20_000, retain_exact: int | None = None,
+                 store_only: bool = False, encoder_threads: int | None = None, seed: int = 0, log=print) -> dict:
+    """Run every step on ``n`` synthetic triples in folder ``work``; returns the report.
+
+    Args:
+        store_only (bool, default False): no key vectors at all (store build, exact lookups and
+            forgetting only), for sizes whose vectors would not fit in memory.
+        retain_exact (int, optional): check this many retained facts exactly (default: all).
+        encoder_threads (int, optional): torch threads for bulk encoding; None tries 1 and 2 and
+            keeps the faster (on a machine whose cores are shared, one thread is often faster).
+    """
+    run = _KBBench(n, work, encoder_threads, store_only, seed, log)
+    run.build()
+    if store_only:
+        run.report["method"] = ("store only: no key vectors (exact lookups and forgetting; fuzzy and ANN "
+                                "numbers come from a run with vectors)")
+    else:
+        run.index(embed_keys)
+    run.exact(exact_queries)
+    if not store_only:
+        run.fuzzy(fuzzy_queries, batched_queries)
+        run.ann(ann_queries)
+    run.forget(forget_fraction, retain_check, retain_exact)
+    return run.finish()
+
+
+@bench_app.command("kb")
+def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the KB"),
+             embed_keys: int = typer.Option(10_000, help="keys embedded with the real encoder; the rest get "
+                                                         "synthetic vectors near them"),
+             ann_queries: int = typer.Option(10_000, help="perturbed queries for ANN top-1 agreement"),
+             fuzzy_queries: int = typer.Option(300, help="single fuzzy lookups timed"),
+             encoder_threads: int = typer.Option(0, help="torch threads for bulk encoding (0: try 1 and 2, keep "
+                                                         "the faster)"),
+             store_only: bool = typer.Option(False, help="no key vectors: store build, exact lookups and "
+                                                         "forgetting only (for 10^7 triples)"),
+             retain_exact: int = typer.Option(0, help="retained facts looked up exactly after forgetting "
+                                                      "(0: all)"),
+             batched_queries: int = typer.Option(2048, help="fuzzy lookups timed in batches of 256"),
+             work: Path = typer.Option(Path("runs/bench-kb"), help="folder for the KB (replaced)"),
+             keep: bool = typer.Option(False, help="keep the KB folder afterwards"),
+             out: Optional[Path] = typer.Option(None, help="also write the JSON here"),
+             seed: int = typer.Option(0)):
+    """Build, lookup latency, ANN quality and a 5% forget set at N triples; JSON last line."""
+    if triples < 100:
+        raise typer.BadParameter(f"--triples must be at least 100, got {triples}")
+    work.mkdir(parents=True, exist_ok=True)
+    report = run_kb_bench(triples, work, embed_keys=embed_keys, ann_queries=ann_queries,
+                          fuzzy_queries=fuzzy_queries, batched_queries=batched_queries,
+                          encoder_threads=encoder_threads or None, store_only=store_only,
+                          retain_exact=retain_exact or None, seed=seed,
+                          log=lambda s: print(s, file=sys.stderr))
+    if not keep:
+        shutil.rmtree(work / "kb", ignore_errors=True)
+    if out is not None:
+        out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report))

@@ -1,0 +1,231 @@
+"""Files a knowledge base reads and writes: triples as JSON lines or Parquet, annotated corpora,
+and the authors' released database JSON.
+
+* ``jsonl``: one triple per line, ``entity``, ``relation``, ``value`` and optionally ``count`` and
+  ``sources`` (a list of ``[doc_id, position]``), or ``source`` and ``position`` as in
+  :class:`~lmlm.kb.records.Triple`. What :meth:`KnowledgeBase.export` writes, losslessly.
+* ``parquet``: the same columns; ``sources`` is a list of ``{doc_id, position}`` structs. Needs
+  ``pyarrow`` (``pip install 'lmlm[parquet]'``).
+* ``corpus``: an annotated corpus, one document per line with ``doc_id`` (or ``id``) and
+  ``annotated`` (or ``text``) holding ``[dblookup('E', 'R') -> V]`` calls. Reading takes every call
+  as a fact whose source is the document and whose position is the call's character offset in the
+  plain text. Writing makes one document per source (facts with none go to ``kb-unsourced``), one
+  sentence per fact, so reading it back gives the same facts and documents (positions are those of
+  the written text).
+* ``authors``: the authors' database JSON (``entities``, ``relationships``, ``return_values``,
+  ``triplets``), read by :mod:`lmlm.kb.authors`.
+
+Exercised by ``lmlm kb import``, ``lmlm kb export`` and ``lmlm kb build``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from .records import Triple, TripleRecord
+from .store import Fact
+
+__all__ = ["FORMATS", "detect_format", "read", "write", "count_items", "fact_of"]
+
+FORMATS = ("jsonl", "parquet", "corpus", "authors")
+UNSOURCED_DOC = "kb-unsourced"
+_PARQUET_BATCH = 65_536
+
+
+def fact_of(t: Triple) -> Fact:
+    sources = ((t.source, t.position),) if t.source is not None else ()
+    return Fact(t.entity.strip(), t.relation.strip(), t.value.strip(), 1, sources)
+
+
+def detect_format(path: str | Path) -> str:
+    """The format of ``path``: by suffix (``.parquet``, ``.json``), else by the first JSON line's fields."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        return "parquet"
+    if path.suffix == ".json":
+        return "authors"
+    if path.is_file():
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    try:
+                        first = json.loads(line)
+                    except ValueError:
+                        break
+                    if isinstance(first, dict) and ("annotated" in first or "text" in first):
+                        return "corpus"
+                    break
+    return "jsonl"
+
+
+def _check(path: str | Path, format: str | None, reading: bool) -> tuple[Path, str]:
+    path = Path(path)
+    if reading and not path.is_file():
+        raise FileNotFoundError(f"no file to import at {path}")
+    format = format or detect_format(path)
+    if format not in FORMATS or (format == "authors" and not reading):
+        allowed = FORMATS if reading else FORMATS[:3]
+        raise ValueError(f"unknown {'input' if reading else 'output'} format {format!r} for {path}; "
+                         f"use one of {', '.join(allowed)}")
+    return path, format
+
+
+def count_items(path: str | Path, format: str | None = None) -> int | None:
+    """How many facts (or documents, for a corpus) ``path`` holds, cheaply; None when unknown."""
+    path, format = _check(path, format, reading=True)
+    if format == "parquet":
+        return _pyarrow().parquet.ParquetFile(path).metadata.num_rows
+    if format in ("jsonl", "corpus"):
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    return None
+
+
+def read(path: str | Path, format: str | None = None) -> tuple[Iterator[Fact], int | None]:
+    """The facts of ``path`` (streamed, validated as they come) and how many there are when known."""
+    path, format = _check(path, format, reading=True)
+    if format == "authors":
+        from .authors import read_authors_json
+
+        triples, _ = read_authors_json(path)
+        return (fact_of(t) for t in triples), len(triples)
+    reader = {"jsonl": _read_jsonl, "parquet": _read_parquet, "corpus": _read_corpus}[format]
+    return reader(path), (count_items(path, format) if format != "corpus" else None)
+
+
+def write(records: Iterable[TripleRecord], path: str | Path, format: str | None = None) -> int:
+    """Write ``records`` to ``path`` (format by suffix unless given); returns how many were written."""
+    path, format = _check(path, format, reading=False)
+    return {"jsonl": _write_jsonl, "parquet": _write_parquet, "corpus": _write_corpus}[format](records, path)
+
+
+# -- JSON lines ------------------------------------------------------------------------------------
+def _fact_from_dict(d: dict) -> Fact:
+    t = Triple(d["entity"], d["relation"], d["value"], d.get("source"), d.get("position"))
+    sources = [(str(s[0]), None if s[1] is None else int(s[1])) for s in d.get("sources") or []]
+    count = int(d.get("count", 1))
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    fact = fact_of(t)
+    return fact._replace(count=count, sources=fact.sources + tuple(sources))
+
+
+def _read_jsonl(path: Path) -> Iterator[Fact]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield _fact_from_dict(json.loads(line))
+            except (ValueError, TypeError, KeyError, IndexError) as e:
+                raise ValueError(f"{path}:{lineno}: not a triple: {e}") from None
+
+
+def _write_jsonl(records: Iterable[TripleRecord], path: Path) -> int:
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record.to_dict(), ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+# -- Parquet ---------------------------------------------------------------------------------------
+def _pyarrow():
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise ImportError("reading or writing Parquet needs pyarrow: pip install 'lmlm[parquet]'") from None
+    return pyarrow
+
+
+def _schema(pa):
+    source = pa.struct([("doc_id", pa.string()), ("position", pa.int64())])
+    return pa.schema([("id", pa.int64()), ("entity", pa.string()), ("relation", pa.string()),
+                      ("value", pa.string()), ("count", pa.int64()), ("created_version", pa.int64()),
+                      ("sources", pa.list_(source))])
+
+
+def _write_parquet(records: Iterable[TripleRecord], path: Path) -> int:
+    pa = _pyarrow()
+    schema, n = _schema(pa), 0
+    with pa.parquet.ParquetWriter(path, schema) as writer:
+        batch: list[dict] = []
+        for record in records:
+            batch.append({"id": record.id, "entity": record.entity, "relation": record.relation,
+                          "value": record.value, "count": record.count, "created_version": record.created_version,
+                          "sources": [{"doc_id": d, "position": p} for d, p in record.sources]})
+            if len(batch) == _PARQUET_BATCH:
+                writer.write_table(pa.Table.from_pylist(batch, schema))
+                n, batch = n + len(batch), []
+        if batch or n == 0:
+            writer.write_table(pa.Table.from_pylist(batch, schema) if batch else schema.empty_table())
+            n += len(batch)
+    return n
+
+
+def _read_parquet(path: Path) -> Iterator[Fact]:
+    pa = _pyarrow()
+    pf = pa.parquet.ParquetFile(path)
+    missing = {"entity", "relation", "value"} - set(pf.schema_arrow.names)
+    if missing:
+        raise ValueError(f"{path} has no column(s) {', '.join(sorted(missing))}: not a table of triples")
+    row = 0
+    for batch in pf.iter_batches(batch_size=_PARQUET_BATCH):
+        for d in batch.to_pylist():
+            row += 1
+            try:
+                if d.get("sources"):
+                    d["sources"] = [(s["doc_id"], s["position"]) for s in d["sources"]]
+                yield _fact_from_dict(d)
+            except (ValueError, TypeError, KeyError) as e:
+                raise ValueError(f"{path}: row {row}: not a triple: {e}") from None
+
+
+# -- annotated corpus ------------------------------------------------------------------------------
+def _read_corpus(path: Path) -> Iterator[Fact]:
+    from ..lookup import Lookup, LookupSyntaxError, parse, plain_text
+
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                d = json.loads(line)
+                doc = str(d["doc_id"] if "doc_id" in d else d["id"])
+                text = d["annotated"] if "annotated" in d else d["text"]
+                segments = parse(text, strict=True, source=where).segments
+            except LookupSyntaxError:
+                raise
+            except (ValueError, TypeError, KeyError) as e:
+                raise ValueError(f"{where}: not an annotated document (doc_id/id and annotated/text): {e}") from None
+            calls = [s for s in segments if isinstance(s, Lookup)]
+            for lk, pos in zip(calls, plain_text(segments)[1]):
+                try:
+                    yield fact_of(Triple(lk.entity, lk.relation, lk.value, doc, pos))
+                except (ValueError, TypeError) as e:
+                    raise ValueError(f"{where}: {e}") from None
+
+
+def _write_corpus(records: Iterable[TripleRecord], path: Path) -> int:
+    from ..lookup import Lookup, Text, render
+
+    docs: dict[str, list[tuple[int, TripleRecord]]] = defaultdict(list)
+    n = 0
+    for record in records:
+        n += 1
+        for doc, pos in dict.fromkeys(record.sources) or [(UNSOURCED_DOC, None)]:
+            docs[doc].append((-1 if pos is None else pos, record))
+    with open(path, "w", encoding="utf-8") as f:
+        for doc, facts in docs.items():
+            segments = []
+            for _, r in sorted(facts, key=lambda x: (x[0], x[1].id)):
+                segments += [Text(f"{r.entity}, {r.relation}: "), Lookup(r.entity, r.relation, r.value),
+                             Text(f" {r.value}.\n")]
+            f.write(json.dumps({"doc_id": doc, "annotated": render(segments)}, ensure_ascii=False) + "\n")
+    return n

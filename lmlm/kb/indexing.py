@@ -1,0 +1,168 @@
+"""Keeping a knowledge base's key index in step with its store: embed, save, load, catch up.
+
+:class:`KeyIndexing` is mixed into :class:`lmlm.kb.KnowledgeBase`. The index file
+(``index.faiss``) records the store version it reflects; a reader that finds it older replays the
+changes since from the store (dead keys out, returning keys back in, new keys embedded), so the
+file only ever spares work and is never trusted over the store. Long embedding runs save the index
+every ``_CHECKPOINT`` keys (still marked with the old version), so a killed run resumes. Removals
+alone never rewrite a large file. Exercised by ``lmlm kb build`` and every fuzzy lookup.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .index import VectorKeyIndex, load_index, read_header, save_index
+from .keys import key_text
+from .store import KBError
+
+__all__ = ["INDEX_FILENAME", "PROGRESS_MIN", "KeyIndexing"]
+
+INDEX_FILENAME = "index.faiss"
+PROGRESS_MIN = 5000  # show progress bars for writes or embeddings of at least this many items
+_ADOPT_MIN = 1000  # keys to embed above which a newer saved index is read instead
+_SAVE_MIN = 1000  # vectors embedded since the last save above which the index file is rewritten
+_SMALL_INDEX = 50_000  # stored vectors up to which every change is saved (the file is small)
+_EMBED_CHUNK = 8192  # keys per encoder call when embedding many keys
+_CHECKPOINT = 65_536  # keys embedded between index saves of a long embedding run (resumable)
+
+
+class KeyIndexing:
+    """The key-index half of a KnowledgeBase; expects its ``store``, ``_lock``, ``_version``,
+    ``_key_norm``, ``encoder``, ``encoder_name``, ``ann_config`` and ``path``."""
+
+    def _sync_index(self, progress: bool | None = None) -> VectorKeyIndex:
+        """Bring the index to ``self._version``: dead keys out, returning keys back in, new keys embedded."""
+        index_path = self.path / INDEX_FILENAME
+        if self._index is None:
+            self._load_saved_index(index_path)
+            if self._index is None:
+                self._index, self._index_version = VectorKeyIndex(self.encoder.dim, self.ann_config), 0
+        if self._index_version != self._version:
+            stale, new = self._index_delta()
+            if len(new) >= _ADOPT_MIN:  # the process that added them may have saved an index holding them
+                header = read_header(index_path)
+                if header and self._index_version < header.get("version", -1) <= self._version \
+                        and self._load_saved_index(index_path):
+                    stale, new = self._index_delta()
+            index = self._index
+            missing = index.restore(new)
+            self._unsaved += len(new) - len(missing)
+            self._dirty |= bool(index.remove(stale) or new)
+            if missing:
+                self._embed_keys(missing, progress)
+            self._index_version = self._version
+        self._index.settle(progress)
+        return self._index
+
+    def _index_delta(self) -> tuple[list[int], list[int]]:
+        """(key ids to take out of the index, key ids to put in) to reach ``self._version``."""
+        index = self._index
+        if self._index_version == 0:  # built from nothing: compare with every active key
+            return [k for k in index.ids() if k not in self._key_norm], [k for k in self._key_norm if k not in index]
+        touched = self.store.changed_keys(self._index_version, self._version)
+        return ([k for k in touched if k in index and k not in self._key_norm],
+                [k for k in touched if k in self._key_norm and k not in index])
+
+    def _embed_keys(self, key_ids: Sequence[int], progress: bool | None = None) -> None:
+        """Embed ``key_ids`` in chunks; a long run saves the index now and then, so a killed run resumes."""
+        from tqdm.auto import tqdm
+
+        rows = self.store.key_texts(key_ids)
+        show = len(rows) >= PROGRESS_MIN if progress is None else progress
+        since_save = 0
+        with tqdm(total=len(rows), desc="embedding KB keys", unit="key", disable=not show) as bar:
+            for i in range(0, len(rows), _EMBED_CHUNK):
+                chunk = rows[i:i + _EMBED_CHUNK]
+                vectors = self.encoder.encode([key_text(e, r) for _, e, r in chunk], cache=False)
+                self._index.add(np.array([k for k, _, _ in chunk], dtype=np.int64), vectors, build=False)
+                self._unsaved += len(chunk)
+                self._dirty = True
+                since_save += len(chunk)
+                bar.update(len(chunk))
+                if since_save >= _CHECKPOINT and i + _EMBED_CHUNK < len(rows):
+                    self._save_index(quiet=True)  # still at the old version: a reader embeds only the rest
+                    since_save = 0
+
+    def _load_saved_index(self, index_path: Path) -> bool:
+        """Adopt the saved index if it was built with our encoder and is not ahead of our dict."""
+        header = read_header(index_path)
+        if not self._usable(header):
+            return False
+        loaded = load_index(index_path)
+        if loaded is None:
+            return False
+        index, header = loaded
+        if not self._usable(header):
+            return False
+        index.config = self.ann_config
+        self._index, self._index_version, self._unsaved, self._dirty = index, int(header["version"]), 0, False
+        return True
+
+    def _usable(self, header: dict | None) -> bool:
+        """An index file made with our encoder, at a version our dict has reached."""
+        return bool(header) and header.get("encoder") == self.encoder_name and \
+            0 <= header.get("version", -1) <= self._version
+
+    def _save_index(self, quiet: bool = False) -> None:
+        index_path = self.path / INDEX_FILENAME
+        header = read_header(index_path)
+        if header and header.get("encoder") == self.encoder_name and \
+                (header.get("version", -1), header.get("rows", 0)) >= (self._index_version, self._index.rows) and \
+                not self._dirty:
+            return  # what is on disk is as new as ours
+        try:
+            save_index(self._index, index_path, {"version": self._index_version, "encoder": self.encoder_name})
+            self._unsaved, self._dirty = 0, False
+        except OSError:
+            if not quiet:
+                raise
+
+    def _maybe_save(self, quiet: bool = False) -> None:
+        """Save the index when many vectors are new since the last save, or on any change when it is
+        small. Removals alone never rewrite a large file: a reader replays them from the store."""
+        if self._index is not None and self._dirty and (self._unsaved >= _SAVE_MIN or self._index.rows <= _SMALL_INDEX):
+            self._save_index(quiet)
+
+    def embed(self, progress: bool | None = None) -> int:
+        """Embed every active key that has no vector yet and save the index; returns the index size.
+
+        Long runs show a progress bar and save the index every 65,536 keys, so a killed run resumes.
+        """
+        with self._lock:
+            self.refresh()
+            index = self._sync_index(progress)
+            if self._dirty:
+                self._save_index()
+            return len(index)
+
+    def put_vectors(self, key_ids: Sequence[int], vectors: np.ndarray) -> None:
+        """Store embeddings computed elsewhere (another machine, a benchmark) for active keys.
+
+        Args:
+            key_ids: ids of active keys (see :meth:`key_ids`).
+            vectors: ``(len(key_ids), dim)`` unit-norm float32 rows, made with this KB's encoder.
+        """
+        with self._lock:
+            self.refresh()
+            unknown = [int(k) for k in key_ids if int(k) not in self._key_norm]
+            if unknown:
+                raise KBError(f"key ids {unknown[:5]} are not active keys of {self.path}")
+            if self._index is None:
+                self._load_saved_index(self.path / INDEX_FILENAME)
+                if self._index is None:
+                    self._index = VectorKeyIndex(np.asarray(vectors).shape[-1], self.ann_config)
+            self._index.add(np.asarray(key_ids, dtype=np.int64), vectors, build=False)
+            self._unsaved += len(key_ids)
+            self._dirty = True
+            self._sync_index()
+            self._maybe_save()
+
+    def key_index(self, progress: bool | None = None) -> VectorKeyIndex:
+        """The key index, brought up to date first (embedding keys that have no vector yet)."""
+        with self._lock:
+            self.refresh()
+            return self._sync_index(progress)

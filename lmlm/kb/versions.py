@@ -1,0 +1,110 @@
+"""Reading a knowledge base as it was at a past version: checkout and diff.
+
+A triple is active at version ``V`` when ``created_version <= V`` and it was not deleted by ``V``;
+its count at ``V`` is the sum of the ``count_delta`` of its changes up to ``V``; its sources at
+``V`` are those recorded by ``V``. :class:`PastVersions` holds the SQL for this and is mixed into
+:class:`lmlm.kb.store.SQLiteStore` (the store's SQL lives in these two modules only). Exercised by
+``lmlm kb diff`` and ``lmlm kb checkout``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Iterator
+
+from .records import DiffEntry, TripleRecord
+
+__all__ = ["PastVersions"]
+
+# count of each triple at version ?, from its changes
+_COUNTS_AT = "SELECT triple_id, sum(count_delta) AS count FROM changes WHERE version <= ? GROUP BY triple_id"
+_ACTIVE_AT = "t.created_version <= ? AND (t.deleted_version IS NULL OR t.deleted_version > ?)"
+
+
+class PastVersions:
+    """Reads of past versions; expects ``self.conn`` (sqlite3), ``self.folder`` and ``self.version()``."""
+
+    conn: sqlite3.Connection
+
+    def check_version(self, version: int) -> int:
+        """``version`` as an int if it exists (0 is the empty KB), else a KBError naming the range."""
+        from .store import KBError
+
+        current = self.version()
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= current:
+            raise KBError(f"no version {version!r} in the knowledge base at {self.folder}: "
+                          f"versions run from 0 to {current}")
+        return version
+
+    def best_at(self, version: int) -> list:
+        """Like ``best()`` for every key, as of ``version``: the best-supported triple then, per key."""
+        from .store import Best
+
+        v = self.check_version(version)
+        rows = self._x(
+            f"WITH n AS ({_COUNTS_AT}) SELECT t.key_id, k.key_norm, t.id, t.entity, t.relation, t.value, n.count,"
+            f" t.created_version FROM triples t JOIN keys k ON k.id = t.key_id JOIN n ON n.triple_id = t.id"
+            f" WHERE {_ACTIVE_AT} ORDER BY t.key_id, n.count DESC, t.created_version DESC, t.id DESC",
+            (v, v, v)).fetchall()
+        out: list[Best] = []
+        for r in rows:
+            if out and out[-1].key_id == r[0]:
+                out[-1] = out[-1]._replace(n_active=out[-1].n_active + 1)
+            else:
+                out.append(Best(*r, n_active=1))
+        return out
+
+    def records_at(self, version: int, key_norm: str | None = None) -> Iterator[TripleRecord]:
+        """The triples active at ``version`` (under ``key_norm`` only, if given) in id order, with
+        their counts and sources then."""
+        from .store import _group_records
+
+        v = self.check_version(version)
+        only, params = ("", ()) if key_norm is None else (" AND t.key_norm = ?", (key_norm,))
+        counts = _COUNTS_AT if key_norm is None else _COUNTS_AT.replace(
+            "WHERE version <= ?", "WHERE version <= ? AND triple_id IN (SELECT id FROM triples WHERE key_norm = ?)")
+        yield from _group_records(self._x(
+            f"WITH n AS ({counts}) SELECT t.id, t.entity, t.relation, t.value, n.count, t.created_version, NULL,"
+            " s.doc_id, s.position FROM triples t JOIN n ON n.triple_id = t.id"
+            " LEFT JOIN sources s ON s.triple_id = t.id AND s.version <= ?"
+            f" WHERE {_ACTIVE_AT}{only} ORDER BY t.id, s.rowid", (v, *params, v, v, v, *params)))
+
+    def counts_at(self, version: int) -> dict[str, int]:
+        v = self.check_version(version)
+        q = lambda sql, *p: self._x(sql, p).fetchone()[0] or 0  # noqa: E731
+        return {
+            "triples": q(f"SELECT count(*) FROM triples t WHERE {_ACTIVE_AT}", v, v),
+            "keys": q(f"SELECT count(DISTINCT key_id) FROM triples t WHERE {_ACTIVE_AT}", v, v),
+            "deleted": q("SELECT count(*) FROM triples WHERE deleted_version <= ?", v),
+            "sources": q("SELECT count(*) FROM sources WHERE version <= ?", v),
+            "documents": q("SELECT count(DISTINCT doc_id) FROM sources WHERE version <= ?", v),
+            "versions": v,
+        }
+
+    def diff(self, a: int, b: int) -> list[DiffEntry]:
+        """What changed from version ``a`` to version ``b`` (either may be the older), by triple id.
+
+        ``added``: active at ``b``, not at ``a``; ``removed``: the reverse; ``support``: active at
+        both with another count. A triple added and deleted between the two does not appear.
+        """
+        a, b = self.check_version(a), self.check_version(b)
+        lo, hi = min(a, b), max(a, b)
+        rows = self._x(
+            f"WITH lo AS ({_COUNTS_AT}), hi AS ({_COUNTS_AT}),"
+            " touched AS (SELECT DISTINCT triple_id FROM changes WHERE version > ? AND version <= ?)"
+            " SELECT t.id, t.entity, t.relation, t.value, t.created_version, t.deleted_version, lo.count, hi.count"
+            " FROM touched JOIN triples t ON t.id = touched.triple_id LEFT JOIN lo ON lo.triple_id = t.id"
+            " LEFT JOIN hi ON hi.triple_id = t.id ORDER BY t.id", (lo, hi, lo, hi)).fetchall()
+        out = []
+        for tid, e, r, val, created, deleted, n_lo, n_hi in rows:
+            at_lo = created <= lo and (deleted is None or deleted > lo)
+            at_hi = created <= hi and (deleted is None or deleted > hi)
+            n_lo, n_hi = (n_lo or 0) if at_lo else 0, (n_hi or 0) if at_hi else 0
+            if at_lo == at_hi and n_lo == n_hi:
+                continue
+            op = "support" if at_lo and at_hi else "added" if at_hi else "removed"
+            if a > b:  # reading backwards: what was added is removed
+                op = {"added": "removed", "removed": "added"}.get(op, op)
+                n_lo, n_hi = n_hi, n_lo
+            out.append(DiffEntry(op, tid, e, r, val, n_lo, n_hi))
+        return out

@@ -1,0 +1,109 @@
+"""The ``lmlm kb`` commands and ``lmlm bench kb`` end to end, through the real CLI."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lmlm.cli import app
+
+runner = CliRunner()
+KB_COMMANDS = ["build", "add", "edit", "delete", "lookup", "search", "stats", "log", "diff", "checkout",
+               "export", "import"]
+
+
+def _ok(args):
+    res = runner.invoke(app, [str(a) for a in args])
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+@pytest.mark.parametrize("cmd", KB_COMMANDS)
+def test_help(cmd):
+    assert "Usage" in _ok(["kb", cmd, "--help"])
+
+
+def test_kb_commands_end_to_end(tmp_path, encoder):
+    src = tmp_path / "t.jsonl"
+    src.write_text("".join(json.dumps({"entity": e, "relation": r, "value": v, "source": s}) + "\n" for e, r, v, s in [
+        ("Ada Lovelace", "Birth City", "London", "bio-ada"), ("Alan Turing", "Occupation", "mathematician", "bio-t"),
+        ("Grace Hopper", "Employer", "US Navy", "bio-g")]))
+    kb = tmp_path / "kb"
+    assert json.loads(_ok(["kb", "build", kb, "--triples", src, "--chunk-size", 2]))["versions"] == 2
+    _ok(["kb", "add", kb, "Ada Lovelace", "Birth City", "Paris", "--source", "rumour", "--who", "alice"])
+    _ok(["kb", "edit", kb, "Grace Hopper", "Employer", "Yale", "--why", "fix"])
+    found = json.loads(_ok(["kb", "lookup", kb, "Ada Lovelace", "birthplace", "--all"]))
+    assert found["alternatives"] == 1 and {v["value"] for v in found["values"]} == {"London", "Paris"}
+    hits = json.loads(_ok(["kb", "search", kb, "Alan Turing", "job", "-k", "2", "--json"]))
+    assert hits[0]["entity"] == "Alan Turing" and hits[0]["score"] >= hits[1]["score"]
+    assert "Alan Turing · Occupation" in _ok(["kb", "search", kb, "Alan Turing", "job"])
+    forget = tmp_path / "forget.jsonl"
+    forget.write_text('{"source": "bio-t"}\n{"entity": "Ada Lovelace", "relation": "Birth City", "value": "Paris"}\n')
+    assert "deleted 2 facts; version 5" in _ok(["kb", "delete", kb, "--forget", forget, "--why", "request"])
+    assert json.loads(_ok(["kb", "lookup", kb, "Alan Turing", "Occupation", "--threshold", "1.01"])) is None
+    assert json.loads(_ok(["kb", "lookup", kb, "Alan Turing", "Occupation", "--at", "4"]))["version"] == 4
+    log = json.loads(_ok(["kb", "log", kb, "--json"]))
+    assert [(v["version"], v["op"]) for v in log] == [(5, "delete"), (4, "edit"), (3, "add"), (2, "import"),
+                                                      (1, "import")]
+    assert "v5" in _ok(["kb", "log", kb])
+    diff = json.loads(_ok(["kb", "diff", kb, 2, 5, "--json"]))
+    assert sorted((d["op"], d["value"]) for d in diff) == [("added", "Yale"), ("removed", "US Navy"),
+                                                           ("removed", "mathematician")]
+    assert "1 added, 2 removed" in _ok(["kb", "diff", kb, 2, 5])
+    out = _ok(["kb", "checkout", kb, 2, "--out", tmp_path / "v2.jsonl"])
+    assert "3 triples of version 2 written" in out
+    stats = json.loads(out[out.index("{"):])
+    assert stats["version"] == 2 and stats["triples"] == 3
+    assert len((tmp_path / "v2.jsonl").read_text().splitlines()) == 3
+    assert json.loads(_ok(["kb", "stats", kb]))["triples"] == 2
+    pytest.importorskip("pyarrow")
+    assert "2 triples written" in _ok(["kb", "export", kb, tmp_path / "kb.parquet"])
+    copy = tmp_path / "copy"
+    _ok(["kb", "build", copy, "--triples", tmp_path / "kb.parquet", "--no-embed"])
+    assert "version 2" in _ok(["kb", "import", copy, tmp_path / "v2.jsonl"])
+
+
+def test_kb_errors_are_one_line_and_exit_2(tmp_path):
+    for args in (["kb", "lookup", tmp_path / "nope", "a", "b"], ["kb", "diff", tmp_path / "nope", 1, 2]):
+        res = runner.invoke(app, [str(a) for a in args])
+        assert res.exit_code == 2 and "does not exist" in res.output
+    (tmp_path / "t.jsonl").write_text('{"entity": "A", "relation": "r", "value": "v"}\n')
+    _ok(["kb", "build", tmp_path / "kb", "--triples", tmp_path / "t.jsonl", "--no-embed"])
+    (tmp_path / "bad.jsonl").write_text('{"id": 1}\n{oops\n')
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("not a KB")
+    for args, msg in ((["kb", "diff", tmp_path / "kb", 1, 7], "no version 7"),
+                      (["kb", "edit", tmp_path / "kb", "B", "r", "v"], "no active fact"),
+                      (["kb", "import", tmp_path / "kb", tmp_path / "t.jsonl", "--format", "csv"],
+                       "unknown input format"),
+                      (["kb", "delete", tmp_path / "kb"], "say what to delete"),
+                      (["kb", "delete", tmp_path / "kb", "--forget", tmp_path / "bad.jsonl"],
+                       "bad.jsonl:2: not a JSON"),
+                      (["kb", "build", tmp_path / "busy", "--triples", tmp_path / "t.jsonl"], "not empty")):
+        res = runner.invoke(app, [str(a) for a in args])
+        assert res.exit_code == 2 and msg in " ".join(res.output.split()), res.output  # rich wraps long lines
+
+
+@pytest.mark.slow
+def test_bench_kb_prints_its_json_last(tmp_path, encoder):
+    res = runner.invoke(app, [str(a) for a in ["bench", "kb", "--triples", 400, "--embed-keys", 60, "--ann-queries",
+                                                 100, "--fuzzy-queries", 5, "--batched-queries", 64,
+                                                 "--work", tmp_path / "bench"]])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    for field in ("triples", "build_triples_per_s", "disk_bytes_per_triple", "exact_p50_ms", "fuzzy_p50_ms",
+                  "fuzzy_p99_ms", "batched_fuzzy_qps", "ann_top1_agreement", "delete_forget_seconds",
+                  "deleted_retrievable", "retained_lost", "method", "embedded_keys"):
+        assert field in report
+    assert report["triples"] == 400 and report["forgotten"] == 20
+    assert report["deleted_retrievable"] == 0 and report["retained_lost"] == 0
+    assert report["ann_top1_agreement"] == 1.0  # 400 keys: exact search
+
+
+def test_bench_kb_store_only(tmp_path):
+    res = runner.invoke(app, ["bench", "kb", "--triples", "300", "--store-only", "--work", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    assert report["method"].startswith("store only") and "fuzzy_p50_ms" not in report
+    assert (report["forgotten"], report["deleted_retrievable"], report["retained_lost"]) == (15, 0, 0)
+    assert set(report["targets_met"]) == {"exact_p50_ms<=0.2", "deleted_retrievable==0", "retained_lost==0"}

@@ -1,0 +1,82 @@
+"""Import and export: JSON lines, Parquet, annotated corpora and the authors' database JSON."""
+
+import json
+
+import pytest
+
+from lmlm.kb import KnowledgeBase, Triple, detect_format
+
+DOCS = [
+    {"doc_id": "bio-ada", "annotated": "Ada was born in [dblookup('Ada Lovelace', 'Birth City') -> London] London "
+                                       "and died in [dblookup('Ada Lovelace', 'Death Year') -> 1852] 1852."},
+    {"doc_id": "bio-ada-2", "annotated": "Lovelace, from [dblookup('Ada Lovelace', 'Birth City') -> London] London."},
+    {"id": "note-7", "text": "No facts here."},
+]
+
+
+def _records(kb):
+    return [(r.entity, r.relation, r.value, r.count, r.sources) for r in kb.triples()]
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_parquet_roundtrip_keeps_counts_and_sources(kb, tmp_path, encoder):
+    pytest.importorskip("pyarrow")
+    kb.add([Triple("Ada Lovelace", "Birth City", "London", source="bio-ada-2")])
+    assert kb.export(tmp_path / "kb.parquet") == 3
+    copy = KnowledgeBase.create(tmp_path / "copy", encoder=encoder)
+    assert detect_format(tmp_path / "kb.parquet") == "parquet"
+    assert copy.import_file(tmp_path / "kb.parquet", who="importer") == 1
+    assert _records(copy) == _records(kb)
+    assert copy.log(1)[0].op == "import" and copy.lookup("Ada Lovelace", "birthplace").value == "London"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"entity": ["A"], "relation": ["r"]}), tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match="bad.parquet has no column"):
+        copy.import_file(tmp_path / "bad.parquet")
+
+
+def test_annotated_corpus_in_and_out(tmp_path, encoder):
+    corpus = _write_jsonl(tmp_path / "docs.jsonl", DOCS)
+    assert detect_format(corpus) == "corpus"
+    kb = KnowledgeBase.create(tmp_path / "kb", encoder=encoder)
+    kb.import_file(corpus)
+    london = kb.lookup("Ada Lovelace", "Birth City")
+    assert (london.value, london.support) == ("London", 2)
+    assert kb.get(london.triple_id).sources == (("bio-ada", 16), ("bio-ada-2", 15))  # offsets in the plain text
+    plain = "Ada was born in London and died in 1852."
+    assert plain[16:22] == "London"
+    assert kb.export(tmp_path / "out.jsonl", "corpus") == 2
+    again = KnowledgeBase.create(tmp_path / "again", encoder=encoder)
+    again.import_file(tmp_path / "out.jsonl")
+    assert [(e, r, v, c, tuple(d for d, _ in s)) for e, r, v, c, s in _records(again)] == \
+           [(e, r, v, c, tuple(d for d, _ in s)) for e, r, v, c, s in _records(kb)]
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"doc_id": "x", "annotated": "[dblookup('A', 'B') -> ]"}])
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        kb.import_file(bad, "corpus")
+
+
+def test_authors_database_json(tmp_path, encoder):
+    db = tmp_path / "squad_database.json"
+    db.write_text(json.dumps({"entities": ["Beyoncé"], "relationships": ["Spouse"], "return_values": ["Jay Z"],
+                              "triplets": [["Beyoncé", "Spouse", "Jay Z"], ["Destiny\\'s Child", "Genre", "R&B"],
+                                           ["broken"]]}))
+    kb = KnowledgeBase.create(tmp_path / "kb", encoder=encoder)
+    kb.import_file(db)  # .json: the authors' format
+    assert kb.lookup("Beyoncé", "Spouse").value == "Jay Z" and kb.lookup("Destiny's Child", "Genre").value == "R&B"
+    assert len(kb) == 2
+
+
+def test_format_errors_name_the_file(kb, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no file to import at .*missing.jsonl"):
+        kb.import_file(tmp_path / "missing.jsonl")
+    _write_jsonl(tmp_path / "t.jsonl", [{"entity": "A", "relation": "r", "value": "v"}])
+    with pytest.raises(ValueError, match="unknown input format 'csv'"):
+        kb.import_file(tmp_path / "t.jsonl", "csv")
+    with pytest.raises(ValueError, match="unknown output format 'authors'"):
+        kb.export(tmp_path / "kb.json")
+    assert kb.version == 1
