@@ -36,7 +36,7 @@ err = Console(stderr=True)
 
 
 def _fail(msg: str) -> None:
-    err.print(f"[bold red]error:[/] {msg}")
+    err.print(f"[bold red]error:[/] {msg}", soft_wrap=True)  # one line, however long the path
     raise typer.Exit(2)
 
 
