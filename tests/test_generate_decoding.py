@@ -142,3 +142,23 @@ def test_ignore_eos_runs_to_the_limit(world, kb):
     full = gen.generate(prompts, max_new_tokens=30, ignore_eos=True, sequence_bias=eos_first)
     assert all(len(r.token_ids) == 30 and world.tok.eos_id in r.token_ids for r in full)
     assert gen.generate(prompts[:1], max_new_tokens=0)[0].token_ids == []
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_own_loop_matches_model_generate(world, kb, batch_size):
+    """The engine's loop (values fed in one forward at batch 1) and Hugging Face's generate agree."""
+    ours = LookupGenerator(world.model, world.tok, kb)
+    hf = LookupGenerator(world.model, world.tok, kb, loop=False)
+    prompts = [f"{n} was born in" for n, _, _ in world.people[:8]] + ["The", f"{world.people[9][0]} works"]
+    kwargs = dict(max_new_tokens=48, batch_size=batch_size, ignore_eos=True)
+    a, b = ours.generate(prompts, **kwargs), hf.generate(prompts, **kwargs)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert sum(len(r.trace) for r in a) >= 8 and all(len(r.token_ids) == 48 for r in a)
+    # a value cut by the token limit: the forced tail stops at max_new_tokens
+    first = a[0].trace[0]
+    cut = ours.generate(prompts[:1], max_new_tokens=first.token_end - 1, batch_size=1, ignore_eos=True)[0]
+    assert cut.token_ids == a[0].token_ids[:first.token_end - 1]
+    # sampling through the loop is reproducible with a seed
+    s1 = ours.generate(prompts[:2], do_sample=True, seed=5, max_new_tokens=32, batch_size=1)
+    s2 = ours.generate(prompts[:2], do_sample=True, seed=5, max_new_tokens=32, batch_size=1)
+    assert [r.token_ids for r in s1] == [r.token_ids for r in s2]

@@ -15,10 +15,13 @@ engine against the re-encode loop (ids carried between calls), and, for informat
 authors' text round trip (``mismatches_engine_vs_retokenizing_loop``: tokenizing the text again
 changes the ids the model sees).
 
-Each re-encode costs one prompt encoding of the text so far. On a CPU that is a few decode steps'
-worth of time while the engine spends one decode step per forced value token, so the two come out
-close there; the re-encode loop's cost grows with the context (it is quadratic in the number of
-lookups), and it cannot batch.
+The engine decodes greedy and sampled rows with its own KV-cached loop (:mod:`lmlm.generate.loop`),
+which skips ``generate``'s per-step bookkeeping and, at batch 1, feeds a lookup's forced value
+tokens in one forward. The re-encode loop pays ``generate``'s per-step cost, one prompt encoding of
+the text so far per lookup and one ``generate`` call per lookup. At batch 1 on a CPU a decode step
+of even a tiny model is mostly the model's own forward, which both pay for every token, so the
+engine's lead there is bounded by how much of a step is bookkeeping; the re-encode loop's cost
+grows with the context (quadratic in the number of lookups) and it cannot batch.
 
 The model is a 64-wide, 2-layer GPT-2 trained here on a synthetic biography world whose documents
 state five or six facts each (about ten lookups per 256 tokens): small enough that a decode step

@@ -13,6 +13,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from ..tokens import LookupTokenizer
 from .answers import Answerer, query_key
+from .loop import LOOP_KWARGS, decode
 from .processor import PAPER_LOGIT_BIAS, LookupLogitsProcessor
 from .trace import GenerationResult, build_result, open_call
 
@@ -33,12 +34,15 @@ class LookupGenerator:
             :class:`LookupLogitsProcessor`.
         constrained (`bool`, defaults to `False`): keep every query on a key of the KB, through a
             token prefix tree (:class:`lmlm.kb.trie.KeyTrie`) that follows the KB's changes.
+        loop (`bool`, defaults to `True`): decode greedy and sampled rows with the engine's own
+            KV-cached loop (:mod:`lmlm.generate.loop`); ``False`` always calls ``model.generate``.
     """
 
     def __init__(self, model, tokenizer: LookupTokenizer, kb=None, *, logit_bias=PAPER_LOGIT_BIAS,
                  max_lookups: int = 16, max_field_tokens: int = 24, fallback: str | None = "unknown",
-                 on_miss: str = "text", use_db: bool = True, constrained: bool = False):
+                 on_miss: str = "text", use_db: bool = True, constrained: bool = False, loop: bool = True):
         self.model = model.eval()
+        self.loop = loop
         self.tok, self.kb = tokenizer, kb
         self.options = dict(logit_bias=logit_bias, max_lookups=max_lookups, max_field_tokens=max_field_tokens,
                             fallback=fallback, on_miss=on_miss, use_db=use_db)
@@ -180,10 +184,17 @@ class LookupGenerator:
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
         if max_new_tokens == 0:
             return [[] for _ in rows]
-        if kwargs.get("do_sample"):  # sampling warpers are ours, after the grammar
-            kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
-        out = self.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                  logits_processor=processors, eos_token_id=stop_ids, pad_token_id=pad, **kwargs)
+        if self.loop and kwargs.get("num_beams", 1) == 1 and set(kwargs) <= LOOP_KWARGS:
+            kwargs.pop("num_beams", None)
+            lookup = next((p for p in processors if isinstance(p, LookupLogitsProcessor)), None)
+            out = decode(self.model, input_ids, mask, processors, max_new_tokens, stop_ids, pad,
+                         forced_tail=None if lookup is None else lookup.forced_tail, **kwargs)
+        else:
+            if kwargs.get("do_sample"):  # sampling warpers are ours, after the grammar
+                kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
+            out = self.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                      logits_processor=processors, eos_token_id=stop_ids, pad_token_id=pad,
+                                      **kwargs)
         gen = []
         stops = set(stop_ids)
         for row in out[:, width:].tolist():

@@ -116,11 +116,17 @@ class LookupLogitsProcessor(LogitsProcessor):
         self._tables: tuple[torch.Tensor, ...] | None = None  # marker kind per id, ban per state, bias
         self._codes = torch.zeros(0, dtype=torch.long)
         self._rows: _Rows | None = None
+        self._tails: dict[int, list[int]] = {}  # row -> forced tokens after this step's (the value's rest)
 
     @property
     def cache(self) -> dict[Key, Answer]:
         """Answers by (entity ids, relation ids)."""
         return self.answers.cache
+
+    def forced_tail(self, b: int) -> list[int]:
+        """The tokens forced on row ``b`` after the one the last step forced: the rest of its value and
+        ``<|db_end|>`` (empty outside a value), so a decoder may feed them in one forward."""
+        return self._tails.get(b, [])
 
     def resolve(self, keys: Sequence[Key]) -> None:
         """Answer queries with one ``kb.lookup_batch`` call and cache them."""
@@ -189,6 +195,7 @@ class LookupLogitsProcessor(LogitsProcessor):
             self._build(len(self.tok), input_ids.device)
         B, T = input_ids.shape
         rows = self._track(input_ids)
+        self._tails = {}
         if self.constraint is not None:
             self.constraint.refresh()
         states: list[int] = []
@@ -264,4 +271,5 @@ class LookupLogitsProcessor(LogitsProcessor):
         for (b, p), key in zip(rows, keys):
             cont, k = self.answers[key].continuation, T - 1 - p
             out[b] = cont[k] if k < len(cont) else self.tok.end_id
+            self._tails[b] = list(cont[k + 1:])  # the continuation ends with <|db_end|>
         return out

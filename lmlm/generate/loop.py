@@ -1,0 +1,96 @@
+"""The engine's own KV-cached decoding loop: one forward per step, forced value tokens in one forward.
+
+Hugging Face ``generate`` pays a fixed cost per step (model-input preparation, cache and mask
+bookkeeping, its stopping machinery) that dominates for the small models lookup decoding is often
+run with. :func:`decode` is the loop nanochat's ``Engine`` uses instead: the model, its
+``DynamicCache``, the logits processors and a per-row ``unfinished`` flag, nothing else. With one
+row, the tokens a lookup forces (the value and ``<|db_end|>``) go through the model in one forward
+instead of one step each: their logits would be thrown away.
+
+:meth:`lmlm.generate.LookupGenerator.generate` takes this path for greedy decoding and sampling
+(beam search and any extra ``model.generate`` keyword go through Hugging Face). Greedy outputs
+equal ``model.generate``'s with the same processors (tested). Exercised by ``lmlm generate`` and
+``lmlm bench generate``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+__all__ = ["decode", "LOOP_KWARGS"]
+
+# model.generate keywords the loop handles itself; any other sends a call through Hugging Face
+LOOP_KWARGS = frozenset({"do_sample", "repetition_penalty", "num_beams", "stopping_criteria", "streamer"})
+
+
+@torch.inference_mode()
+def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, processors: LogitsProcessorList,
+           max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, *, do_sample: bool = False,
+           repetition_penalty: float = 1.0, stopping_criteria: StoppingCriteriaList | None = None,
+           streamer=None, forced_tail=None) -> torch.Tensor:
+    """Continue left-padded ``input_ids`` `(batch_size, width)`; returns `(batch_size, width + new)`.
+
+    Args:
+        processors: applied in order to each step's `(batch_size, vocab_size)` scores.
+        stop_ids: a row that produces one of these is finished; it is padded with ``pad_id`` after.
+        repetition_penalty: Hugging Face's, applied before ``processors`` (as ``generate`` does).
+        stopping_criteria: called with the ids and scores after each step; ``True`` finishes a row.
+        streamer: receives the prompt, then each step's new tokens (``put``), then ``end()``.
+        forced_tail: ``forced_tail(row) -> list[int]``: tokens known to follow the one just chosen
+            for that row (the rest of a value); with one row they are fed in the same forward.
+    """
+    B = input_ids.shape[0]
+    device = input_ids.device
+    padded = bool((attention_mask == 0).any())
+    procs = LogitsProcessorList(([RepetitionPenaltyLogitsProcessor(repetition_penalty)]
+                                 if repetition_penalty != 1.0 else []) + list(processors))
+    stops = torch.tensor(list(stop_ids) or [-1], device=device)
+    unfinished = torch.ones(B, dtype=torch.bool, device=device)
+    cache = DynamicCache()
+    ids, mask, feed = input_ids, attention_mask, input_ids
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    new = 0
+    while new < max_new_tokens:
+        logits = _forward(model, feed, mask if padded else None, cache)  # (B, vocab)
+        scores = procs(ids, logits.float())
+        if do_sample:
+            nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        else:
+            nxt = scores.argmax(dim=-1)
+        nxt = torch.where(unfinished, nxt, pad_id)  # (B,)
+        step = nxt[:, None]
+        new += 1
+        if B == 1 and forced_tail is not None and bool(unfinished[0]):
+            tail = forced_tail(0)[:max_new_tokens - new]
+            if tail:
+                step = torch.cat([step, torch.tensor([tail], device=device)], dim=1)
+                new += len(tail)
+        ids = torch.cat([ids, step], dim=1)
+        if padded:
+            mask = torch.cat([mask, torch.ones_like(step)], dim=1)
+        if streamer is not None:
+            streamer.put(step.cpu())
+        unfinished &= ~torch.isin(step, stops).any(dim=1)
+        if stopping_criteria:
+            unfinished &= ~stopping_criteria(ids, scores)
+        if not bool(unfinished.any()):
+            break
+        feed = step
+    if streamer is not None:
+        streamer.end()
+    return ids
+
+
+def _forward(model, feed: torch.Tensor, mask: torch.Tensor | None, cache: DynamicCache) -> torch.Tensor:
+    """Last-position logits of ``feed`` after what ``cache`` holds; fills the cache."""
+    kwargs = {}
+    if mask is not None:  # left padding: positions count real tokens only, as in generate
+        position_ids = (mask.long().cumsum(-1) - 1).clamp_(min=0)
+        kwargs = dict(attention_mask=mask, position_ids=position_ids[:, -feed.shape[1]:])
+    out = model(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=1, **kwargs)
+    return out.logits[:, -1]
