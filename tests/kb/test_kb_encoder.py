@@ -22,3 +22,19 @@ def test_cache_returns_the_computed_vectors(encoder):
 def test_paraphrase_is_closer_than_unrelated(encoder):
     key, para, other = encoder.encode(["Ada Lovelace Birth City", "Ada Lovelace birthplace", "Marie Curie Spouse"])
     assert key @ para > 0.6 > key @ other
+
+
+def test_bfloat16_vectors_stay_close_to_float32(encoder):
+    import pytest
+
+    from lmlm.kb.encoder import Encoder, resolve_dtype
+
+    texts = ["Ada Lovelace Birth City", "Ada Lovelace birthplace", "Srinivasa Ramanujan Alma Mater", "x"]
+    fp32, bf16 = Encoder(dtype="float32", cache_size=0), Encoder(dtype="bfloat16", cache_size=0)
+    a, b = fp32.encode(texts), bf16.encode(texts)
+    assert b.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
+    assert (a * b).sum(axis=1).min() >= 0.995
+    assert resolve_dtype("float32", "cpu") == "float32" and resolve_dtype("auto", "cuda") == "float32"
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        Encoder(dtype="int4")
