@@ -248,7 +248,8 @@ class _KBBench:
         self.kb.put_vectors(ids, self.vectors)
         index_s = time.perf_counter() - t
         self.report.update(
-            keys=len(ids), embedded_keys=m, synthetic_keys=len(rest), encode_keys_per_s=round(rate, 1), encoder_dtype=self.enc.dtype,
+            keys=len(ids), embedded_keys=m, synthetic_keys=len(rest), encode_keys_per_s=round(rate, 1),
+            encoder_dtype=self.enc.dtype,
             method=(f"real MiniLM embeddings for {m} sampled keys; the other {len(rest)} keys get synthetic unit "
                     "vectors (a random real key of the same relation plus Gaussian noise, cosine ~0.8); "
                     "ANN and fuzzy queries are perturbed texts of sampled keys, encoded for real"),
