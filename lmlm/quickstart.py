@@ -23,7 +23,7 @@ from typing import Any
 
 from rich.console import Console
 
-__all__ = ["QuickstartConfig", "QUICKSTART_PRESETS", "quickstart"]
+__all__ = ["QuickstartConfig", "QUICKSTART_PRESETS", "quickstart", "train_config"]
 
 console = Console(stderr=True)
 
@@ -44,6 +44,7 @@ class QuickstartConfig:
         n_heldout: held-out documents for perplexity (None: all the world has).
         n_samples: sample generations shown in the report.
         seed: world, shuffles and model initialisation.
+        threads: torch threads for training (default: one per core; a tiny model runs faster on one).
     """
 
     name: str = "default"
@@ -64,6 +65,7 @@ class QuickstartConfig:
     n_samples: int = 6
     max_new_tokens: int = 32
     seed: int = 0
+    threads: int | None = None
     model_overrides: dict[str, Any] = field(default_factory=dict)
     world_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -109,7 +111,7 @@ def _precision(gen, items, force: bool, cfg: QuickstartConfig, keep: int = 0) ->
 
 def _train_models(cfg: QuickstartConfig, world, tok, out: Path) -> dict:
     from .checkpoint import is_checkpoint, read_meta
-    from .train import TrainConfig, train
+    from .train import train
 
     docs = [d.segments for d in world.train_documents]
     stats = {}
@@ -120,12 +122,19 @@ def _train_models(cfg: QuickstartConfig, world, tok, out: Path) -> dict:
             stats[mode] = read_meta(run / "checkpoint").get("stats", {})
             continue
         _stage(f"3. train {mode.upper()} ({cfg.model}, {cfg.max_steps} steps)")
-        tc = TrainConfig(mode=mode, model=cfg.model, model_overrides=cfg.model_overrides, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
-                         micro_batch_size=cfg.batch_size, max_steps=cfg.max_steps, lr=cfg.lr,
-                         warmup_steps=cfg.warmup_steps, precision=cfg.precision, seed=cfg.seed, out_dir=str(run), resume=True,
-                         kb=str(out / "kb"), save_every=max(cfg.max_steps // 4, 50))
-        stats[mode] = train(tc, docs, tok).stats
+        stats[mode] = train(train_config(cfg, mode, run, out / "kb"), docs, tok).stats
     return stats
+
+
+def train_config(cfg: QuickstartConfig, mode: str, run: Path, kb: Path | None = None):
+    """The :class:`lmlm.train.TrainConfig` of a quickstart model (``lmlm reproduce`` trains more like it)."""
+    from .train import TrainConfig
+
+    return TrainConfig(mode=mode, model=cfg.model, model_overrides=cfg.model_overrides, seq_len=cfg.seq_len,
+                       batch_size=cfg.batch_size, micro_batch_size=cfg.batch_size, max_steps=cfg.max_steps, lr=cfg.lr,
+                       warmup_steps=cfg.warmup_steps, precision=cfg.precision, seed=cfg.seed, out_dir=str(run),
+                       resume=True, kb=str(kb) if kb else None, save_every=max(cfg.max_steps // 4, 50),
+                       threads=cfg.threads)
 
 
 def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fresh: bool = False,

@@ -65,6 +65,8 @@ class TrainConfig:
         data, eval_data: used by :func:`main` only: ``.jsonl`` (a ``"text"`` field per line) or
             ``.txt`` (one document per line) of annotated text.
         kb: the knowledge base the corpus was annotated against, recorded in the checkpoint.
+        init_from: a checkpoint folder whose weights start the run (fine-tuning, e.g. on TOFU after
+            pretraining); its architecture must be ``model`` and its vocabulary the tokenizer's.
         seq_len: tokens per packed block (at most the model's context length).
         batch_size: global batch in sequences per optimizer step (all processes together).
             ``None``: ``micro_batch_size * grad_accum * num_processes``.
@@ -98,6 +100,7 @@ class TrainConfig:
     data: str | None = None
     eval_data: str | None = None
     kb: str | None = None
+    init_from: str | None = None
     seq_len: int = 256
     batch_size: int | None = None
     micro_batch_size: int = 16
@@ -391,6 +394,8 @@ def train(config: TrainConfig, documents: Sequence[Sequence[Segment] | str], tok
     resuming = _open_run_folder(accelerator, config, resolved)
 
     model = build_model(model_config, len(tokenizer), tokenizer, seed=config.seed)
+    if config.init_from:
+        _load_weights(model, config.init_from)
     model.train()
     model, optimizer = accelerator.prepare(model, _optimizer(model, config))
     start = {"step": 0, "trained_tokens": 0, "seconds": 0.0, "loss": None}
@@ -418,6 +423,19 @@ def train(config: TrainConfig, documents: Sequence[Sequence[Segment] | str], tok
         (Path(config.out_dir) / "train_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     accelerator.wait_for_everyone()
     return TrainResult(model, stats)
+
+
+def _load_weights(model, folder: str) -> None:
+    """Copy the weights of the checkpoint in ``folder`` into ``model`` (same shapes required)."""
+    from transformers import AutoModelForCausalLM
+
+    source = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    target = model.state_dict()
+    bad = sorted(k for k in target if k not in source or source[k].shape != target[k].shape)
+    if bad:
+        raise ValueError(f"init_from {folder}: its weights do not fit the model ({len(bad)} tensors differ, "
+                         f"e.g. {bad[0]}); use the same model preset and tokenizer")
+    model.load_state_dict({k: source[k] for k in target})
 
 
 def _loop(accelerator, model, optimizer, config: TrainConfig, data: Packed, eval_data: Packed | None,

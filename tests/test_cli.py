@@ -11,7 +11,7 @@ from lmlm.cli import app
 
 runner = CliRunner()
 
-COMMANDS = [[], ["quickstart"], ["presets"], ["world"], ["train"], ["generate"],
+COMMANDS = [[], ["quickstart"], ["reproduce"], ["presets"], ["world"], ["train"], ["generate"],
             ["kb"], ["kb", "build"], ["kb", "add"], ["kb", "edit"], ["kb", "delete"], ["kb", "lookup"],
             ["kb", "search"], ["kb", "stats"], ["kb", "log"], ["kb", "export"], ["kb", "import"]]
 

@@ -174,6 +174,17 @@ def test_standard_baseline_trains_on_stripped_text(tmp_path, docs, tok):
     assert result.stats["steps"] == 4 and result.stats["final_loss"] > 0
 
 
+def test_init_from_starts_at_a_checkpoint(tmp_path, docs, tok):
+    """Fine-tuning (TOFU after pretraining): step 0 of the new run sees the checkpoint's weights."""
+    first = train(_config(tmp_path, "pre", max_steps=6), docs, tok)
+    zero = train(_config(tmp_path, "zero", max_steps=1, lr=1e-12, warmup_steps=1,
+                         init_from=str(tmp_path / "pre" / "checkpoint")), docs, tok)
+    for a, b in zip(first.model.parameters(), zero.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="init_from"):
+        train(_config(tmp_path, "other", model="llama-tiny", init_from=str(tmp_path / "pre" / "checkpoint")), docs, tok)
+
+
 def test_loss_is_the_mean_over_trained_tokens_of_the_global_batch(tmp_path, docs, tok):
     """One micro-batch of 8 or two accumulated micro-batches of 4: the same steps (values are masked
     unevenly across micro-batches, so a mean of micro-batch means would differ)."""

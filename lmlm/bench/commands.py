@@ -4,3 +4,4 @@ from __future__ import annotations
 from . import serve  # noqa: F401  (lmlm bench serve)
 from . import generate  # noqa: F401  (lmlm bench generate)
 from . import kb  # noqa: F401  (lmlm bench kb)
+from . import annotate  # noqa: F401  (lmlm bench annotate)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import typer
 
-eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a checkpoint: T-REx, PopQA, NLU, FactScore.")
+eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a checkpoint: perplexity, T-REx, PopQA, NLU, "
+                       "FactScore, TOFU, offloading, RAG.")
 
 MODEL = typer.Option(..., "--model", help="checkpoint folder (written by lmlm train / quickstart)")
 KB = typer.Option(None, "--kb", help="KB folder (default: the checkpoint's KB; ignored for Standard models)")
@@ -158,3 +159,206 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
         _fail(str(e))
     _finish(FACTSCORE, metrics, records, out, {"model": str(model), "data": str(data), "world": str(truth),
                                                "claims": claims, "gamma": gamma})
+
+
+def _documents(path: Path, heldout: bool = False):
+    """Annotated documents: JSON lines with ``text`` or ``annotated`` (a world's ``documents.jsonl``), or
+    text lines; with ``heldout``, a world's file gives its held-out documents only."""
+    from ..lookup import parse
+    from .base import read_json_records
+
+    if path.suffix in (".jsonl", ".json"):
+        recs = read_json_records(path)
+        if heldout and any(r.get("split") == "heldout" for r in recs):
+            recs = [r for r in recs if r.get("split") == "heldout"]
+        texts = [r.get("annotated") or r.get("text") for r in recs]
+        if any(t is None for t in texts):
+            raise ValueError(f"{path}: every record needs 'text' or 'annotated'")
+    else:
+        texts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [parse(t, form="dblookup").segments for t in texts]
+
+
+@eval_app.command()
+def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path | None = OUT,
+               limit: int | None = LIMIT, batch_size: int = BATCH,
+               dynamic: bool = typer.Option(True, help="also the dynamic perplexity (LMLM: the model writes its queries)")):
+    """Perplexity on annotated documents: static, dynamic, normalized (LMLM) or plain (Standard), per-role losses."""
+    from ..lookup import strip
+    from .base import Protocol
+    from .perplexity import dynamic_perplexity, standard_perplexity, static_perplexity
+
+    docs = _read(_documents, data, heldout=True)[:limit]
+    if not docs:
+        _fail(f"no documents in {data}")
+    m, tok, meta, gen, uses_db = _load(model, kb, need_generator=dynamic and _mode(model) != "standard")
+    protocol = Protocol("perplexity", "perplexity_static", greater_is_better=False,
+                        paper="LMLM appendix A.3, static / dynamic / normalized perplexity")
+    if meta.get("mode") == "standard":
+        res = standard_perplexity(m, tok, [strip(d) for d in docs], batch_size)
+        metrics = {"perplexity_static": res["perplexity"], "perplexity_org_tokens": float(res["org_tokens"])}
+    else:
+        st = static_perplexity(m, tok, docs, batch_size)
+        metrics = {"perplexity_static": st["static"], "perplexity_normalized": st["normalized"],
+                   "perplexity_org_tokens": float(st["org_tokens"])}
+        metrics.update({f"perplexity_loss_{k}": v for k, v in st["role_loss"].items()})
+        if gen is not None:
+            dyn = dynamic_perplexity(gen, docs, batch_size)
+            metrics.update(perplexity_dynamic=dyn["dynamic"], perplexity_dynamic_lookup_found=dyn["lookup_found_rate"])
+    _finish(protocol, metrics, [], out, {"model": str(model), "data": str(data), "documents": len(docs)})
+
+
+def _mode(model: Path) -> str:
+    from ..checkpoint import is_checkpoint, read_meta
+
+    return read_meta(model).get("mode", "lmlm") if is_checkpoint(model) else "lmlm"
+
+
+@eval_app.command()
+def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path | None = OUT,
+         limit: int | None = LIMIT, batch_size: int = BATCH,
+         split: str = typer.Option("forget05", help="forget split: forget01, forget05 or forget10"),
+         retain_model: Path | None = typer.Option(None, help="the retain model (its forget truth ratios give forget quality)"),
+         retain_kb: Path | None = typer.Option(None, help="the retain model's KB (when it is an LMLM)"),
+         unlearn: str = typer.Option("none", help="none; kb (LMLM: delete the split's facts from a copy of the KB); "
+                                     "ga, grad_diff or npo (train the model)"),
+         steps: int = typer.Option(30, help="unlearning steps"), lr: float = typer.Option(2e-4, help="unlearning rate"),
+         eval_every: int = typer.Option(5, help="steps between trajectory points"),
+         max_new_tokens: int = typer.Option(48, help="generated tokens per answer (ROUGE-L)")):
+    """TOFU: ROUGE-L, probability, truth ratio, forget quality, model utility; optionally unlearn first."""
+    import shutil
+    import tempfile
+
+    from .tofu import read_tofu
+    from .unlearn import METHODS, TOFU, UnlearnConfig, kb_unlearn, read_tofu_sets, tofu_summary
+    from .unlearn import unlearn as run_unlearn
+
+    if unlearn not in ("none", "kb", *METHODS):
+        _fail(f"--unlearn must be none, kb or one of {', '.join(METHODS)}; got {unlearn!r}")
+    sets = _read(read_tofu_sets, data, split, limit=limit)
+    retain_ratios = None
+    if retain_model is not None:
+        rm, rtok, _, rgen, r_db = _load(retain_model, retain_kb)
+        retain_ratios = tofu_summary(rm, rtok, sets, kb=rgen.kb if r_db else None,
+                                     batch_size=batch_size)["forget_truth_ratios"]
+    m, tok, meta, gen, uses_db = _load(model, kb)
+    deletion = None
+    if unlearn == "kb":
+        from ..generate import LookupGenerator
+        from ..kb import KnowledgeBase
+
+        if not uses_db:
+            _fail("--unlearn kb needs an LMLM and its KB")
+        source = Path(gen.kb.store.folder)
+        gen.kb.close()
+        copy = Path(tempfile.mkdtemp(prefix="lmlm-tofu-kb-")) / "kb"  # the KB itself is left as it was
+        shutil.copytree(source, copy)
+        gen = LookupGenerator(m, tok, KnowledgeBase.open(copy))
+        deletion = kb_unlearn(gen.kb, _read(read_tofu, data / f"{split}.json"), who="lmlm eval tofu")
+    config = {"model": str(model), "data": str(data), "split": split, "unlearn": unlearn}
+
+    def summary(model_):
+        g = gen if model_ is m else type(gen)(model_, tok, gen.kb, use_db=uses_db)
+        s = tofu_summary(model_, tok, sets, kb=gen.kb if uses_db else None, generator=g, retain_ratios=retain_ratios,
+                         max_new_tokens=max_new_tokens, batch_size=batch_size)
+        s.pop("forget_truth_ratios", None)
+        return s
+
+    records: list = []
+    if unlearn in METHODS:
+        forget = _read(read_tofu, data / f"{split}.json")
+        retain = _read(read_tofu, data / f"retain{100 - int(split[6:])}.json")
+        res = run_unlearn(m, tok, forget, retain, UnlearnConfig(method=unlearn, steps=steps, lr=lr, eval_every=eval_every),
+                          evaluate=summary)
+        metrics, records = res.trajectory[-1], res.trajectory
+    else:
+        metrics = summary(m)
+    if deletion:
+        config["deletion"] = deletion
+    metrics = {f"tofu_{k}" if not k.startswith("tofu_") else k: v for k, v in metrics.items() if v is not None}
+    _finish(TOFU, metrics, records, out, config)
+
+
+@eval_app.command()
+def offloading(lmlm: Path = typer.Option(..., "--lmlm", help="the LMLM checkpoint"),
+               standard: Path = typer.Option(..., "--standard", help="the Standard checkpoint (same tokenizer)"),
+               data: Path = DATA, out: Path | None = OUT, limit: int | None = LIMIT, batch_size: int = BATCH,
+               ratios: str = typer.Option("0.25,0.5,0.75,0.9", help="offloading ratios to report and write"),
+               n_tokens: int = typer.Option(5, help="tokens after each call compared (paper: 5)"),
+               corpora: Path | None = typer.Option(None, help="write the corpus of each ratio here (ratio-NNN.jsonl)")):
+    """Rank facts by the loss difference after their calls (Standard - LMLM); thresholds and corpora per ratio."""
+    import json as _json
+
+    from ..lookup import render
+    from .offloading import OFFLOADING, fact_loss_differences, offload_documents, offload_thresholds, offloaded_keys, ranked_facts
+
+    try:
+        rs = [float(r) for r in ratios.split(",") if r.strip()]
+    except ValueError:
+        _fail(f"--ratios must be numbers separated by commas, got {ratios!r}")
+    if any(not 0 <= r <= 1 for r in rs):
+        _fail(f"--ratios must lie in [0, 1], got {ratios!r}")
+    docs = _read(_documents, data)[:limit]
+    lm, tok, _, _, _ = _load(lmlm, None, no_db=True, need_generator=False)
+    sm, _, _, _, _ = _load(standard, None, no_db=True, need_generator=False)
+    deltas = fact_loss_differences(lm, sm, tok, docs, n_tokens=n_tokens, batch_size=batch_size)
+    thresholds = offload_thresholds(deltas, rs)
+    metrics = {"offloading_facts": float(len(deltas))}
+    metrics.update({f"offloading_threshold_{round(r * 100)}": t for r, t in thresholds.items() if t is not None})
+    if corpora is not None:
+        corpora.mkdir(parents=True, exist_ok=True)
+        for r in rs:
+            kept = offload_documents(docs, offloaded_keys(deltas, r))
+            with (corpora / f"ratio-{round(r * 100):03d}.jsonl").open("w", encoding="utf-8") as f:
+                f.writelines(_json.dumps({"text": render(d)}) + "\n" for d in kept)
+    records = [{"entity": e, "relation": rel, "loss_difference": deltas[(e, rel)]} for e, rel in ranked_facts(deltas)]
+    _finish(OFFLOADING, metrics, records, out, {"lmlm": str(lmlm), "standard": str(standard), "data": str(data),
+                                                "ratios": rs, "n_tokens": n_tokens})
+
+
+@eval_app.command()
+def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: int | None = LIMIT,
+        batch_size: int = BATCH,
+        corpus: Path = typer.Option(..., help="passages' source: JSON lines with 'text' / 'plain' / 'annotated', or text lines"),
+        task: str = typer.Option("trex", help="trex, popqa or factscore (the format of --data)"),
+        k: int = typer.Option(4, "-k", "--k", help="passages per prompt (paper: 4)"),
+        words: int = typer.Option(100, help="words per passage (paper: 100)"),
+        world: Path | None = typer.Option(None, help="factscore: the true facts, a KB folder"),
+        max_new_tokens: int = typer.Option(32, help="generated tokens per prompt")):
+    """RAG baseline: BM25 top-k passages of a corpus prepended to a Standard model (T-REx, PopQA or FactScore)."""
+    from ..lookup import strip
+    from .rag import RAG, BM25Retriever, RagGenerator, corpus_passages
+
+    if task not in ("trex", "popqa", "factscore"):
+        _fail(f"--task must be trex, popqa or factscore, got {task!r}")
+    texts = [strip(d) for d in _read(_documents, corpus)]
+    m, tok, _, gen, _ = _load(model, None, no_db=True)
+    try:
+        retriever = BM25Retriever(corpus_passages(texts, words))
+    except ValueError as e:
+        _fail(str(e))
+    rag_gen = RagGenerator(gen, retriever, k=k)
+    records: list = []
+    if task == "trex":
+        from .trex import read_trex, trex_eval
+        items = _read(read_trex, data, limit=limit)
+        metrics = trex_eval(rag_gen, items, force_lookup=False, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                            records=records)
+    elif task == "popqa":
+        from .popqa import popqa_eval, read_qa
+        items = _read(read_qa, data, limit=limit)
+        metrics = popqa_eval(rag_gen, items, max_new_tokens=max_new_tokens, batch_size=batch_size, records=records)
+    else:
+        from ..kb import KBError, KnowledgeBase
+        from .factscore import factscore_eval, read_topics, world_from_kb
+        if world is None:
+            _fail("factscore needs --world (a KB folder of true facts)")
+        try:
+            facts = world_from_kb(KnowledgeBase.open(world))
+        except (KBError, OSError) as e:
+            _fail(str(e))
+        topics = _read(read_topics, data)[:limit]
+        metrics = factscore_eval(rag_gen, topics, facts, claims="values", max_new_tokens=max_new_tokens,
+                                 batch_size=batch_size, records=records)
+    metrics = {f"rag_{k_}": v for k_, v in metrics.items()}
+    _finish(RAG, metrics, records, out, {"model": str(model), "corpus": str(corpus), "task": task, "k": k, "words": words})

@@ -24,12 +24,17 @@ with the definitions of Maini et al., "TOFU: A Task of Fictitious Unlearning for
 * Model utility: the harmonic mean of the nine retain / real-authors / world-facts values
   (probability, ROUGE-L recall, truth-ratio score).
 
-Not done here: the paper scores likelihoods of LMLMs on *annotated* answers (lookups included);
-:func:`tofu_answer_stats` scores the plain answers, with lookup tokens banned.
+Likelihoods of an LMLM: the paper scores them on the *annotated* answers, over the trained tokens
+(``T_train``: text, queries and markers, not the returned values). With ``kb`` given,
+:func:`tofu_answer_stats` does this: each call of an annotated answer is answered by the KB as it is
+*now* (``"unknown"`` when the fact was deleted), so a deleted fact no longer helps the model
+restate its value. Without ``kb`` the plain answers are scored, lookup tokens banned.
 
 Readers take TOFU's files as released (``forget01.json``, ``retain_perturbed.json`` ...): JSON
 lines or a JSON list of records with ``question``, ``answer`` and, in the ``*_perturbed`` files,
-``paraphrased_answer`` and ``perturbed_answer`` (a list).
+``paraphrased_answer`` and ``perturbed_answer`` (a list). Records may also carry the annotated
+forms (``annotated_answer``, ``annotated_paraphrased_answer``, ``annotated_perturbed_answer``), as
+:mod:`lmlm.worlds.tofu` writes them.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import math
 import re
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .base import mean, outputs_of, read_json_records
@@ -47,6 +52,7 @@ __all__ = [
     "QA_TEMPLATE",
     "TofuItem",
     "forget_quality",
+    "kb_answered",
     "kolmogorov_sf",
     "ks_2samp",
     "lcs_length",
@@ -68,10 +74,15 @@ EXACT_MAX_CELLS = 1_000_000  # ks_2samp's "auto": exact p-values up to this many
 
 @dataclass(frozen=True)
 class TofuItem:
+    """One TOFU question; the ``annotated_*`` fields hold the answers with their lookup calls."""
+
     question: str
     answer: str
     paraphrased_answer: str | None = None
     perturbed_answers: tuple[str, ...] = ()
+    annotated_answer: str | None = field(default=None, compare=False)
+    annotated_paraphrased_answer: str | None = field(default=None, compare=False)
+    annotated_perturbed_answers: tuple[str, ...] = field(default=(), compare=False)
 
 
 def read_tofu(path: str | Path, *, limit: int | None = None) -> list[TofuItem]:
@@ -80,10 +91,14 @@ def read_tofu(path: str | Path, *, limit: int | None = None) -> list[TofuItem]:
     for k, rec in enumerate(read_json_records(path)[:limit]):
         if "question" not in rec or "answer" not in rec:
             raise ValueError(f"{path}: record {k} needs 'question' and 'answer'; got {sorted(rec)}")
-        pert = rec.get("perturbed_answer") or ()
-        items.append(TofuItem(rec["question"], rec["answer"], rec.get("paraphrased_answer"),
-                              (pert,) if isinstance(pert, str) else tuple(pert)))
+        pert, ann_pert = rec.get("perturbed_answer") or (), rec.get("annotated_perturbed_answer") or ()
+        items.append(TofuItem(rec["question"], rec["answer"], rec.get("paraphrased_answer"), _strings(pert),
+                              rec.get("annotated_answer"), rec.get("annotated_paraphrased_answer"), _strings(ann_pert)))
     return items
+
+
+def _strings(x) -> tuple[str, ...]:
+    return (x,) if isinstance(x, str) else tuple(x)
 
 
 # -- ROUGE-L -------------------------------------------------------------------------------------
@@ -231,28 +246,85 @@ def model_utility(values: Mapping[str, float] | Sequence[float]) -> float:
 
 # -- running a model -----------------------------------------------------------------------------
 
+def _answers(it: TofuItem, annotated: bool) -> list[tuple[str, str]]:
+    """``(kind, text)`` of the answers of an item: ``answer``, then ``para`` and ``pert`` when present."""
+    if annotated:
+        a, para, pert = it.annotated_answer, it.annotated_paraphrased_answer, it.annotated_perturbed_answers
+        if a is None or (it.paraphrased_answer and it.perturbed_answers and (para is None or not pert)):
+            raise ValueError(f"scoring with a KB needs the annotated answers; question {it.question!r} has none")
+    else:
+        a, para, pert = it.answer, it.paraphrased_answer, it.perturbed_answers
+    out = [("answer", a)]
+    if it.paraphrased_answer and it.perturbed_answers:
+        out += [("para", para)] + [("pert", p) for p in pert]
+    return out
+
+
+def kb_answered(documents: Sequence[Sequence], kb, fallback: str = "unknown") -> list[list]:
+    """Each document (a list of segments) with its calls' values replaced by the KB's current answers
+    (``fallback`` on a miss); every distinct key is looked up once, in one batch."""
+    from ..lookup import Lookup
+
+    keys = list(dict.fromkeys(s.key for d in documents for s in d if isinstance(s, Lookup)))
+    found = dict(zip(keys, kb.lookup_batch(keys))) if keys else {}
+    return [[Lookup(s.entity, s.relation, found[s.key].value if found[s.key] is not None else fallback)
+             if isinstance(s, Lookup) else s for s in d] for d in documents]
+
+
+def _annotated_scores(model, tok, contexts: Sequence[str], answers: Sequence[str], kb,
+                      batch_size: int) -> list[tuple[float, int]]:
+    """``(log-probability, tokens)`` of each annotated answer after its context, over its trained
+    tokens (values and ``<|db_end|>`` excluded), the calls answered by ``kb``."""
+    from ..lookup import Text, parse
+    from ..tokens import VALUE
+    from .perplexity import token_logprobs
+
+    answered = kb_answered([parse(" " + a.strip(), form="dblookup").segments for a in answers], kb)
+    seqs, scored = [], []
+    for ctx, segs in zip(contexts, answered):
+        enc = tok.encode([Text(ctx)] + segs)
+        first = 1 + len(tok.encode_text(ctx))  # doc separator + context tokens
+        seqs.append(enc.input_ids)
+        scored.append([k for k in range(first, len(enc)) if enc.roles[k] != VALUE and enc.input_ids[k] != tok.end_id])
+    out = []
+    for lp, keep in zip(token_logprobs(model, seqs, batch_size), scored):
+        keep = [k for k in keep if k - 1 < len(lp)]  # what fits the model's context
+        if not keep:
+            raise ValueError("an annotated answer does not fit the model's context")
+        out.append((float(sum(lp[k - 1] for k in keep)), len(keep)))  # lp[t] scores token t + 1
+    return out
+
+
 def tofu_answer_stats(model, tok, items: Sequence[TofuItem], *, template: str = QA_TEMPLATE,
-                      batch_size: int = 16, ban_lookup: bool = True) -> list[dict]:
+                      batch_size: int = 16, ban_lookup: bool = True, kb=None) -> list[dict]:
     """Per item: ``prob`` (normalized answer probability) and, with paraphrased and perturbed
-    answers, ``truth_ratio`` and ``option_prob`` (correct vs perturbed normalized probabilities)."""
+    answers, ``truth_ratio`` and ``option_prob`` (correct vs perturbed normalized probabilities).
+
+    With ``kb`` (an LMLM's knowledge base), the annotated answers are scored with their calls
+    answered by the KB, over the trained tokens (see the module docstring); else the plain answers,
+    lookup tokens banned when ``ban_lookup``.
+    """
     from .nlu import score_continuations, split_pair
 
-    pairs, where = [], []
+    contexts, texts, where = [], [], []
     for k, it in enumerate(items):
         ctx = template.format(question=it.question)
-        answers = [("answer", it.answer)]
-        if it.paraphrased_answer and it.perturbed_answers:
-            answers += [("para", it.paraphrased_answer)] + [("pert", p) for p in it.perturbed_answers]
-        for kind, a in answers:
-            pairs.append(split_pair(tok, ctx, " " + a.strip()))
+        for kind, a in _answers(it, annotated=kb is not None):
+            contexts.append(ctx)
+            texts.append(a)
             where.append((k, kind))
-    scores = score_continuations(model, pairs, banned=tok.call_ids if ban_lookup else (), batch_size=batch_size)
+    if kb is not None:
+        scores = _annotated_scores(model, tok, contexts, texts, kb, batch_size)
+    else:
+        pairs = [split_pair(tok, c, " " + a.strip()) for c, a in zip(contexts, texts)]
+        scores = [(s.logprob, s.n_tokens) for s in score_continuations(
+            model, pairs, banned=tok.call_ids if ban_lookup else (), batch_size=batch_size)]
     per: list[dict] = [{"answer": None, "para": None, "pert": []} for _ in items]
     for (k, kind), s in zip(where, scores):
         if kind == "pert":
-            per[k]["pert"].append((s.logprob, s.n_tokens))
+            per[k]["pert"].append(s)
         else:
-            per[k][kind] = (s.logprob, s.n_tokens)
+            per[k][kind] = s
     out = []
     for p in per:
         stats = {"prob": normalized_probability(*p["answer"])}
@@ -264,13 +336,14 @@ def tofu_answer_stats(model, tok, items: Sequence[TofuItem], *, template: str = 
 
 
 def tofu_eval(model, tok, items: Sequence[TofuItem], *, split: str = "retain", generator=None,
-              template: str = QA_TEMPLATE, max_new_tokens: int = 64, batch_size: int = 16,
+              template: str = QA_TEMPLATE, max_new_tokens: int = 64, batch_size: int = 16, kb=None,
               records: list | None = None) -> dict[str, float]:
     """TOFU metrics of one split: ``tofu_<split>_prob``, ``_rouge_l_recall`` (with a ``generator``),
     ``_truth_ratio`` (the score of :func:`truth_ratio_score`; ``split`` starting with "forget" uses
     the forget convention) and ``_n``. Probabilities are option-normalized for ``real_authors`` and
-    ``world_facts`` splits, as TOFU does."""
-    stats = tofu_answer_stats(model, tok, items, template=template, batch_size=batch_size)
+    ``world_facts`` splits, as TOFU does. ``kb``: score an LMLM's annotated answers (see
+    :func:`tofu_answer_stats`); records then hold the raw ``truth_ratio`` of each item too."""
+    stats = tofu_answer_stats(model, tok, items, template=template, batch_size=batch_size, kb=kb)
     key = f"tofu_{split}_"
     use_options = split in ("real_authors", "world_facts") and all("option_prob" in s for s in stats)
     out = {key + "prob": mean(s["option_prob" if use_options else "prob"] for s in stats)}

@@ -14,7 +14,7 @@ from lmlm.evaluate.cli import eval_app
 from lmlm.kb import KnowledgeBase, Triple
 
 runner = CliRunner()
-COMMANDS = ["trex", "popqa", "nlu", "factscore"]
+COMMANDS = ["trex", "popqa", "nlu", "factscore", "perplexity", "tofu", "rag"]
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +45,11 @@ def _run(args):
 def test_help(command):
     res = runner.invoke(eval_app, [command, "--help"])
     assert res.exit_code == 0 and "--model" in res.output and "--data" in res.output
+
+
+def test_offloading_help():
+    res = runner.invoke(eval_app, ["offloading", "--help"])
+    assert res.exit_code == 0 and "--lmlm" in res.output and "--standard" in res.output
 
 
 def test_trex_command(world, run_dir, tmp_path):

@@ -1,0 +1,320 @@
+"""The distilled annotator: a causal LM that inserts lookup calls into text it copies unchanged.
+
+The model is trained on annotated documents in the token form (``... born in <|db_start|> Ada
+Lovelace <|sep|> Birth City <|db_retrieve|> London <|db_end|> London``) with the loss on every
+token. Decoding is *insert-only*: the input's own tokens are forced one by one, and at each token
+boundary the model may only choose between copying the next token and opening a call
+(``<|db_start|>``). Inside a call it writes the entity (by default copied from a span of the text
+to its left, so it cannot name what it has not read), the relation (by default one of the labels
+seen in training, through a prefix tree) and the value, which is forced to be a copy of the tokens
+that follow in the text; the model only decides where the value ends. The text therefore comes out
+unchanged by construction, and :meth:`Annotator.annotate` checks that it did.
+
+Two prompt styles: ``none`` (the document alone, for small models trained from scratch) and
+``chat`` (a pretrained instruction model sees our instructions and the passage in its chat
+template, then writes the annotated passage; LoRA-tuned by :mod:`lmlm.annotate.distill`).
+
+Exercised by ``lmlm annotate distill`` and ``lmlm annotate run``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..lookup import Segment, render, strip
+from ..tokens import IGNORE_INDEX, LookupTokenizer
+from .lm import cpu_threads
+from .validate import Validated, validate
+
+__all__ = ["AnnotatorOptions", "Annotator", "ANNOTATOR_FILE", "ANNOTATOR_INSTRUCTIONS"]
+
+ANNOTATOR_FILE = "annotator.json"
+ANNOTATOR_INSTRUCTIONS = (
+    "Copy the passage unchanged and insert a lookup call right before each entity fact it states, as "
+    "<|db_start|> Entity <|sep|> Relation <|db_retrieve|> Value <|db_end|>. Use full entity names, short "
+    "reusable relation labels and concise values; one fact per call; a call only once its entity and "
+    "relation have appeared.")
+_TEXT, _ENTITY, _RELATION, _VALUE = range(4)
+
+
+@dataclass
+class AnnotatorOptions:
+    """How an annotator reads and writes.
+
+    Args:
+        prompt: ``"none"`` (document separator, then the document) or ``"chat"`` (chat template with
+            instructions and the passage).
+        entity: ``"copy"`` (a span of the text left of the call) or ``"free"``.
+        relations: the relation labels it may write (``None``: any).
+        max_field_tokens: longest entity, relation or value.
+        max_calls_per_position: calls in a row before the next word.
+        call_bias: added to the score of opening a call (negative: fewer calls).
+        base: the pretrained model a LoRA adapter applies to (``None``: the folder holds the full model).
+    """
+
+    prompt: str = "none"
+    entity: str = "copy"
+    relations: list[str] | None = None
+    max_field_tokens: int = 24
+    max_calls_per_position: int = 2
+    call_bias: float = 0.0
+    base: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt not in ("none", "chat"):
+            raise ValueError(f"prompt must be 'none' or 'chat', got {self.prompt!r}")
+        if self.entity not in ("copy", "free"):
+            raise ValueError(f"entity must be 'copy' or 'free', got {self.entity!r}")
+
+
+class Annotator:
+    """A trained annotator: ``annotate(texts)`` returns validated annotations of ``texts``.
+
+    Args:
+        model: a Hugging Face causal LM (or a PEFT model around one).
+        tokenizer: the :class:`LookupTokenizer` it was trained with.
+        options: :class:`AnnotatorOptions`.
+    """
+
+    def __init__(self, model, tokenizer: LookupTokenizer, options: AnnotatorOptions | None = None):
+        self.model, self.tok = model.eval(), tokenizer
+        self.options = options or AnnotatorOptions()
+        self.generated_tokens = 0  # answer tokens written so far (forced text tokens included)
+        self.threads: int | None = None  # torch CPU threads while decoding (see lm.cpu_threads)
+        self._relations = _Trie(tokenizer.encode_field(r) for r in (self.options.relations or []))
+        specials = set(tokenizer.call_ids) | {tokenizer.doc_id, tokenizer.eos_id} | set(tokenizer.hf.all_special_ids)
+        vocab = max(len(tokenizer), model.get_output_embeddings().weight.shape[0])
+        self._banned = torch.zeros(vocab, dtype=torch.bool)
+        self._banned[list(specials)] = True
+
+    # -- training data ----------------------------------------------------------------------------
+    def prompt_ids(self, text: str) -> list[int]:
+        if self.options.prompt == "none":
+            return [self.tok.doc_id]
+        messages = [{"role": "system", "content": ANNOTATOR_INSTRUCTIONS}, {"role": "user", "content": text}]
+        return list(self.tok.hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                    return_dict=False))
+
+    def training_example(self, segments: Sequence[Segment]) -> tuple[list[int], list[int]]:
+        """(ids, labels) for one annotated document: the prompt is not trained, the answer is, whole."""
+        prompt = self.prompt_ids(strip(segments))
+        answer = self.tok.encode(list(segments), add_doc_separator=False).input_ids
+        if self.options.prompt == "none":  # packed documents: the separator marks the previous one's end
+            return prompt + answer, prompt + answer
+        answer = answer + [self.tok.eos_id]
+        return prompt + answer, [IGNORE_INDEX] * len(prompt) + answer
+
+    # -- annotation -------------------------------------------------------------------------------
+    def annotate(self, texts: Sequence[str], batch_size: int = 16, progress: bool = False) -> list[Validated]:
+        """Annotate ``texts``; each result is validated against its input (``text_changed`` is False
+        unless the tokenizer cannot reproduce the text)."""
+        return [validate(t, a) for t, a in zip(texts, self.generate(texts, batch_size, progress))]
+
+    def generate(self, texts: Sequence[str], batch_size: int = 16, progress: bool = False) -> list[str]:
+        """Raw annotated texts (``[dblookup(...)]`` form), decoded from the generated tokens."""
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out: list[str | None] = [None] * len(texts)
+        bar = _bar(progress, len(texts))
+        with cpu_threads(self.model, self.threads):
+            for k in range(0, len(order), batch_size):
+                chunk = order[k:k + batch_size]
+                for i, ids in zip(chunk, self._decode([texts[i] for i in chunk])):
+                    out[i] = render(self._segments(ids))
+                if bar is not None:
+                    bar.update(len(chunk))
+        if bar is not None:
+            bar.close()
+        return out  # type: ignore[return-value]
+
+    def _segments(self, ids: list[int]) -> list[Segment]:
+        lead = [self.tok.doc_id] if self.options.prompt == "none" else []
+        return self.tok.decode_segments(lead + ids)
+
+    @torch.no_grad()
+    def _decode(self, texts: list[str]) -> list[list[int]]:
+        """Insert-only decoding of a batch with a KV cache; returns each row's answer ids."""
+        device = next(self.model.parameters()).device
+        rows = [_Row(self, *_text_tokens(self.tok, t)) for t in texts]
+        prompts = [self.prompt_ids(t) for t in texts]
+        width = max(map(len, prompts))
+        pad = self.tok.eos_id
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        cache, nxt = out.past_key_values, pos[:, -1:] + 1
+        while not all(r.done for r in rows):
+            logits = out.logits[:, -1].float().cpu()  # (B, vocab)
+            step = torch.tensor([[r.step(logits[b]) if not r.done else pad] for b, r in enumerate(rows)], device=device)
+            mask = torch.cat([mask, torch.ones_like(step)], dim=1)
+            out = self.model(input_ids=step, attention_mask=mask, position_ids=nxt, past_key_values=cache,
+                             use_cache=True)
+            cache, nxt = out.past_key_values, nxt + 1
+        self.generated_tokens += sum(len(r.out) for r in rows)
+        return [r.out for r in rows]
+
+    # -- storage ----------------------------------------------------------------------------------
+    def save(self, folder: str | Path, stats: dict | None = None) -> Path:
+        """Write the model (or LoRA adapter), tokenizer and ``annotator.json`` into ``folder``."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(folder))
+        self.tok.save(folder)
+        meta = {"options": asdict(self.options), "stats": stats or {}}
+        (folder / ANNOTATOR_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path, device: str | None = None) -> "Annotator":
+        """Open an annotator written by :meth:`save` (a LoRA one loads its base model first)."""
+        from transformers import AutoModelForCausalLM
+
+        from ..tokens import load_tokenizer
+        from .lm import default_device, load_base
+
+        folder = Path(folder)
+        if not (folder / ANNOTATOR_FILE).is_file():
+            raise FileNotFoundError(f"{folder} is not an annotator folder (no {ANNOTATOR_FILE})")
+        options = AnnotatorOptions(**json.loads((folder / ANNOTATOR_FILE).read_text())["options"])
+        if options.base:
+            from peft import PeftModel
+
+            base, tok = load_base(options.base, device)
+            model = PeftModel.from_pretrained(base, str(folder))
+        else:
+            tok = load_tokenizer(folder)
+            model = AutoModelForCausalLM.from_pretrained(str(folder)).to(default_device(device))
+        return cls(model, tok, options)
+
+
+class _Trie:
+    """Allowed next tokens after a prefix of any of the given sequences, and which prefixes are whole."""
+
+    def __init__(self, sequences):
+        self.next: dict[tuple, set[int]] = {}
+        self.whole: set[tuple] = set()
+        for seq in sequences:
+            seq = tuple(seq)
+            for k in range(len(seq)):
+                self.next.setdefault(seq[:k], set()).add(seq[k])
+            self.whole.add(seq)
+
+    def __bool__(self) -> bool:
+        return bool(self.whole)
+
+
+def _text_tokens(tok: LookupTokenizer, text: str) -> tuple[list[int], list[bool], list[bool]]:
+    """The text's token ids; for each, whether a word starts there; for each boundary k (before token
+    k, the last one at the end), whether a word ends there. Calls open only at word starts, and
+    values and copied entities end only at word ends: a hyphen or a letter continues a word."""
+    if not text:
+        return [], [], [True]
+    enc = tok.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, spans = list(enc["input_ids"]), enc["offset_mapping"]
+    starts, ends = [], []
+    for s, e in spans:
+        c = s
+        while c < e and text[c].isspace():
+            c += 1
+        starts.append(c < e and (c == 0 or not (text[c - 1].isalnum() or text[c - 1] == "-")))
+        ends.append(s == 0 or not (text[s].isalnum() or text[s] == "-") or text[s - 1].isspace())
+    return ids, starts, ends + [True]
+
+
+@dataclass
+class _Row:
+    """One document's decoding state: forced text tokens, and the call being written."""
+
+    ann: Annotator
+    org: list[int]
+    starts: list[bool]  # (len(org),) a word starts at this token
+    ends: list[bool]  # (len(org) + 1,) a word ends before this token
+    i: int = 0  # next text token to copy
+    mode: int = _TEXT
+    field_ids: list[int] = field(default_factory=list)
+    calls_here: int = 0
+    out: list[int] = field(default_factory=list)
+    done: bool = False
+
+    def step(self, logits: torch.Tensor) -> int:
+        """Choose the next token from ``logits`` (vocab,) under the constraints, and advance."""
+        tok, opts = self.ann.tok, self.ann.options
+        if self.mode == _TEXT:
+            if self.i >= len(self.org):
+                self.done = True
+                return tok.eos_id
+            t = self.org[self.i]
+            can_call = (self.calls_here < opts.max_calls_per_position and self.starts[self.i]
+                        and (self.i > 0 or opts.entity == "free"))
+            if can_call and float(logits[tok.start_id]) + opts.call_bias > float(logits[t]):
+                t = tok.start_id
+        elif self.mode == _VALUE:
+            j = self.i + len(self.field_ids)
+            cands = ([self.org[j]] if j < len(self.org) and len(self.field_ids) < opts.max_field_tokens else []) \
+                + ([tok.end_id] if self.field_ids and (self.ends[j] or j >= len(self.org)) else [])
+            t = _best(logits, cands) if cands else tok.end_id  # longest value reached mid-word: close it
+        else:
+            t = self._field_token(logits)
+        self._advance(t)
+        return t
+
+    def _field_token(self, logits: torch.Tensor) -> int:
+        tok, opts = self.ann.tok, self.ann.options
+        marker = tok.sep_id if self.mode == _ENTITY else tok.retrieve_id
+        f = tuple(self.field_ids)
+        if len(f) >= opts.max_field_tokens:
+            return marker
+        if self.mode == _ENTITY and opts.entity == "copy":
+            cands, can_end = _continuations(self.org[:self.i], f, self.starts, self.ends)
+            return _best(logits, cands + ([marker] if can_end else [])) if cands or not can_end else marker
+        elif self.mode == _RELATION and self.ann._relations:
+            cands = sorted(self.ann._relations.next.get(f, ()))
+            if f in self.ann._relations.whole:
+                return _best(logits, cands + [marker])
+            return _best(logits, cands) if cands else marker
+        else:
+            masked = logits.masked_fill(self.ann._banned[:len(logits)], float("-inf"))
+            t = int(masked.argmax())
+            return marker if f and float(logits[marker]) >= float(masked[t]) else t
+
+    def _advance(self, t: int) -> None:
+        tok = self.ann.tok
+        self.out.append(t)
+        if self.mode == _TEXT:
+            if t == tok.start_id:
+                self.mode, self.field_ids = _ENTITY, []
+                self.calls_here += 1
+            else:
+                self.i, self.calls_here = self.i + 1, 0
+        elif t in (tok.sep_id, tok.retrieve_id, tok.end_id):
+            self.mode = {tok.sep_id: _RELATION, tok.retrieve_id: _VALUE, tok.end_id: _TEXT}[t]
+            self.field_ids = []
+        else:
+            self.field_ids.append(t)
+
+
+def _best(logits: torch.Tensor, cands: list[int]) -> int:
+    return cands[int(logits[cands].argmax())]
+
+
+def _continuations(left: list[int], prefix: tuple, starts: list[bool], ends: list[bool]) -> tuple[list[int], bool]:
+    """Copying an entity from ``left``: the tokens that may follow ``prefix`` (a span of ``left``
+    starting at a word start), and whether ``prefix`` may end here (some occurrence ends at a word end)."""
+    n = len(prefix)
+    if not n:
+        return sorted({t for t, s in zip(left, starts) if s}), False
+    hits = [j for j in range(len(left) - n + 1) if starts[j] and tuple(left[j:j + n]) == prefix]
+    return sorted({left[j + n] for j in hits if j + n < len(left)}), any(ends[j + n] for j in hits)
+
+
+def _bar(enabled: bool, total: int):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="annotate", unit="doc", dynamic_ncols=True)

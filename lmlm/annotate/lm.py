@@ -1,0 +1,268 @@
+"""Small language-model plumbing shared by the corrector and the annotator.
+
+* :func:`new_model`: a fresh model from a preset of :mod:`lmlm.models` and a BPE trained on the corpus;
+* :func:`load_base`: a pretrained causal LM (Hugging Face folder, hub name or ``.gguf`` file) with
+  the four lookup tokens added, optionally wrapped in a PEFT LoRA adapter (:func:`add_lora`) whose
+  new token rows are trained too;
+* :func:`fit`: a plain training loop over packed ``(ids, labels)`` examples that logs the loss and
+  tokens/s; :func:`token_nll`: per-token loss for scoring.
+
+Exercised by ``lmlm annotate correct`` and ``lmlm annotate distill``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..lookup import PAPER_TOKENS, Segment, strip
+from ..tokens import IGNORE_INDEX, LookupTokenizer
+
+__all__ = ["FitConfig", "new_model", "load_base", "add_lora", "pack_examples", "fit", "token_nll",
+           "default_device", "lora_targets", "cpu_threads"]
+
+SMALL_MODEL = 20_000_000  # parameters: below this, CPU work runs on one thread
+
+
+@dataclass
+class FitConfig:
+    """A short training run.
+
+    Args:
+        steps: optimizer steps.
+        batch_size: packed sequences per step; ``micro_batch_size`` per forward pass (default: all).
+        seq_len: tokens per packed sequence.
+        lr, warmup_steps, min_lr_ratio: peak learning rate, linear warmup, cosine floor.
+        weight_decay, grad_clip: AdamW weight decay and gradient-norm clipping.
+        max_seconds: stop early after this long (the schedule is unchanged).
+        seed: data order.
+        log_every: steps between log lines.
+        threads: torch CPU threads (default: one for a small model, see :func:`cpu_threads`).
+    """
+
+    steps: int = 300
+    batch_size: int = 16
+    micro_batch_size: int | None = None
+    seq_len: int = 256
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    max_seconds: float | None = None
+    seed: int = 0
+    log_every: int = 10
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_device(device: str | None = None) -> str:
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@contextmanager
+def cpu_threads(model, threads: int | None = None):
+    """Run a block with ``threads`` torch CPU threads (default: one for a small model on CPU).
+
+    A small model's operations are too small to split across cores: with two threads each one waits
+    for the other core, and when that core is busy with other work a step gets many times slower
+    (measured here: 20x for the 64-wide LLaMA preset on a shared 2-core machine).
+    """
+    old = torch.get_num_threads()
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    if threads is None and on_cpu and sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
+        threads = 1
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def new_model(documents: Sequence[Sequence[Segment]], preset: str = "llama-tiny", vocab_size: int = 2048,
+              seed: int = 0, **overrides: Any):
+    """(model, LookupTokenizer): a fresh preset model and a BPE trained on the stripped documents."""
+    from ..models import ModelConfig, build_model
+    from ..tokens import train_bpe
+
+    tok = LookupTokenizer(train_bpe((strip(d) for d in documents), vocab_size=vocab_size))
+    model = build_model(ModelConfig.from_name(preset, **overrides), len(tok), tok, seed=seed)
+    return model, tok
+
+
+def load_base(spec: str | Path, device: str | None = None):
+    """(model, LookupTokenizer) for a pretrained causal LM, the four lookup tokens added.
+
+    ``spec``: a Hugging Face folder, a hub name, or a ``.gguf`` file (dequantised to float32). New
+    token embeddings start at the mean of the existing ones.
+    """
+    from .backends import load_causal_lm
+
+    model, hf_tok = load_causal_lm(str(spec), device="cpu")
+    tok = LookupTokenizer(hf_tok, PAPER_TOKENS)
+    old = model.get_input_embeddings().weight.shape[0]
+    if len(tok) > old:
+        model.resize_token_embeddings(len(tok), mean_resizing=True)
+    model.config.use_cache = True
+    return model.to(default_device(device)), tok
+
+
+def lora_targets(model) -> list[str]:
+    """The linear layers LoRA adapts: attention and MLP projections of LLaMA- or GPT-2-style models."""
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    llama = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    found = [n for n in llama if n in names]
+    if found:
+        return found
+    import transformers.pytorch_utils as pu
+
+    conv = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, pu.Conv1D)}
+    return sorted(conv & {"c_attn", "c_proj", "c_fc"}) or sorted(names - {"lm_head"})
+
+
+def add_lora(model, r: int = 32, alpha: int = 16, dropout: float = 0.0, new_token_ids: Sequence[int] = ()):
+    """Wrap ``model`` in a PEFT LoRA adapter (the paper: r=32, alpha=16); rows of ``new_token_ids``
+    in the embedding are trained as well, the rest of the base stays frozen."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise RuntimeError("LoRA needs peft: pip install peft (or 'lmlm[annotate-llm]')") from None
+    extra = {"trainable_token_indices": {"embed_tokens": list(new_token_ids)}} if new_token_ids else {}
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=lora_targets(model),
+                        task_type="CAUSAL_LM", **extra)
+    return get_peft_model(model, config)
+
+
+def pack_examples(examples: Sequence[tuple[list[int], list[int]]], seq_len: int, pad_id: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenate ``(ids, labels)`` examples and cut them into ``(N, seq_len)`` blocks; the last
+    block is padded (label -100). An example longer than ``seq_len`` spans blocks."""
+    ids = [t for x, _ in examples for t in x]
+    labels = [t for _, y in examples for t in y]
+    pad = -len(ids) % seq_len
+    ids, labels = ids + [pad_id] * pad, labels + [IGNORE_INDEX] * pad
+    return torch.tensor(ids).view(-1, seq_len), torch.tensor(labels).view(-1, seq_len)
+
+
+def _lr(step: int, cfg: FitConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def fit(model, ids: torch.Tensor, labels: torch.Tensor, cfg: FitConfig, *, progress: bool = True,
+        log_path: str | Path | None = None, on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+    """Train ``model`` (its trainable parameters) on packed blocks with the causal LM loss.
+
+    Args:
+        ids, labels: ``(num_blocks, seq_len)`` from :func:`pack_examples`; -100 labels are not trained.
+        cfg: the run.
+        log_path: append ``{"step", "loss", "lr", "tokens_per_second"}`` lines here.
+
+    Returns:
+        ``steps, seconds, tokens, tokens_per_second, first_loss, final_loss, losses`` (every step).
+    """
+    with cpu_threads(model, cfg.threads):
+        return _fit(model, ids, labels, cfg, progress, log_path, on_step)
+
+
+def _fit(model, ids, labels, cfg: FitConfig, progress, log_path, on_step) -> dict[str, Any]:
+    device = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
+                            fused=device.type in ("cpu", "cuda") and all(p.dtype == torch.float32 for p in params))
+    g = torch.Generator().manual_seed(cfg.seed)
+    order = torch.randperm(len(ids), generator=g)
+    mb = cfg.micro_batch_size or cfg.batch_size
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null()
+    bar = _bar(progress, cfg.steps)
+    losses, tokens, t0, pos = [], 0, time.perf_counter(), 0
+    model.train()
+    for step in range(cfg.steps):
+        if pos + cfg.batch_size > len(order):
+            order, pos = torch.randperm(len(ids), generator=g), 0
+        idx = order[pos:pos + cfg.batch_size]
+        pos += cfg.batch_size
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, cfg)
+        n_trained = int((labels[idx][:, 1:] != IGNORE_INDEX).sum())
+        total = 0.0
+        for k in range(0, len(idx), mb):
+            x, y = ids[idx[k:k + mb]].to(device), labels[idx[k:k + mb]].to(device)
+            with amp:
+                logits = model(input_ids=x).logits  # (B, T, vocab)
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), y[:, 1:].flatten(),
+                                   ignore_index=IGNORE_INDEX, reduction="sum") / max(n_trained, 1)
+            loss.backward()
+            total += float(loss.detach())
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        tokens += idx.numel() * ids.shape[1]
+        losses.append(total)
+        speed = tokens / (time.perf_counter() - t0)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{speed:,.0f}", refresh=False)
+        if log_path and ((step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == cfg.steps):
+            with open(log_path, "a") as f:
+                f.write(json.dumps({"step": step + 1, "loss": total, "lr": _lr(step, cfg), "tokens_per_second": speed}) + "\n")
+        if on_step:
+            on_step(step + 1, total)
+        if cfg.max_seconds and time.perf_counter() - t0 > cfg.max_seconds:
+            break
+    if bar is not None:
+        bar.close()
+    model.eval()
+    seconds = time.perf_counter() - t0
+    return {"steps": len(losses), "seconds": seconds, "tokens": tokens, "tokens_per_second": tokens / seconds,
+            "first_loss": losses[0], "final_loss": losses[-1], "losses": losses}
+
+
+@torch.no_grad()
+def token_nll(model, ids: torch.Tensor, batch_size: int = 16) -> torch.Tensor:
+    """``(N, T)`` next-token loss: entry ``[n, t]`` is the loss of predicting ``ids[n, t]`` (0 at t=0)."""
+    device = next(model.parameters()).device
+    out = []
+    with cpu_threads(model):
+        for i in range(0, len(ids), batch_size):
+            x = ids[i:i + batch_size].to(device)
+            logits = model(input_ids=x).logits.float()  # (B, T, vocab)
+            nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), x[:, 1:], reduction="none")
+            out.append(torch.cat([torch.zeros_like(nll[:, :1]), nll], dim=1).cpu())
+    return torch.cat(out)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _bar(enabled: bool, total: int):
+    if not enabled or os.environ.get("LMLM_NO_PROGRESS"):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)

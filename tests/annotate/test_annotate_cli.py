@@ -1,0 +1,51 @@
+"""``lmlm annotate``: every command answers --help; validate -> correct -> distill -> run chained on a world."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lmlm.cli import app
+
+runner = CliRunner()
+COMMANDS = ["seed", "validate", "correct", "distill", "run", "serve-gguf", "wikipedia"]
+
+
+@pytest.mark.parametrize("cmd", [["annotate", c] for c in COMMANDS] + [["bench", "annotate"]], ids=" ".join)
+def test_help(cmd):
+    result = runner.invoke(app, cmd + ["--help"])
+    assert result.exit_code == 0, result.output
+
+
+def test_stages_chained(tmp_path):
+    world = tmp_path / "world"
+    assert runner.invoke(app, ["world", str(world), "--preset", "smoke"]).exit_code == 0
+    docs = world / "documents.jsonl"
+    res = runner.invoke(app, ["annotate", "validate", str(docs), "--out", str(tmp_path / "v")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "v" / "report.json").read_text())["rejected"] == 0
+
+    res = runner.invoke(app, ["annotate", "correct", str(tmp_path / "v" / "annotated.jsonl"), "--out",
+                              str(tmp_path / "c"), "--steps", "3", "--drop", "0.2"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "c" / "losses.png").exists()
+    res = runner.invoke(app, ["annotate", "distill", str(tmp_path / "c" / "kept.jsonl"), "--out", str(tmp_path / "a"),
+                              "--steps", "3"])
+    assert res.exit_code == 0, res.output
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Ada Lovelace was born in London.\nAlan Turing studied Mathematics.\n")
+    res = runner.invoke(app, ["annotate", "run", str(corpus), "--annotator", str(tmp_path / "a"), "--out",
+                              str(tmp_path / "r"), "--shard-size", "1"])
+    assert res.exit_code == 0, res.output
+    assert len((tmp_path / "r" / "annotated.jsonl").read_text().splitlines()) == 2
+
+
+def test_bad_input_is_named(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{oops\n')
+    res = runner.invoke(app, ["annotate", "validate", str(bad), "--out", str(tmp_path / "v")])
+    assert res.exit_code == 2 and "bad.jsonl:2" in res.output
+    res = runner.invoke(app, ["annotate", "run", str(bad), "--annotator", str(tmp_path), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2
+    res = runner.invoke(app, ["annotate", "seed", str(tmp_path / "none.jsonl"), "--backend", "x", "--out", "o"])
+    assert res.exit_code == 2 and "none.jsonl" in res.output

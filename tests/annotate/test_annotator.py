@@ -1,0 +1,85 @@
+"""The distilled annotator: insert-only decoding, save/load, sharded resumable corpus annotation."""
+
+import json
+
+import pytest
+
+from lmlm.annotate.annotator import Annotator, _continuations, _text_tokens
+from lmlm.annotate.corrupt import call_f1
+from lmlm.annotate.distill import DistillConfig, distill, run_corpus
+from lmlm.annotate.lm import FitConfig
+from lmlm.annotate.validate import calls_with_offsets
+from lmlm.lookup import parse, strip
+from lmlm.tokens import LookupTokenizer, train_bpe
+from lmlm.worlds.bios import BiosWorld
+
+
+@pytest.fixture(scope="module")
+def world():
+    return BiosWorld.generate("smoke")
+
+
+@pytest.fixture(scope="module")
+def trained(world, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("annotator")
+    # a short run: the F1 of a full one is measured by `lmlm bench annotate`
+    config = DistillConfig(vocab_size=1024, fit=FitConfig(steps=120, batch_size=8, seq_len=128, lr=1e-2, warmup_steps=15))
+    annotator, stats = distill([d.segments for d in world.train_documents], config, folder, progress=False)
+    return annotator, stats, folder
+
+
+def test_word_boundaries_and_entity_copies():
+    tok = LookupTokenizer(train_bpe(["Mary Smith-Jones (born 1990) works."] * 5, vocab_size=300))
+    text = "Mary Smith-Jones (born 1990) works."
+    ids, starts, ends = _text_tokens(tok, text)
+    words = [tok.hf.decode([i]) for i, s in zip(ids, starts) if s]
+    assert [w.strip() for w in words] == ["Mary", "Smith", "(", "born", "1990", "works"]
+    hyphen = [tok.hf.decode([i]) for i in ids].index("-")
+    assert not ends[hyphen] and not starts[hyphen + 1]  # "Smith-Jones" is one word
+    first, can_end = _continuations(ids, (), starts, ends)
+    assert not can_end and set(first) == {i for i, s in zip(ids, starts) if s}
+    smith = (ids[0], ids[1])
+    nxt, can_end = _continuations(ids, smith, starts, ends)
+    assert not can_end and nxt == [ids[2]]  # the name goes on past the hyphen
+
+
+def test_annotator_learns_and_never_changes_the_text(world, trained):
+    annotator, stats, folder = trained
+    assert stats["final_loss"] < stats["first_loss"] / 3 and stats["tokens_per_second"] > 0
+    held = world.heldout_documents
+    results = annotator.annotate([d.plain for d in held], batch_size=20)
+    assert all(not v.text_changed and strip(v.segments) == d.plain for v, d in zip(results, held))
+    raw = annotator.generate([d.plain for d in held[:5]])
+    assert all(strip(parse(r).segments) == d.plain for r, d in zip(raw, held))
+    f1 = call_f1([list(zip(v.positions, v.kept)) for v in results], [calls_with_offsets(d.segments) for d in held])
+    assert f1["f1"] > 0.25, f1
+    assert set(annotator.options.relations) == {lk.relation for d in world.train_documents for lk in d.lookups}
+
+    again = Annotator.load(folder)
+    assert again.generate([d.plain for d in held[:5]]) == raw
+    meta = json.loads((folder / "annotator.json").read_text())
+    assert meta["options"]["prompt"] == "none" and meta["stats"]["steps"] == 120
+
+
+def test_run_corpus_in_shards_resumes_after_a_kill(world, trained, tmp_path):
+    annotator, _, folder = trained
+    docs = world.heldout_documents[:13]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": d.doc_id, "text": d.plain}) + "\n" for d in docs))
+    out = tmp_path / "run"
+    report = run_corpus(corpus, out, annotator, shard_size=5, batch_size=4, worker=(1, 2), progress=False)
+    assert report["shards_done"] == 1 and not (out / "annotated.jsonl").exists()
+    # a worker killed in the middle of shard 0: two documents written, the third torn mid-line
+    first = run_corpus(corpus, tmp_path / "ref", annotator, shard_size=5, batch_size=4, progress=False)
+    ref = (tmp_path / "ref" / "shards" / "shard-00000.jsonl").read_text().splitlines()
+    (out / "shards" / "shard-00000.jsonl.partial").write_text(ref[0] + "\n" + ref[1] + "\n" + ref[2][:30])
+    report = run_corpus(corpus, out, folder, shard_size=5, batch_size=4, worker=(0, 2), progress=False)
+    assert report["shards_done"] == 3 == report["shards"] and report["documents_this_run"] == 3 + 3
+    rows = [json.loads(line) for line in (out / "annotated.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in rows) == sorted(d.doc_id for d in docs)
+    assert (out / "annotated.jsonl").read_text() == (tmp_path / "ref" / "annotated.jsonl").read_text()
+    triples = [json.loads(line) for line in (out / "triples.jsonl").read_text().splitlines()]
+    assert len(triples) == report["kept"] == first["kept"] and all(t["source"] for t in triples)
+    assert report["documents_per_second"] > 0
+    with pytest.raises(ValueError, match="worker"):
+        run_corpus(corpus, out, annotator, worker=(2, 2))

