@@ -39,7 +39,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, process
         stop_ids: a row that produces one of these is finished; it is padded with ``pad_id`` after.
         repetition_penalty: Hugging Face's, applied before ``processors`` (as ``generate`` does).
         stopping_criteria: called with the ids and scores after each step; ``True`` finishes a row.
-        streamer: receives the prompt, then each step's new tokens (``put``), then ``end()``.
+        streamer: receives the prompt, then each new token of every row `(batch_size,)` (``put``),
+            then ``end()``.
         forced_tail: ``forced_tail(row) -> list[int]``: tokens known to follow the one just chosen
             for that row (the rest of a value); with one row they are fed in the same forward.
     """
@@ -73,8 +74,9 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, process
         ids = torch.cat([ids, step], dim=1)
         if padded:
             mask = torch.cat([mask, torch.ones_like(step)], dim=1)
-        if streamer is not None:
-            streamer.put(step.cpu())
+        if streamer is not None:  # one token per row per put, as generate does (forced tails too)
+            for column in step.cpu().unbind(dim=1):
+                streamer.put(column)
         unfinished &= ~torch.isin(step, stops).any(dim=1)
         if stopping_criteria:
             unfinished &= ~stopping_criteria(ids, scores)
