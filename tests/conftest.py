@@ -26,3 +26,15 @@ def shared_data() -> Path:
     if not SHARED_DATA.exists():
         pytest.skip(f"shared data folder not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models run fastest on one thread, and are not slowed by other jobs on a shared CPU
+    (modules opt in with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -8,12 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from tiny_lm import fit_tiny_gpt2, tiny_gpt2
+from transformers import GPT2LMHeadModel
 
 from lmlm.generate import LookupGenerator, LookupLogitsProcessor, call_spans
 from lmlm.kb import KnowledgeBase, Triple
 from lmlm.lookup import Lookup, Text, strip
-from lmlm.tokens import LookupTokenizer, labels_from_roles, train_bpe
+from lmlm.tokens import LookupTokenizer, train_bpe
 
 FIRST = ["Ada", "Bram", "Cleo", "Dario", "Elin", "Farid", "Greta", "Hugo", "Ines", "Jonas",
          "Kira", "Lars", "Mila", "Nico", "Olga", "Pavel", "Quinn", "Rosa", "Soren", "Tara"]
@@ -47,13 +48,7 @@ def _doc(name: str, city: str, job: str, rng: random.Random) -> list:
     return first + [Text(" ")] + second
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """A 64-wide model runs fastest on one thread, and is not slowed by other jobs on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -69,34 +64,14 @@ def trained_world():
     people = [(f"{f} {last}", rng.choice(CITIES), rng.choice(JOBS)) for f in FIRST for last in LAST]
     docs = [_doc(*p, rng) for p in people for _ in range(3)]
     tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=600, min_frequency=1))
-    encs = [tok.encode(d) for d in docs]
-    width = max(map(len, encs))
-    ids = torch.full((len(encs), width), tok.eos_id)
-    labels = torch.full((len(encs), width), -100)
-    for i, e in enumerate(encs):
-        ids[i, :len(e)] = torch.tensor(e.input_ids)
-        labels[i, :len(e)] = torch.tensor(labels_from_roles(e.input_ids, e.roles, tok.end_id))
-    torch.manual_seed(0)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 64-wide model trains fastest on one thread
-    model = _gpt2(tok)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(250):
-        b = torch.randint(0, len(encs), (16,))
-        loss = model(input_ids=ids[b], labels=labels[b]).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    torch.set_num_threads(before)
-    assert loss.item() < 0.6
+    model, loss = fit_tiny_gpt2(tok, docs, n_embd=64, n_positions=256, steps=250, lr=3e-3)
+    assert loss < 0.6
     facts = {(n, "Birth City"): c for n, c, _ in people} | {(n, "Occupation"): j for n, _, j in people}
     return SimpleNamespace(tok=tok, model=model.eval(), people=people, facts=facts)
 
 
 def _gpt2(tok: LookupTokenizer) -> GPT2LMHeadModel:
-    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=len(tok), n_positions=256,
-                        bos_token_id=tok.doc_id, eos_token_id=tok.eos_id)
-    return GPT2LMHeadModel(config)
+    return tiny_gpt2(tok)
 
 
 def _prompts(world, n: int = 30) -> list[str]:

@@ -11,12 +11,7 @@ from lmlm.generate import LookupGenerator, call_spans, open_call
 from lmlm.generate.reencode import reencode_generate
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,7 @@ from test_generate import FIRST, _gpt2, make_kb, trained_world
 from lmlm.generate import LookupGenerator, call_spans
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -115,6 +115,18 @@ class Best(NamedTuple):
     created_version: int
     n_active: int
 
+    @classmethod
+    def per_key(cls, rows) -> list["Best"]:
+        """Rows ``(key_id, key_norm, triple_id, entity, relation, value, count, created_version)``
+        ordered by key, best first: the first of each key, with the key's row count as ``n_active``."""
+        out: list[Best] = []
+        for r in rows:
+            if out and out[-1].key_id == r[0]:
+                out[-1] = out[-1]._replace(n_active=out[-1].n_active + 1)
+            else:
+                out.append(cls(*r, n_active=1))
+        return out
+
 
 STORES: dict[str, type] = {}
 
@@ -471,13 +483,7 @@ class SQLiteStore(PastVersions):
             rows = []
             for ch in _chunks(sorted(set(key_ids))):
                 rows += self._x(sql.format(f"AND t.key_id IN ({_marks(len(ch))})"), list(ch)).fetchall()
-        out: list[Best] = []
-        for r in rows:
-            if out and out[-1].key_id == r[0]:
-                out[-1] = out[-1]._replace(n_active=out[-1].n_active + 1)
-            else:
-                out.append(Best(*r, n_active=1))
-        return out
+        return Best.per_key(rows)
 
     def key_texts(self, key_ids: Sequence[int] | None = None) -> list[tuple[int, str, str]]:
         """(key_id, entity, relation) as first written, for embedding; None: every key with an active value."""

@@ -46,13 +46,7 @@ class PastVersions:
             f" t.created_version FROM triples t JOIN keys k ON k.id = t.key_id JOIN n ON n.triple_id = t.id"
             f" WHERE {_ACTIVE_AT} ORDER BY t.key_id, n.count DESC, t.created_version DESC, t.id DESC",
             (v, v, v)).fetchall()
-        out: list[Best] = []
-        for r in rows:
-            if out and out[-1].key_id == r[0]:
-                out[-1] = out[-1]._replace(n_active=out[-1].n_active + 1)
-            else:
-                out.append(Best(*r, n_active=1))
-        return out
+        return Best.per_key(rows)
 
     def records_at(self, version: int, key_norm: str | None = None) -> Iterator[TripleRecord]:
         """The triples active at ``version`` (under ``key_norm`` only, if given) in id order, with

@@ -20,6 +20,7 @@ from typing import Callable
 
 from transformers.generation.streamers import BaseStreamer
 
+from ..generate.trace import open_call
 from ..lookup import strip
 
 __all__ = ["GenParams", "ModelWorker", "PromptTooLong", "Finished", "BatchStreamer"]
@@ -46,16 +47,6 @@ class GenParams:
 
 class PromptTooLong(ValueError):
     """A prompt has more tokens than the limit, or leaves no room for ``max_new_tokens``."""
-
-
-def open_call(ids: list[int], tok) -> list[int]:
-    """The tail of ``ids`` from its last ``<|db_start|>`` when that call is still open, else ``[]``."""
-    for i in range(len(ids) - 1, -1, -1):
-        if ids[i] == tok.end_id:
-            return []
-        if ids[i] == tok.start_id:
-            return list(ids[i:])
-    return []
 
 
 @dataclass

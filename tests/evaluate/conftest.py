@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
-import torch
 from eval_support import tiny_world
 
 
@@ -13,9 +14,15 @@ def world():
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
+def _one_thread(one_torch_thread):
     """A tiny model runs fastest on one thread, and leaves the other cores to other jobs."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def exact_lookups(monkeypatch):
+    """Exact keys only: the fuzzy fallback would load the sentence encoder, seconds these tests need not spend."""
+    from lmlm.kb import KnowledgeBase
+
+    monkeypatch.setattr(KnowledgeBase, "lookup_batch",
+                        functools.partialmethod(KnowledgeBase.lookup_batch, fuzzy=False))

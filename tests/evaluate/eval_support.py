@@ -6,12 +6,11 @@ import functools
 import random
 from types import SimpleNamespace
 
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from tiny_lm import fit_tiny_gpt2
 
 from lmlm.kb import Match
 from lmlm.lookup import Lookup, Text, parse, strip
-from lmlm.tokens import LookupTokenizer, labels_from_roles, train_bpe
+from lmlm.tokens import LookupTokenizer, train_bpe
 
 FIRST = ["Ada", "Bram", "Cleo", "Dario", "Elin", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kira", "Lars"]
 LAST = ["Lind", "Moss"]
@@ -68,25 +67,6 @@ def tiny_world():
     people = [(f"{f} {last}", rng.choice(CITIES), rng.choice(JOBS)) for f in FIRST for last in LAST]
     docs = [_doc(*p, rng) for p in people for _ in range(3)]
     tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=400, min_frequency=1))
-    encs = [tok.encode(d) for d in docs]
-    width = max(map(len, encs))
-    ids = torch.full((len(encs), width), tok.eos_id)
-    labels = torch.full((len(encs), width), -100)
-    for i, e in enumerate(encs):
-        ids[i, :len(e)] = torch.tensor(e.input_ids)
-        labels[i, :len(e)] = torch.tensor(labels_from_roles(e.input_ids, e.roles, tok.end_id))
-    torch.manual_seed(0)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=48, n_head=2, vocab_size=len(tok), n_positions=128,
-                                       bos_token_id=tok.doc_id, eos_token_id=tok.eos_id))
-    opt = torch.optim.AdamW(model.parameters(), lr=4e-3)
-    for _ in range(160):
-        b = torch.randint(0, len(encs), (16,))
-        loss = model(input_ids=ids[b], labels=labels[b]).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    torch.set_num_threads(before)
+    model, loss = fit_tiny_gpt2(tok, docs, n_embd=48, n_positions=128, steps=160, lr=4e-3)
     facts = {(n, "Birth City"): c for n, c, _ in people} | {(n, "Occupation"): j for n, _, j in people}
-    return SimpleNamespace(tok=tok, model=model.eval(), people=people, facts=facts, loss=loss.item())
+    return SimpleNamespace(tok=tok, model=model.eval(), people=people, facts=facts, loss=loss)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import functools
 import json
 
 import pytest
@@ -28,11 +27,7 @@ def run_dir(world, tmp_path_factory):
     return root
 
 
-@pytest.fixture(autouse=True)
-def _exact_lookups(monkeypatch):
-    """Exact keys only: the fuzzy fallback would load the sentence encoder, seconds this test need not spend."""
-    monkeypatch.setattr(KnowledgeBase, "lookup_batch",
-                        functools.partialmethod(KnowledgeBase.lookup_batch, fuzzy=False))
+pytestmark = pytest.mark.usefixtures("exact_lookups")
 
 
 def _run(args):

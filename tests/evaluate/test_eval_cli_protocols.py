@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 
 import pytest
@@ -36,11 +35,7 @@ def run_dir(world, tmp_path_factory):
     return root
 
 
-@pytest.fixture(autouse=True)
-def _exact_lookups(monkeypatch):
-    """Exact keys only: the fuzzy fallback would load the sentence encoder, seconds these tests need not spend."""
-    monkeypatch.setattr(KnowledgeBase, "lookup_batch",
-                        functools.partialmethod(KnowledgeBase.lookup_batch, fuzzy=False))
+pytestmark = pytest.mark.usefixtures("exact_lookups")
 
 
 def _run(args):

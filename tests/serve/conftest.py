@@ -14,12 +14,9 @@ TOKEN = "test-token-1234"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
+def _one_thread(one_torch_thread):
     """A 64-wide model runs fastest on one thread, and is not slowed by other jobs on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
