@@ -59,7 +59,7 @@ def corpus_passages(texts: Iterable[str], words: int = 100) -> list[str]:
 
 
 class BM25Retriever:
-    """BM25 over passages (``bm25s``, pip install 'lmlm[eval]').
+    """BM25 over passages (``bm25s``).
 
     Args:
         passages: the texts to search.
