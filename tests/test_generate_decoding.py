@@ -157,3 +157,13 @@ def test_own_loop_matches_model_generate(world, kb, batch_size):
     s1 = ours.generate(prompts[:2], do_sample=True, seed=5, max_new_tokens=32, batch_size=1)
     s2 = ours.generate(prompts[:2], do_sample=True, seed=5, max_new_tokens=32, batch_size=1)
     assert [r.token_ids for r in s1] == [r.token_ids for r in s2]
+
+
+def test_vanishing_temperature_samples_the_argmax(world, kb):
+    """A temperature so small that the logits overflow is greedy decoding, not a crash."""
+    gen = LookupGenerator(world.model, world.tok, kb)
+    prompts = [f"{n} was born in" for n, _, _ in world.people[:3]]
+    greedy = gen.generate(prompts, max_new_tokens=24, batch_size=3, ignore_eos=True)
+    tiny = gen.generate(prompts, max_new_tokens=24, batch_size=3, ignore_eos=True, do_sample=True,
+                        temperature=7.8e-41, seed=0)
+    assert [r.token_ids for r in tiny] == [r.token_ids for r in greedy]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from ..tokens import LookupTokenizer
 from .answers import Answerer, query_key
@@ -206,6 +206,18 @@ class LookupGenerator:
         return build_result(prompt, ids, self.tok, answers, self.options["max_field_tokens"], self.trie)
 
 
+class _Temperature(LogitsProcessor):
+    """``scores / temperature`` with each row's best score moved to 0 first: the same distribution,
+    and a temperature so small that the logits would overflow to ``+inf`` leaves only the argmax."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        top = scores.max(dim=-1, keepdim=True).values
+        return ((scores - top) / self.temperature).nan_to_num(nan=-torch.inf, posinf=0.0)
+
+
 class _StopStrings(StoppingCriteria):
     """Hugging Face's stop strings, counted only while a row is outside a lookup call."""
 
@@ -245,7 +257,7 @@ def _warpers(do_sample: bool, temperature: float, top_k: int, top_p: float) -> l
         raise ValueError(f"need top_k >= 0 and 0 < top_p <= 1, got top_k={top_k}, top_p={top_p}")
     out: list[LogitsProcessor] = []
     if temperature != 1.0:
-        out.append(TemperatureLogitsWarper(temperature))
+        out.append(_Temperature(temperature))
     if top_k > 0:
         out.append(TopKLogitsWarper(top_k))
     if top_p < 1.0:

@@ -60,7 +60,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, process
         logits = _forward(model, feed, mask if padded else None, cache)  # (B, vocab)
         scores = procs(ids, logits.float())
         if do_sample:
-            nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            nxt = _sample(scores)
         else:
             nxt = scores.argmax(dim=-1)
         nxt = torch.where(unfinished, nxt, pad_id)  # (B,)
@@ -96,3 +96,15 @@ def _forward(model, feed: torch.Tensor, mask: torch.Tensor | None, cache: Dynami
         kwargs = dict(attention_mask=mask, position_ids=position_ids[:, -feed.shape[1]:])
     out = model(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=1, **kwargs)
     return out.logits[:, -1]
+
+
+def _sample(scores: torch.Tensor) -> torch.Tensor:
+    """One token per row from ``softmax(scores)``; a row whose scores overflowed (a temperature so
+    small that the logits became infinite) takes its argmax, which is what that temperature means."""
+    probs = torch.softmax(scores, dim=-1)
+    bad = ~torch.isfinite(probs).all(dim=-1) | (probs.sum(dim=-1) <= 0)
+    if bool(bad.any()):
+        probs[bad] = torch.nn.functional.one_hot(scores[bad].nan_to_num(nan=-torch.inf).argmax(dim=-1),
+                                                 probs.shape[-1]).to(probs.dtype)
+    return torch.multinomial(probs, num_samples=1).squeeze(1)
+
