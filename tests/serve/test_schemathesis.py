@@ -4,6 +4,7 @@ process over ASGI, valid ones and invalid ones, with and without the write token
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
 TOKEN = "test-token-1234"  # as in conftest.py
+EXAMPLES = int(os.environ.get("LMLM_FUZZ_EXAMPLES", "15"))  # more for a longer hunt
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 
 @schema.parametrize()
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 def test_no_server_errors(case, served):
     """With the token, as generated; then without it, a write must be refused and change nothing."""
     kb = served.state.lmlm.kb
