@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -103,3 +107,22 @@ def test_a_stage_cut_short_resumes_from_its_pieces(run):
 def test_cli_rejects_an_unknown_preset(tmp_path):
     res = CliRunner().invoke(app, ["reproduce", "--preset", "huge", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "unknown preset" in res.output
+
+
+def test_a_killed_run_resumes(tmp_path):
+    """SIGKILL in the middle of a stage, then run again: finished stages are kept, the rest completes."""
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", "from lmlm.cli import app; app()", "reproduce", "--preset", "tiny",
+                             "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while not (out / "results" / "factual.json").exists():
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, "the first stages took too long"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "report.json").exists()
+    done = _stamps(out / "results")
+    report = reproduce(out, preset="tiny")
+    assert set(report["stages"]) == set(STAGES) and (out / "report.md").exists()
+    assert all(_stamps(out / "results")[k] == v for k, v in done.items())  # kept, not redone

@@ -38,3 +38,13 @@ def test_bfloat16_vectors_stay_close_to_float32(encoder):
     assert resolve_dtype("float32", "cpu") == "float32" and resolve_dtype("auto", "cuda") == "float32"
     with pytest.raises(ValueError, match="dtype must be one of"):
         Encoder(dtype="int4")
+
+
+def test_single_queries_match_batched_encoding(encoder):
+    """Small calls take the direct forward, large ones sentence-transformers' encode: same vectors."""
+    texts = [f"Person {i} Okafor <|sep|> {rel}" for i in range(20) for rel in ("birth city", "employer")]
+    batched = encoder.encode(texts, cache=False)                              # 40 texts: encode
+    single = np.concatenate([encoder.encode([t], cache=False) for t in texts])  # one at a time: direct
+    assert single.shape == batched.shape == (40, encoder.dim)
+    assert np.allclose(np.linalg.norm(single, axis=1), 1.0, atol=1e-5)
+    assert float((single * batched).sum(axis=1).min()) > 0.999
