@@ -91,7 +91,7 @@ def bench_prompts(n: int, kb) -> list[str]:
 
 def run_generate_bench(model_dir: Path, kb_dir: Path, *, new_tokens: int = 256, n_single: int = 6,
                        n_batch: int = 16, n_check: int = 200, check_tokens: int = 128, repeats: int = 5,
-                       threads: int = 1, log: Callable[[str], None] = print) -> dict:
+                       threads: int = 1, device: str = "cpu", log: Callable[[str], None] = print) -> dict:
     """Measure and compare; returns the JSON-ready report (see the module docstring)."""
     import torch
 
@@ -100,7 +100,8 @@ def run_generate_bench(model_dir: Path, kb_dir: Path, *, new_tokens: int = 256, 
     from ..generate.reencode import reencode_generate
 
     torch.set_num_threads(threads)
-    model, tok, _ = load_model(model_dir)
+    model, tok, _ = load_model(model_dir, device=device)
+    sync = torch.cuda.synchronize if str(model.device).startswith("cuda") else (lambda: None)
     kb = open_kb(kb_dir)
     gen = LookupGenerator(model, tok, kb)
     prompts = bench_prompts(max(n_check, n_single, n_batch), kb)
@@ -118,13 +119,23 @@ def run_generate_bench(model_dir: Path, kb_dir: Path, *, new_tokens: int = 256, 
 
     runs = {"plain_b1": (plain, single, 1), "engine_b1": (engine, single, 1), "reencode_b1": (reencode, single, 1),
             "plain_b16": (plain, batch16, n_batch), "engine_b16": (engine, batch16, n_batch)}
+    eager = LookupGenerator(model, tok, kb, cuda_graphs=False)
+    if gen._graphs():  # on a GPU: the engine without CUDA graphs too, for comparison
+
+        def engine_eager(ps: list[str], batch: int) -> int:
+            return sum(len(r.token_ids) for r in eager.generate(ps, max_new_tokens=new_tokens, batch_size=batch,
+                                                                ignore_eos=True))
+
+        runs.update(engine_eager_b1=(engine_eager, single, 1), engine_eager_b16=(engine_eager, batch16, n_batch))
     for fn, ps, b in runs.values():  # warm up every path once
         fn(ps[:1], 1)
     best: dict[str, float] = {k: 0.0 for k in runs}
     for r in range(repeats):
         for name, (fn, ps, b) in runs.items():
+            sync()
             t0 = time.perf_counter()
             n = fn(ps, b)
+            sync()
             best[name] = max(best[name], n / (time.perf_counter() - t0))
         log(f"round {r + 1}/{repeats}: " + ", ".join(f"{k} {v:.0f}" for k, v in best.items()) + " tokens/s")
 
@@ -137,6 +148,12 @@ def run_generate_bench(model_dir: Path, kb_dir: Path, *, new_tokens: int = 256, 
     loop = [reencode_generate(gen, p, max_new_tokens=check_tokens, ignore_eos=True) for p in check]
     text_loop = [reencode_generate(gen, p, max_new_tokens=check_tokens, ignore_eos=True, retokenize=True)
                  for p in check]
+    if gen._graphs():
+        eager_rows = eager.generate(check, max_new_tokens=check_tokens, batch_size=n_batch, ignore_eos=True)
+        report_extra = {"mismatches_graphs_vs_eager": sum(a.token_ids != b.token_ids
+                                                          for a, b in zip(batched, eager_rows))}
+    else:
+        report_extra = {}
     batch_diff = sum(a.token_ids != b.token_ids for a, b in zip(batched, rows))
     loop_diff = sum(a.token_ids != b.token_ids for a, b in zip(rows, loop))
     text_diff = sum(a.token_ids != b.token_ids for a, b in zip(rows, text_loop))
@@ -149,12 +166,14 @@ def run_generate_bench(model_dir: Path, kb_dir: Path, *, new_tokens: int = 256, 
         "engine_vs_plain_b1": round(best["engine_b1"] / best["plain_b1"], 3),
         "engine_b16_vs_b1": round(best["engine_b16"] / best["engine_b1"], 2),
         "engine_vs_reencode_b1": round(best["engine_b1"] / best["reencode_b1"], 2),
+        **{k.replace("_b", "_tps_b"): round(v, 1) for k, v in best.items() if k.startswith("engine_eager")},
         "mismatches_batch_vs_single": batch_diff, "mismatches_engine_vs_reencode": loop_diff,
         "mismatches_engine_vs_retokenizing_loop": text_diff,
         "lookups_per_check_sequence": round(statistics.mean(len(r.trace) for r in rows), 2),
         "new_tokens": new_tokens, "check_prompts": len(check), "check_tokens": check_tokens,
         "prompts_b1": len(single), "prompts_b16": len(batch16), "repeats": repeats, "threads": threads,
         "parameters": sum(p.numel() for p in model.parameters()), "model": str(model_dir), "kb": str(kb_dir),
+        "device": _device_name(model.device), "cuda_graphs": gen._graphs(), **report_extra,
     }
     return report
 
@@ -168,12 +187,22 @@ def _plain(gen, prompts: list[str], new_tokens: int, batch: int) -> int:
         for k in range(0, len(prompts), batch):
             rows = [gen.prompt_ids(p) for p in prompts[k:k + batch]]
             width = max(map(len, rows))
-            x = torch.tensor([[tok.eos_id] * (width - len(r)) + r for r in rows])
-            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+            x = torch.tensor([[tok.eos_id] * (width - len(r)) + r for r in rows], device=model.device)
+            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=model.device)
             out = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
                                  suppress_tokens=list(tok.call_ids), eos_token_id=[], pad_token_id=tok.eos_id)
             n += (out.shape[1] - width) * len(rows)
     return n
+
+
+def _device_name(device) -> str:
+    import platform
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 @bench_app.command("generate")
@@ -185,7 +214,8 @@ def bench_generate(model: Optional[Path] = typer.Option(None, help="checkpoint (
                    n_check: int = typer.Option(200, help="prompts whose greedy outputs are compared"),
                    check_tokens: int = typer.Option(128, help="tokens generated per compared prompt"),
                    repeats: int = typer.Option(5, help="interleaved timing rounds (the best of each counts)"),
-                   threads: int = typer.Option(1, help="torch threads")):
+                   threads: int = typer.Option(1, help="torch threads"),
+                   device: str = typer.Option("cpu", help="where the model runs: cpu, cuda, cuda:1, ...")):
     """Tokens/s of lookup decoding vs plain generate and the re-encode loop; identical greedy outputs."""
     import sys
 
@@ -197,5 +227,6 @@ def bench_generate(model: Optional[Path] = typer.Option(None, help="checkpoint (
     if model is None:
         model, kb = build_bench_model(cache, log=log)
     report = run_generate_bench(model, kb, new_tokens=new_tokens, n_single=n_single, n_check=n_check,
-                                check_tokens=check_tokens, repeats=repeats, threads=threads, log=log)
+                                check_tokens=check_tokens, repeats=repeats, threads=threads, device=device,
+                                log=log)
     print(json.dumps(report))

@@ -36,13 +36,18 @@ class LookupGenerator:
             token prefix tree (:class:`lmlm.kb.trie.KeyTrie`) that follows the KB's changes.
         loop (`bool`, defaults to `True`): decode greedy and sampled rows with the engine's own
             KV-cached loop (:mod:`lmlm.generate.loop`); ``False`` always calls ``model.generate``.
+        cuda_graphs (`bool`, *optional*): decode in the loop over a static KV cache, each one-token
+            step replayed from a CUDA graph (:mod:`lmlm.generate.graphs`). ``None`` (default): on a
+            CUDA device; ``True``: on a CPU as well (the static cache alone: slower, for checking);
+            ``False``: never.
     """
 
     def __init__(self, model, tokenizer: LookupTokenizer, kb=None, *, logit_bias=PAPER_LOGIT_BIAS,
                  max_lookups: int = 16, max_field_tokens: int = 24, fallback: str | None = "unknown",
-                 on_miss: str = "text", use_db: bool = True, constrained: bool = False, loop: bool = True):
+                 on_miss: str = "text", use_db: bool = True, constrained: bool = False, loop: bool = True,
+                 cuda_graphs: bool | None = None):
         self.model = model.eval()
-        self.loop = loop
+        self.loop, self.cuda_graphs = loop, cuda_graphs
         self.tok, self.kb = tokenizer, kb
         self.options = dict(logit_bias=logit_bias, max_lookups=max_lookups, max_field_tokens=max_field_tokens,
                             fallback=fallback, on_miss=on_miss, use_db=use_db)
@@ -171,6 +176,11 @@ class LookupGenerator:
         return out
 
     # -- pieces ---------------------------------------------------------------------------------
+    def _graphs(self) -> bool:
+        if self.cuda_graphs is None:
+            return self.model.device.type == "cuda"
+        return self.cuda_graphs
+
     def _stop_ids(self) -> list[int]:
         return sorted({self.tok.eos_id, self.tok.doc_id})
 
@@ -188,7 +198,8 @@ class LookupGenerator:
             kwargs.pop("num_beams", None)
             lookup = next((p for p in processors if isinstance(p, LookupLogitsProcessor)), None)
             out = decode(self.model, input_ids, mask, processors, max_new_tokens, stop_ids, pad,
-                         forced_tail=None if lookup is None else lookup.forced_tail, **kwargs)
+                         forced_tail=None if lookup is None else lookup.forced_tail,
+                         graphs=self._graphs(), **kwargs)
         else:
             if kwargs.get("do_sample"):  # sampling warpers are ours, after the grammar
                 kwargs.update(temperature=1.0, top_k=0, top_p=1.0)

@@ -31,7 +31,7 @@ LOOP_KWARGS = frozenset({"do_sample", "repetition_penalty", "num_beams", "stoppi
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, processors: LogitsProcessorList,
            max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, *, do_sample: bool = False,
            repetition_penalty: float = 1.0, stopping_criteria: StoppingCriteriaList | None = None,
-           streamer=None, forced_tail=None) -> torch.Tensor:
+           streamer=None, forced_tail=None, graphs: bool = False) -> torch.Tensor:
     """Continue left-padded ``input_ids`` `(batch_size, width)`; returns `(batch_size, width + new)`.
 
     Args:
@@ -43,6 +43,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, process
             then ``end()``.
         forced_tail: ``forced_tail(row) -> list[int]``: tokens known to follow the one just chosen
             for that row (the rest of a value); with one row they are fed in the same forward.
+        graphs: run the forwards over a static cache, the one-token step replayed from a CUDA graph
+            on a CUDA device (:mod:`lmlm.generate.graphs`): the same tokens, one launch per step.
     """
     B = input_ids.shape[0]
     device = input_ids.device
@@ -51,13 +53,23 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, process
                                  if repetition_penalty != 1.0 else []) + list(processors))
     stops = torch.tensor(list(stop_ids) or [-1], device=device)
     unfinished = torch.ones(B, dtype=torch.bool, device=device)
-    cache = DynamicCache()
+    static = None
+    if graphs:
+        from .graphs import static_decoder
+
+        static = static_decoder(model, B, input_ids.shape[1] + max_new_tokens)
+    cache = DynamicCache() if static is None else None
     ids, mask, feed = input_ids, attention_mask, input_ids
     if streamer is not None:
         streamer.put(input_ids.cpu())
     new = 0
     while new < max_new_tokens:
-        logits = _forward(model, feed, mask if padded else None, cache)  # (B, vocab)
+        if static is None:
+            logits = _forward(model, feed, mask if padded else None, cache)  # (B, vocab)
+        elif feed is input_ids:
+            logits = static.prefill(input_ids, attention_mask)
+        else:
+            logits = static.forward(feed).clone()  # the graph's output buffer is rewritten next step
         scores = procs(ids, logits.float())
         if do_sample:
             nxt = _sample(scores)
