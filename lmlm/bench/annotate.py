@@ -64,7 +64,8 @@ def _corrector_stage(corrupted, validated, correction) -> dict[str, Any]:
 
 def run_annotate_bench(out: Path | None = None, people: int = 600, fraction: float = 0.15, drop: float = 0.10,
                        corrector_steps: int = 150, annotator_steps: int = 400, heldout: int = 100, seed: int = 0,
-                       progress: bool = False) -> dict[str, Any]:
+                       progress: bool = False, annotator_base: str | None = None, lora_r: int = 32,
+                       annotator_lr: float | None = None, device: str | None = None) -> dict[str, Any]:
     """Run the benchmark and return its report (see the module docstring)."""
     import torch
 
@@ -83,12 +84,15 @@ def run_annotate_bench(out: Path | None = None, people: int = 600, fraction: flo
     t_validate = time.perf_counter()
     config = CorrectorConfig(drop=drop, fit=FitConfig(steps=corrector_steps, batch_size=8, seq_len=256, lr=5e-3,
                                                       warmup_steps=10, seed=seed))
+    config.device = device
     correction = correct([v.segments for v in validated], config, out / "corrector" if out else None, progress)
     t_correct = time.perf_counter()
     if out:
         labels = [corrupted[s.doc].labels.get(s.at) for s in correction.scores]
         plot_losses(correction.scores, correction.threshold, out / "losses.png", labels)
-    annotator_cfg = DistillConfig(fit=FitConfig(steps=annotator_steps, batch_size=8, seq_len=256, lr=5e-3,
+    lr = annotator_lr or (2e-3 if annotator_base else 5e-3)
+    annotator_cfg = DistillConfig(base=annotator_base, lora_r=lora_r, device=device,
+                                  fit=FitConfig(steps=annotator_steps, batch_size=8, seq_len=256, lr=lr,
                                                 warmup_steps=20, seed=seed))
     annotator, train_stats = distill(correction.documents, annotator_cfg, out / "annotator" if out else None, progress)
     t_distill = time.perf_counter()
@@ -108,6 +112,8 @@ def run_annotate_bench(out: Path | None = None, people: int = 600, fraction: flo
         "annotator": {**f1, "text_unchanged": sum(not v.text_changed for v in results) / len(results),
                       "train_loss": [train_stats["first_loss"], train_stats["final_loss"]],
                       "train_tokens_per_second": train_stats["tokens_per_second"],
+                      "base": annotator_base, "trainable_parameters": train_stats["trainable_parameters"],
+                      "device": str(next(annotator.model.parameters()).device),
                       "documents_per_second": len(held) / (t_annotate - t_distill)},
         "seconds": {"validate": t_validate - t0, "corrector": t_correct - t_validate,
                     "distill": t_distill - t_correct, "annotate": t_annotate - t_distill,
@@ -124,10 +130,19 @@ def bench_annotate(out: Optional[Path] = typer.Option(None, help="keep the repor
                    fraction: float = typer.Option(0.15, help="share of gold calls damaged"),
                    drop: float = typer.Option(0.10, help="share of calls the corrector drops"),
                    corrector_steps: int = typer.Option(150), annotator_steps: int = typer.Option(400),
-                   seed: int = typer.Option(0)):
+                   heldout: int = typer.Option(100, help="held-out documents the annotator annotates"),
+                   seed: int = typer.Option(0),
+                   annotator_base: Optional[str] = typer.Option(
+                       None, help="tune this pretrained LM (a folder, hub name or .gguf) with LoRA as the annotator "
+                                  "instead of training a small one from scratch"),
+                   lora_r: int = typer.Option(32, help="LoRA rank with --annotator-base"),
+                   annotator_lr: Optional[float] = typer.Option(None, help="annotator peak learning rate "
+                                                                           "(default 5e-3; 2e-3 with a base)"),
+                   device: Optional[str] = typer.Option(None, help="cuda, cpu, ... (default: cuda when available)")):
     """Validation + corrector on damaged gold calls, and the distilled annotator's F1; JSON last line."""
-    report = run_annotate_bench(out, people, fraction, drop, corrector_steps, annotator_steps, seed=seed,
-                                progress=True)
+    report = run_annotate_bench(out, people, fraction, drop, corrector_steps, annotator_steps, heldout, seed,
+                                progress=True, annotator_base=annotator_base, lora_r=lora_r,
+                                annotator_lr=annotator_lr, device=device)
     both, ann = report["validation_and_corrector"], report["annotator"]
     typer.echo(f"removed {both['removed_corrupted']:.1%} of damaged calls, kept {both['kept_clean']:.1%} of clean "
                f"ones; annotator F1 {ann['f1']:.3f}, text unchanged {ann['text_unchanged']:.0%}", err=True)
