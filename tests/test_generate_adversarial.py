@@ -57,11 +57,24 @@ CONFIGS = {
     "forced": (dict(on_miss="skip"), dict(force_lookup=True, force_lookup_at=[0, 5, 9])),
     "nearest": (dict(on_miss="nearest", max_field_tokens=4), dict(repetition_penalty=2.0, stop_strings=["."])),
     "no-kb": (dict(kb=None), dict(ignore_eos=True)),
+    # the static KV cache of CUDA-graph decoding, run eagerly on the CPU
+    "static-cache": (dict(cuda_graphs=True, max_field_tokens=3), dict(ignore_eos=True)),
+    "static-cache-forced": (dict(cuda_graphs=True, on_miss="skip"),
+                            dict(force_lookup=True, force_lookup_at=[0, 5, 9], do_sample=True, seed=4)),
 }
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # on CUDA: graph replay
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_adversarial_model_is_contained(world, kb, random_model, name):
+def test_adversarial_model_is_contained(world, kb, random_model, name, device):
+    try:
+        _contained(world, kb, random_model.to(device), name)
+    finally:
+        random_model.to("cpu")
+
+
+def _contained(world, kb, random_model, name):
     tok = world.tok
     gen_kw, run_kw = CONFIGS[name]
     gen_kw = {"kb": kb, **gen_kw}
