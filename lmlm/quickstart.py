@@ -56,7 +56,7 @@ class QuickstartConfig:
     max_steps: int = 900
     lr: float = 2e-3
     warmup_steps: int = 40
-    precision: str = "bf16"
+    precision: str = "auto"
     n_cloze: int | None = 1500
     n_edits: int = 200
     forget_fraction: float = 0.05

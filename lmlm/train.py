@@ -84,7 +84,9 @@ class TrainConfig:
         log_every: write a line to ``train_log.jsonl`` every this many steps.
         out_dir: run folder (config, log, ``state/``, ``checkpoint/``).
         resume: continue from ``out_dir/state`` if it exists.
-        precision: ``"no"``, ``"bf16"`` or ``"fp16"`` (Accelerate mixed precision).
+        precision: ``"no"``, ``"bf16"`` or ``"fp16"`` (Accelerate mixed precision), or ``"auto"``:
+            bf16 on a GPU that has it and on a CPU with native bf16 (AVX512-BF16 or AMX), else
+            ``"no"`` (on other CPUs bf16 autocast is many times slower than float32).
         cpu: train on CPU even if a GPU is present.
         threads: torch intra-op threads per process (default: cores / processes on this machine;
             on a machine shared with other busy processes, fewer threads can be faster).
@@ -133,8 +135,8 @@ class TrainConfig:
             raise ValueError(f"mode must be 'lmlm' or 'standard', got {self.mode!r}")
         if self.schedule not in ("cosine", "linear", "constant"):
             raise ValueError(f"schedule must be 'cosine', 'linear' or 'constant', got {self.schedule!r}")
-        if self.precision not in ("no", "bf16", "fp16"):
-            raise ValueError(f"precision must be 'no', 'bf16' or 'fp16', got {self.precision!r}")
+        if self.precision not in ("no", "bf16", "fp16", "auto"):
+            raise ValueError(f"precision must be 'no', 'bf16', 'fp16' or 'auto', got {self.precision!r}")
         for name in ("seq_len", "micro_batch_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -535,10 +537,23 @@ def _accelerator(config: TrainConfig):
 
     # Accelerate keeps one process-wide state; a second in-process run with another precision
     # (a notebook, the tests) may start it afresh when no process group ties it down.
+    cpu = config.cpu or not torch.cuda.is_available()
+    precision = resolve_precision(config.precision, cpu)
     state = AcceleratorState._shared_state
-    if state and state.get("_mixed_precision") != config.precision and _local_world_size() == 1:
+    if state and state.get("_mixed_precision") != precision and _local_world_size() == 1:
         AcceleratorState._reset_state()
-    return Accelerator(mixed_precision=config.precision, cpu=config.cpu or not torch.cuda.is_available())
+    return Accelerator(mixed_precision=precision, cpu=cpu)
+
+
+def resolve_precision(precision: str, cpu: bool) -> str:
+    """``"auto"`` made concrete for this machine (see :class:`TrainConfig`); other values as given."""
+    if precision != "auto":
+        return precision
+    if not cpu:
+        return "bf16" if torch.cuda.is_bf16_supported() else "no"
+    from .kb.encoder import native_bf16
+
+    return "bf16" if native_bf16() else "no"
 
 
 def _local_world_size() -> int:

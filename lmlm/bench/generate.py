@@ -23,6 +23,11 @@ of even a tiny model is mostly the model's own forward, which both pay for every
 engine's lead there is bounded by how much of a step is bookkeeping; the re-encode loop's cost
 grows with the context (quadratic in the number of lookups) and it cannot batch.
 
+On a CUDA device (``--device cuda``) the engine decodes over a static KV cache and replays each
+one-token step from a CUDA graph (:mod:`lmlm.generate.graphs`); the report then also carries the
+engine without graphs (``engine_eager_tps_b1``, ``engine_eager_tps_b16``) and
+``mismatches_graphs_vs_eager`` (greedy, 200 prompts).
+
 The model is a 64-wide, 2-layer GPT-2 trained here on a synthetic biography world whose documents
 state five or six facts each (about ten lookups per 256 tokens): small enough that a decode step
 is mostly fixed overhead, where batching pays. It is cached in ``--cache`` so reruns start at once.
