@@ -11,6 +11,7 @@ Exercised by ``lmlm annotate wikipedia DUMP.xml.bz2 --out DIR``.
 from __future__ import annotations
 
 import bz2
+import functools
 import json
 import re
 import statistics
@@ -50,6 +51,10 @@ _RELATION_ALIASES = {"vicepresident": "Vice President", "restingplace": "Resting
                      "knownfor": "Known For", "influenced": "Influenced", "influences": "Influences",
                      "mainint": "Main Interests", "notableideas": "Notable Ideas", "era": "Era",
                      "region": "Region", "school_tradition": "School Tradition"}
+# abbreviations common in infobox keys, spelled out once a key is split into words
+_ABBREVIATIONS = {"lang": "Language", "elev": "Elevation", "us": "US", "pop": "Population", "govt": "Government",
+                  "est": "Established", "subj": "Subject", "db": "DB", "id": "ID"}
+_SHORT_WORDS = {"of", "in", "on", "at", "to", "by", "us", "id", "db"}  # two-letter pieces a key may hold
 _WORD = re.compile(r"\w", re.UNICODE)
 MAX_VALUE_CHARS = 80
 
@@ -109,7 +114,49 @@ def relation_name(field_name: str) -> str:
     key = re.sub(r"\d+$", "", field_name.strip().lower()).strip("_ ")
     if key in _RELATION_ALIASES:
         return _RELATION_ALIASES[key]
-    return " ".join(w.capitalize() for w in re.split(r"[_\s]+", key) if w)
+    words = [w for w in re.split(r"[_\s-]+", key) if w]
+    if len(words) == 1:
+        words = _split_compound(words[0])
+    return " ".join(_ABBREVIATIONS.get(w) or w.capitalize() for w in words)
+
+
+@functools.lru_cache(maxsize=1)
+def _english_words() -> dict[str, int]:
+    """Whole English words with their rank (a proxy for frequency): the MiniLM encoder's WordPiece
+    vocabulary, which ships with the package that holds the encoder; empty if it cannot be read."""
+    from ..kb.encoder import DEFAULT_MODEL, _model_location
+
+    try:
+        lines = (Path(_model_location(DEFAULT_MODEL)) / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return {}
+    words = {w: i for i, w in enumerate(lines) if w.isascii() and w.isalpha() and w.islower()}
+    return {**{w: len(lines) for w in _ABBREVIATIONS}, **words}
+
+
+@functools.lru_cache(maxsize=4096)
+def _split_compound(key: str) -> tuple[str, ...]:
+    """``notableworks`` -> ``("notable", "works")``: the fewest known words (then the most common)
+    that spell a run-together key; the key itself when it is a word or cannot be spelled so.
+
+    Examples:
+        >>> _split_compound("largestcity"), _split_compound("population")
+        (('largest', 'city'), ('population',))
+    """
+    words = _english_words()
+    if len(key) < 7 or not key.isalpha() or key in words or not words:
+        return (key,)
+    # best[i]: (words, rank sum, split) spelling key[:i]
+    best: list[tuple[int, int, tuple[str, ...]] | None] = [(0, 0, ())] + [None] * len(key)
+    for end in range(2, len(key) + 1):
+        for start in range(max(0, end - 20), end - 1):
+            piece, prev = key[start:end], best[start]
+            if prev is None or piece not in words or (len(piece) < 3 and piece not in _SHORT_WORDS):
+                continue
+            cand = (prev[0] + 1, prev[1] + words[piece], prev[2] + (piece,))
+            if best[end] is None or cand[:2] < best[end][:2]:
+                best[end] = cand
+    return best[-1][2] if best[-1] is not None else (key,)
 
 
 def _format_date(args: list[str]) -> str | None:
