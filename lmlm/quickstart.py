@@ -77,7 +77,7 @@ class QuickstartConfig:
 
 
 QUICKSTART_PRESETS: dict[str, dict[str, Any]] = {
-    # about 11-12 minutes on a 2-core CPU
+    # 12 minutes on a 2-core CPU with native bf16, 18 on an AVX2-only one
     "default": {},
     # about 2-3 minutes: what the tests run
     "smoke": dict(world="smoke", model="gpt2-small-cpu", vocab_size=1024, max_steps=200, warmup_steps=20, n_cloze=300, n_edits=40, n_retain=150, n_heldout=40, n_samples=3),
