@@ -82,9 +82,8 @@ def run_annotate_bench(out: Path | None = None, people: int = 600, fraction: flo
     corrupted = corrupt_documents([d.segments for d in world.train_documents], fraction, seed=seed)
     validated = [validate(c.text, c.annotated) for c in corrupted]
     t_validate = time.perf_counter()
-    config = CorrectorConfig(drop=drop, fit=FitConfig(steps=corrector_steps, batch_size=8, seq_len=256, lr=5e-3,
-                                                      warmup_steps=10, seed=seed))
-    config.device = device
+    config = CorrectorConfig(drop=drop, device=device, fit=FitConfig(steps=corrector_steps, batch_size=8, seq_len=256,
+                                                                     lr=5e-3, warmup_steps=10, seed=seed))
     correction = correct([v.segments for v in validated], config, out / "corrector" if out else None, progress)
     t_correct = time.perf_counter()
     if out:

@@ -106,7 +106,7 @@ def run_generate_bench(model_dir: Path, kb_dir: Path, *, new_tokens: int = 256, 
 
     torch.set_num_threads(threads)
     model, tok, _ = load_model(model_dir, device=device)
-    sync = torch.cuda.synchronize if str(model.device).startswith("cuda") else (lambda: None)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     kb = open_kb(kb_dir)
     gen = LookupGenerator(model, tok, kb)
     prompts = bench_prompts(max(n_check, n_single, n_batch), kb)
@@ -124,8 +124,8 @@ def run_generate_bench(model_dir: Path, kb_dir: Path, *, new_tokens: int = 256, 
 
     runs = {"plain_b1": (plain, single, 1), "engine_b1": (engine, single, 1), "reencode_b1": (reencode, single, 1),
             "plain_b16": (plain, batch16, n_batch), "engine_b16": (engine, batch16, n_batch)}
-    eager = LookupGenerator(model, tok, kb, cuda_graphs=False)
-    if gen._graphs():  # on a GPU: the engine without CUDA graphs too, for comparison
+    eager = LookupGenerator(model, tok, kb, cuda_graphs=False) if gen.static_decoding else None
+    if eager is not None:  # on a GPU: the engine without CUDA graphs too, for comparison
 
         def engine_eager(ps: list[str], batch: int) -> int:
             return sum(len(r.token_ids) for r in eager.generate(ps, max_new_tokens=new_tokens, batch_size=batch,
@@ -153,12 +153,12 @@ def run_generate_bench(model_dir: Path, kb_dir: Path, *, new_tokens: int = 256, 
     loop = [reencode_generate(gen, p, max_new_tokens=check_tokens, ignore_eos=True) for p in check]
     text_loop = [reencode_generate(gen, p, max_new_tokens=check_tokens, ignore_eos=True, retokenize=True)
                  for p in check]
-    if gen._graphs():
+    extra = {}
+    if eager is not None:
         eager_rows = eager.generate(check, max_new_tokens=check_tokens, batch_size=n_batch, ignore_eos=True)
-        report_extra = {"mismatches_graphs_vs_eager": sum(a.token_ids != b.token_ids
-                                                          for a, b in zip(batched, eager_rows))}
-    else:
-        report_extra = {}
+        extra = {"engine_eager_tps_b1": round(best["engine_eager_b1"], 1),
+                 "engine_eager_tps_b16": round(best["engine_eager_b16"], 1),
+                 "mismatches_graphs_vs_eager": sum(a.token_ids != b.token_ids for a, b in zip(batched, eager_rows))}
     batch_diff = sum(a.token_ids != b.token_ids for a, b in zip(batched, rows))
     loop_diff = sum(a.token_ids != b.token_ids for a, b in zip(rows, loop))
     text_diff = sum(a.token_ids != b.token_ids for a, b in zip(rows, text_loop))
@@ -171,14 +171,13 @@ def run_generate_bench(model_dir: Path, kb_dir: Path, *, new_tokens: int = 256, 
         "engine_vs_plain_b1": round(best["engine_b1"] / best["plain_b1"], 3),
         "engine_b16_vs_b1": round(best["engine_b16"] / best["engine_b1"], 2),
         "engine_vs_reencode_b1": round(best["engine_b1"] / best["reencode_b1"], 2),
-        **{k.replace("_b", "_tps_b"): round(v, 1) for k, v in best.items() if k.startswith("engine_eager")},
         "mismatches_batch_vs_single": batch_diff, "mismatches_engine_vs_reencode": loop_diff,
         "mismatches_engine_vs_retokenizing_loop": text_diff,
         "lookups_per_check_sequence": round(statistics.mean(len(r.trace) for r in rows), 2),
         "new_tokens": new_tokens, "check_prompts": len(check), "check_tokens": check_tokens,
         "prompts_b1": len(single), "prompts_b16": len(batch16), "repeats": repeats, "threads": threads,
         "parameters": sum(p.numel() for p in model.parameters()), "model": str(model_dir), "kb": str(kb_dir),
-        "device": _device_name(model.device), "cuda_graphs": gen._graphs(), **report_extra,
+        "device": _device_name(model.device), "cuda_graphs": gen.static_decoding, **extra,
     }
     return report
 

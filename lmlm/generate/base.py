@@ -176,7 +176,9 @@ class LookupGenerator:
         return out
 
     # -- pieces ---------------------------------------------------------------------------------
-    def _graphs(self) -> bool:
+    @property
+    def static_decoding(self) -> bool:
+        """Whether the loop decodes over a static cache (CUDA graphs on a GPU): ``cuda_graphs`` resolved."""
         if self.cuda_graphs is None:
             return self.model.device.type == "cuda"
         return self.cuda_graphs
@@ -199,7 +201,7 @@ class LookupGenerator:
             lookup = next((p for p in processors if isinstance(p, LookupLogitsProcessor)), None)
             out = decode(self.model, input_ids, mask, processors, max_new_tokens, stop_ids, pad,
                          forced_tail=None if lookup is None else lookup.forced_tail,
-                         graphs=self._graphs(), **kwargs)
+                         graphs=self.static_decoding, **kwargs)
         else:
             if kwargs.get("do_sample"):  # sampling warpers are ours, after the grammar
                 kwargs.update(temperature=1.0, top_k=0, top_p=1.0)

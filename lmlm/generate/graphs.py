@@ -111,9 +111,9 @@ class StaticDecoder:
         self.used = 0
         real = attention_mask.bool()
         self.mask[:, 0, 0, :real.shape[1]].masked_fill_(real, 0)
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
-        self.position.copy_(positions[:, -1:])
-        return self._eager(input_ids, positions)
+        from .loop import positions
+
+        return self._eager(input_ids, positions(attention_mask))
 
     @torch.inference_mode()
     def forward(self, feed: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-__all__ = ["decode", "LOOP_KWARGS"]
+__all__ = ["decode", "LOOP_KWARGS", "positions"]
 
 # model.generate keywords the loop handles itself; any other sends a call through Hugging Face
 LOOP_KWARGS = frozenset({"do_sample", "repetition_penalty", "num_beams", "stopping_criteria", "streamer"})
@@ -104,10 +104,14 @@ def _forward(model, feed: torch.Tensor, mask: torch.Tensor | None, cache: Dynami
     """Last-position logits of ``feed`` after what ``cache`` holds; fills the cache."""
     kwargs = {}
     if mask is not None:  # left padding: positions count real tokens only, as in generate
-        position_ids = (mask.long().cumsum(-1) - 1).clamp_(min=0)
-        kwargs = dict(attention_mask=mask, position_ids=position_ids[:, -feed.shape[1]:])
+        kwargs = dict(attention_mask=mask, position_ids=positions(mask)[:, -feed.shape[1]:])
     out = model(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=1, **kwargs)
     return out.logits[:, -1]
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded rows: real tokens count from 0, padding sits at 0 (as ``generate``)."""
+    return (mask.long().cumsum(-1) - 1).clamp_(min=0)
 
 
 def _sample(scores: torch.Tensor) -> torch.Tensor:
