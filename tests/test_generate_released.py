@@ -69,7 +69,8 @@ def test_authors_database_is_imported_once(released, tmp_path):
 
 def test_load_model_needs_the_right_tokens(released):
     with pytest.raises(ValueError, match="released"):
-        load_model(released / "model")
+        load_model(released / "model", tokens="paper")
+    assert load_model(released / "model")[1].tokens == RELEASED_TOKENS  # found in its tokenizer
     model, tok, meta = load_model(released / "model", tokens="released")
     assert meta == {} and tok.tokens == RELEASED_TOKENS
     assert tok.start_id == tok.hf.convert_tokens_to_ids("<|db_entity|>")
@@ -83,8 +84,10 @@ def test_load_model_needs_the_right_tokens(released):
 def test_cli_runs_the_released_layout_with_one_flag(released):
     args = ["generate", "Ada Lind was born in", "--model", str(released / "model"),
             "--kb", str(released / "database.json"), "--force-lookup", "--constrained", "--max-new-tokens", "20"]
-    res = runner.invoke(app, args)
+    res = runner.invoke(app, args + ["--tokens", "paper"])
     assert res.exit_code == 2 and "released" in res.output
+    res = runner.invoke(app, args + ["--json"])  # the vocabulary found in its tokenizer
+    assert res.exit_code == 0, res.output
     res = runner.invoke(app, args + ["--tokens", "released", "--json"])
     assert res.exit_code == 0, res.output
     (r,) = json.loads(res.stdout)
@@ -96,3 +99,42 @@ def test_cli_runs_the_released_layout_with_one_flag(released):
     res = runner.invoke(app, args + ["--tokens", "released", "--stream"])  # highlighted text, as it comes
     assert res.exit_code == 0, res.output
     assert "Ada Lind was born in" in res.stdout and "→" in res.stdout and "exact" in res.stdout
+
+
+def test_eval_and_serve_open_the_released_layout(released, tmp_path):
+    """One opener: ``lmlm eval`` and ``lmlm serve`` take what ``lmlm generate`` takes."""
+    from fastapi.testclient import TestClient
+
+    from lmlm.serve.app import create_app
+
+    records = [{"uuid": str(k), "obj_label": c, "sub_label": n, "predicate_id": "P19",
+                "masked_sentence": f"{n} was born in [MASK]."} for k, (n, (c, _)) in enumerate(PEOPLE.items())]
+    (tmp_path / "P19.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    res = runner.invoke(app, ["eval", "trex", "--model", str(released / "model"), "--kb", str(released / "database.json"),
+                              "--data", str(tmp_path / "P19.jsonl"), "--out", str(tmp_path / "trex.json")])
+    assert res.exit_code == 0, res.output
+    out = json.loads((tmp_path / "trex.json").read_text())
+    assert out["metrics"]["trex_n"] == 3
+    with TestClient(create_app(released / "model", released / "database.json", device="cpu")) as client:
+        r = client.post("/api/generate", json={"prompt": "Bram Moss was born in", "max_new_tokens": 12,
+                                                "force_lookup": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["trace"][0]["query_entity"]
+
+
+def test_a_mistyped_or_broken_model_fails_at_once_in_one_line(released, tmp_path):
+    import shutil
+    import time
+
+    t0 = time.perf_counter()
+    res = runner.invoke(app, ["generate", "x", "--model", str(tmp_path / "no-such-run" / "checkpoint"), "--no-db"])
+    assert res.exit_code == 2 and "no such model folder" in res.output and time.perf_counter() - t0 < 10
+    broken = tmp_path / "broken"
+    shutil.copytree(released / "model", broken)
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) // 2])  # truncated
+    res = runner.invoke(app, ["generate", "x", "--model", str(broken), "--no-db"])
+    assert res.exit_code == 2 and "cannot read the model weights" in res.output
+    (broken / "model.safetensors").write_bytes(b"\xff" * 64)  # not a header at all
+    res = runner.invoke(app, ["generate", "x", "--model", str(broken), "--no-db"])
+    assert res.exit_code == 2 and "cannot read the model weights" in res.output

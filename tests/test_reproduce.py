@@ -51,18 +51,51 @@ def test_report_has_every_protocol_beside_the_paper(run):
     out, _, _, report = run
     assert json.loads((out / "report.json").read_text())["claims"] == report["claims"]
     for c in report["claims"]:
-        assert set(c) == {"claim", "paper", "ours", "holds"} and c["holds"] in (True, False, None)
+        assert set(c) == {"claim", "paper", "ours", "holds", "margin", "n", "seeds"} and c["holds"] in (True, False, None)
     md = (out / "report.md").read_text()
     for text in ("Factual precision", "Database ablation", "Prefix-tree", "RAG baseline", "TOFU", "offloading",
-                 "Closing note", "30.6", "75.8", "54.1"):                # the paper's own numbers are shown
+                 "Closing note", "30.6", "75.8", "54.1",                 # the paper's own numbers are shown
+                 "KB only", "calls unanswered and stripped", "RAG reader (trained with passages)", "Verdict",
+                 "added people", "perplexity (dynamic)"):
         assert text in md, text
     for fig in ("perplexity", "factual_precision", "prefix_tree", "rag", "tofu", "offloading"):
         assert (out / "figures" / f"{fig}.png").stat().st_size > 1000, fig
     s = report["stages"]
-    for system in ("lmlm", "lmlm_prefix_tree", "lmlm_no_db", "standard"):
+    for system in ("lmlm", "lmlm_prefix_tree", "lmlm_no_db", "lmlm_calls_stripped", "standard"):
         m = s["factual"]["systems"][system]["metrics"]
         assert set(m) == {"trex", "popqa", "factscore"} and 0 <= m["trex"]["trex_exact_match"] <= 1
-    assert s["bios"]["perplexity"]["lmlm"]["dynamic"] > 1 and s["bios"]["perplexity"]["standard"] > 1
+        b = s["factual"]["systems"][system]["by_stated"]
+        # every item is about a stated or a KB-only fact
+        assert b["trex"]["n_stated"] + b["trex"]["n_kb_only"] == report["config"]["n_trex"]
+    assert s["factual"]["n"]["trex_kb_only"] > 0  # the world has facts no training document states
+    p = s["bios"]["perplexity"]
+    assert p["lmlm"]["dynamic"] > 1 and p["standard"] > 1 and set(p["by_group"]) == {"trained", "added"}
+    for m in s["factual"]["nlu"]["bios_continuation"].values():
+        assert 0 <= m["above_chance"]["p_value"] <= 1
+
+
+def test_seeds_give_every_margin_a_spread(run):
+    _, _, _, report = run
+    s = report["stages"]["seeds"]
+    assert [r["seed"] for r in s["rows"]] == list(report["config"]["seeds"]) == [0, 1]
+    first = s["rows"][0]
+    assert first["ppl_static"] == pytest.approx(report["stages"]["bios"]["perplexity"]["lmlm"]["static"])
+    assert s["rows"][1]["ppl_static"] != first["ppl_static"]          # another seed, another model
+    m = s["summary"]["margin_dynamic"]
+    assert m["n"] == 2 and m["min"] <= m["mean"] <= m["max"] and m["sd"] >= 0
+    perplexity = next(c for c in report["claims"] if c["claim"].startswith("LMLM has lower perplexity"))
+    assert perplexity["seeds"] == 2
+
+
+def test_rag_has_both_readers_and_its_controls(run):
+    out, _, _, report = run
+    r = report["stages"]["rag"]
+    assert set(r["readers"]) == {"standard", "reader"}
+    assert 0 <= r["retrieval_subject_answer_trex"] <= r["retrieval_recall_trex"] <= 1
+    for res in r["readers"].values():
+        assert 0 <= res["oracle_passage_trex"] <= 1 and set(res["metrics"]) == {"trex", "popqa", "factscore"}
+    assert (out / "rag" / "reader" / "checkpoint" / "config.json").exists()
+    assert sum("(reader: Standard trained with passages)" in c["claim"] for c in report["claims"]) == 3
 
 
 def test_benchmark_files_in_official_formats(run):
@@ -83,8 +116,16 @@ def test_unlearning_and_offloading_stages(run):
         assert all(0 <= r["model_utility"] <= 1 and r["forget_quality"] is not None for r in traj)
     ga = t["unlearning_runs"]["ga-0"]["trajectory"]
     assert ga[-1]["tofu_forget_prob"] < ga[0]["tofu_forget_prob"]      # gradient ascent did push the answers down
+    seeds = t["seeds"]
+    assert set(seeds["per_seed"]) == {"0", "1"} and set(seeds["null"]) == {"0-1"}
+    assert 0 <= seeds["null"]["0-1"]["forget_quality"] <= 1 and 0 <= seeds["null"]["0-1"]["forget_quality_values"] <= 1
+    assert seeds["per_seed"]["0"]["unlearned"] == t["models"]["lmlm_unlearned"]
+    assert (out / "tofu" / "train-lmlm-retain95-seed1" / "checkpoint" / "config.json").exists()
+    assert t["verdict"]["label"] in ("forgets", "noise", "the metric", "memorisation", "undecided")
     o = report["stages"]["offloading"]
     assert [r["ratio"] for r in o["ratios"]] == [0.0, 0.5, 1.0]
+    assert o["ratios"][0]["perplexity_dynamic"] == o["ratios"][0]["perplexity_static"]  # no calls at 0%
+    assert all(r["perplexity_dynamic"] > 1 for r in o["ratios"])
     assert [r["facts_offloaded"] for r in o["ratios"]] == [0, round(o["facts"] / 2), o["facts"]]
     assert (out / "offloading" / "ratio-050" / "checkpoint" / "config.json").exists()
 

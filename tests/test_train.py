@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM
 from lmlm.checkpoint import load_checkpoint
 from lmlm.lookup import Text, parse, strip
 from lmlm.tokens import CALL, IGNORE_INDEX, ORG, VALUE, LookupTokenizer, train_bpe
-from lmlm.train import (TrainConfig, _Batches, encode_documents, evaluate_loss, learning_rate, main, pack,
-                        read_documents, train)
+from lmlm.corpus import read_documents
+from lmlm.train import TrainConfig, _Batches, encode_documents, evaluate_loss, learning_rate, main, pack, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,6 +91,22 @@ def test_pack_preserves_every_token_and_role(docs, tok):
     assert dropped.input_ids.flatten().tolist() == ids[:len(dropped) * 64]
 
 
+def test_pack_by_document_starts_each_document_a_block(docs, tok):
+    enc = encode_documents(docs[:30], tok, "lmlm")
+    packed = pack(enc, 48, tok.end_id, pad_id=tok.eos_id, by_document=True)
+    assert len(packed) == sum(-(-len(e.input_ids) // 48) for e in enc) > len(enc)  # long ones take two blocks
+    row = 0
+    for e in enc:  # each document from the start of a block, every token kept, the rest untrained padding
+        n = -(-len(e.input_ids) // 48)
+        flat = packed.input_ids[row:row + n].flatten()
+        assert flat[:len(e.input_ids)].tolist() == e.input_ids and flat[0] == tok.doc_id
+        assert (packed.labels[row:row + n].flatten()[len(e.input_ids):] == IGNORE_INDEX).all()
+        row += n
+    assert packed.num_tokens == sum(len(e.input_ids) for e in enc)
+    stream = pack(enc, 48, tok.end_id, pad_id=tok.eos_id)  # the same trained targets, in other blocks
+    assert (packed.labels != IGNORE_INDEX).sum() >= (stream.labels != IGNORE_INDEX).sum() - len(stream)
+
+
 def test_labels_mask_exactly_values_and_db_end(docs, tok):
     enc = encode_documents(docs[:30], tok, "lmlm")
     packed = pack(enc, 64, tok.end_id)
@@ -111,7 +127,8 @@ def test_read_documents_jsonl_and_txt(tmp_path):
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     (tmp_path / "a.txt").write_text("\n".join(texts) + "\n\n")
     expected = [parse(t).segments for t in texts]
-    assert read_documents(tmp_path / "a.jsonl") == read_documents(tmp_path / "a.txt") == expected
+    segments = [[d.segments for d in read_documents(tmp_path / f)] for f in ("a.jsonl", "a.txt")]
+    assert segments[0] == segments[1] == expected
 
 
 def test_block_order_is_a_seeded_permutation_per_epoch():
@@ -137,7 +154,7 @@ def test_config_validation():
         TrainConfig(mode="rag")
     with pytest.raises(ValueError, match="max_steps or epochs"):
         TrainConfig(max_steps=3, epochs=1)
-    with pytest.raises(ValueError, match="unknown TrainConfig fields"):
+    with pytest.raises(ValueError, match="unknown field"):
         TrainConfig.from_dict({"learning_rate": 1.0})
 
 

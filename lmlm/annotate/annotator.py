@@ -54,6 +54,9 @@ class AnnotatorOptions:
         max_field_tokens: longest entity, relation or value.
         max_calls_per_position: calls in a row before the next word.
         call_bias: added to the score of opening a call (negative: fewer calls).
+        call_threshold: open a call only where the model gives ``<|db_start|>`` at least this
+            probability (``None``: wherever it scores above the next text token). A small model
+            that predicts ordinary words poorly would otherwise open calls before most rare words.
         base: the pretrained model a LoRA adapter applies to (``None``: the folder holds the full model).
     """
 
@@ -63,6 +66,7 @@ class AnnotatorOptions:
     max_field_tokens: int = 24
     max_calls_per_position: int = 2
     call_bias: float = 0.0
+    call_threshold: float | None = None
     base: str | None = None
 
     def __post_init__(self) -> None:
@@ -251,7 +255,9 @@ class _Row:
             t = self.org[self.i]
             can_call = (self.calls_here < opts.max_calls_per_position and self.starts[self.i]
                         and (self.i > 0 or opts.entity == "free"))
-            if can_call and float(logits[tok.start_id]) + opts.call_bias > float(logits[t]):
+            if can_call and float(logits[tok.start_id]) + opts.call_bias > float(logits[t]) and (
+                    opts.call_threshold is None
+                    or float(torch.softmax(logits.float(), -1)[tok.start_id]) >= opts.call_threshold):
                 t = tok.start_id
         elif self.mode == _VALUE:
             j = self.i + len(self.field_ids)
@@ -271,7 +277,9 @@ class _Row:
             return marker
         if self.mode == _ENTITY and opts.entity == "copy":
             cands, can_end = _continuations(self.org[:self.i], f, self.starts, self.ends)
-            return _best(logits, cands + ([marker] if can_end else [])) if cands or not can_end else marker
+            if not cands:  # nothing left to copy: close the entity (an empty one fails validation)
+                return marker
+            return _best(logits, cands + ([marker] if can_end else []))
         elif self.mode == _RELATION and self.ann._relations:
             cands = sorted(self.ann._relations.next.get(f, ()))
             if f in self.ann._relations.whole:

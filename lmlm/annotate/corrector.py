@@ -25,7 +25,8 @@ from typing import Any, Sequence
 
 import torch
 
-from ..lookup import Lookup, Segment, plain_text, render
+from ..corpus import Document, write_documents
+from ..lookup import Lookup, Segment, plain_text
 from ..tokens import ENTITY, RELATION, labels_from_roles
 from .lm import FitConfig, add_lora, default_device, fit, load_base, new_model, pack_examples, token_nll
 from .validate import calls_with_offsets, insert_calls
@@ -90,12 +91,24 @@ class CallScore:
 
 @dataclass
 class Correction:
-    """The filtered documents, every call's score, the cut, and the training statistics."""
+    """The filtered documents, every call's score, the cut, and the training statistics.
+
+    ``inputs``: the input documents when they were :class:`lmlm.corpus.Document` (their id, source,
+    split and metadata go to ``kept.jsonl``).
+    """
 
     documents: list[list[Segment]]
     scores: list[CallScore]
     threshold: float
     stats: dict[str, Any]
+    inputs: list[Document] | None = None
+
+    def kept_documents(self) -> list[Document]:
+        """The filtered documents in the schema of :mod:`lmlm.corpus`."""
+        if self.inputs is None:
+            return [Document.from_segments(str(i), d) for i, d in enumerate(self.documents, 1)]
+        return [Document.from_segments(o.id, d, source=o.source, split=o.split, meta=o.meta)
+                for o, d in zip(self.inputs, self.documents)]
 
     def kept_offsets(self) -> list[set[int]]:
         kept = [set() for _ in self.documents]
@@ -201,15 +214,19 @@ def _call_spans(ids: list[int], roles: list[int], start_id: int) -> list[tuple[l
     return spans
 
 
-def correct(documents: Sequence[Sequence[Segment]], config: CorrectorConfig | None = None,
+def correct(documents: Sequence[Document | Sequence[Segment]], config: CorrectorConfig | None = None,
             out_dir: str | Path | None = None, progress: bool = True) -> Correction:
     """Train the corrector on ``documents``, score their calls and drop the top ``config.drop``.
+
+    Args:
+        documents: :class:`lmlm.corpus.Document` objects or segment lists.
 
     With ``out_dir``: writes ``kept.jsonl`` (the filtered documents), ``scores.jsonl`` (one line per
     call), ``report.json`` and ``losses.png``.
     """
     config = config or CorrectorConfig()
-    documents = [list(d) for d in documents]
+    inputs = list(documents) if documents and all(isinstance(d, Document) for d in documents) else None
+    documents = [list(d.segments) if isinstance(d, Document) else list(d) for d in documents]
     log = Path(out_dir) / "train_log.jsonl" if out_dir else None
     if log:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -224,7 +241,7 @@ def correct(documents: Sequence[Sequence[Segment]], config: CorrectorConfig | No
             kept[s.doc].append((s.at, Lookup(s.entity, s.relation, s.value)))
     filtered = [insert_calls(plain_text(d)[0], k) for d, k in zip(documents, kept)]
     stats = {**{k: v for k, v in stats.items() if k != "losses"}, "config": asdict(config)}
-    result = Correction(filtered, scores, threshold, stats)
+    result = Correction(filtered, scores, threshold, stats, inputs)
     if out_dir:
         write_correction(result, out_dir)
     return result
@@ -251,9 +268,7 @@ def write_correction(result: Correction, out_dir: str | Path, labels: Sequence[s
     """``kept.jsonl``, ``scores.jsonl``, ``report.json`` and ``losses.png`` into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "kept.jsonl").open("w", encoding="utf-8") as f:
-        for d in result.documents:
-            f.write(json.dumps({"text": plain_text(d)[0], "annotated": render(d)}, ensure_ascii=False) + "\n")
+    write_documents(out / "kept.jsonl", result.kept_documents())
     with (out / "scores.jsonl").open("w", encoding="utf-8") as f:
         for s in result.scores:
             f.write(json.dumps(asdict(s), ensure_ascii=False) + "\n")

@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..corpus import Document, iter_documents, read_documents, write_documents
 from ..lookup import Lookup, Segment
 from .annotator import Annotator, AnnotatorOptions
 from .lm import FitConfig, add_lora, default_device, fit, load_base, new_model, pack_examples
-from .pipeline import read_texts
 from .validate import ValidationReport
 
 __all__ = ["DistillConfig", "distill", "run_corpus"]
@@ -69,16 +69,17 @@ class DistillConfig:
             raise ValueError(f"relations must be 'seen' or 'free', got {self.relations!r}")
 
 
-def distill(documents: Sequence[Sequence[Segment]], config: DistillConfig | None = None,
+def distill(documents: Sequence[Document | Sequence[Segment]], config: DistillConfig | None = None,
             out_dir: str | Path | None = None, progress: bool = True) -> tuple[Annotator, dict[str, Any]]:
-    """Train an annotator on annotated ``documents``; save it to ``out_dir`` if given.
+    """Train an annotator on annotated ``documents`` (:class:`lmlm.corpus.Document` objects or
+    segment lists); save it to ``out_dir`` if given.
 
     Returns:
         The annotator and the training statistics (``first_loss``, ``final_loss``,
         ``tokens_per_second``, ``seconds``, ``steps``, ``trainable_parameters``).
     """
     config = config or DistillConfig()
-    documents = [list(d) for d in documents]
+    documents = [list(d.segments) if isinstance(d, Document) else list(d) for d in documents]
     if not documents:
         raise ValueError("no documents to distill from")
     if config.base:
@@ -120,18 +121,21 @@ def _resume_partial(path: Path) -> set[str]:
     return {json.loads(line)["id"] for line in keep.decode("utf-8").splitlines() if line.strip()}
 
 
-def _write_shard(annotator: Annotator, docs: list[tuple[str, str]], final: Path, batch_size: int, bar) -> dict:
-    """Annotate the documents of one shard that are not written yet; rename the shard when complete."""
+def _write_shard(annotator: Annotator, docs: list[Document], final: Path, batch_size: int, bar) -> dict:
+    """Annotate the documents of one shard that are not written yet; rename the shard when complete.
+
+    A shard is a document file (:mod:`lmlm.corpus`) whose records also carry ``calls``,
+    ``rejected`` and ``text_changed``."""
     partial = final.with_name(final.name + ".partial")
     done = _resume_partial(partial)
-    todo = [(i, t) for i, t in docs if i not in done]
+    todo = [d for d in docs if d.id not in done]
     counts = {"documents": 0, "tokens": 0}
     with partial.open("a", encoding="utf-8") as f:
         for k in range(0, len(todo), batch_size):
             batch = todo[k:k + batch_size]
             before = annotator.generated_tokens
-            for (doc_id, text), v in zip(batch, annotator.annotate([t for _, t in batch], batch_size)):
-                f.write(json.dumps({"id": doc_id, **v.to_dict()}, ensure_ascii=False) + "\n")
+            for doc, v in zip(batch, annotator.annotate([d.text for d in batch], batch_size)):
+                f.write(json.dumps(v.document(doc).to_record(), ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
             counts["documents"] += len(batch)
@@ -145,10 +149,10 @@ def _write_shard(annotator: Annotator, docs: list[tuple[str, str]], final: Path,
 def run_corpus(corpus: str | Path, out_dir: str | Path, annotator: Annotator | str | Path, *,
                shard_size: int = 512, batch_size: int = 16, worker: tuple[int, int] = (0, 1),
                limit: int | None = None, progress: bool = True) -> dict[str, Any]:
-    """Annotate ``corpus`` (JSONL with a ``text`` field, or text with one document per line) in shards.
+    """Annotate the plain ``text`` of the documents of ``corpus`` in shards.
 
     Args:
-        corpus: the input file.
+        corpus: the input documents (any format of :mod:`lmlm.corpus`).
         out_dir: shards go to ``out_dir/shards``; the merged results to ``out_dir``.
         annotator: an :class:`Annotator` or its folder.
         shard_size: documents per shard (the unit of resumption across workers).
@@ -165,7 +169,7 @@ def run_corpus(corpus: str | Path, out_dir: str | Path, annotator: Annotator | s
         raise ValueError(f"worker must be (k, n) with 0 <= k < n, got {worker}")
     if shard_size <= 0:
         raise ValueError(f"shard_size must be positive, got {shard_size}")
-    docs = read_texts(corpus)[:limit]
+    docs = read_documents(corpus)[:limit]
     out, shards = Path(out_dir), Path(out_dir) / "shards"
     shards.mkdir(parents=True, exist_ok=True)
     ann = annotator if isinstance(annotator, Annotator) else Annotator.load(annotator)
@@ -190,22 +194,30 @@ def run_corpus(corpus: str | Path, out_dir: str | Path, annotator: Annotator | s
 
 
 def _merge(out: Path, n_shards: int) -> dict[str, Any]:
-    """Concatenate the shards into ``annotated.jsonl`` and ``triples.jsonl``; count calls and rejections."""
+    """Concatenate the shards into ``annotated.jsonl`` (documents) and ``triples.jsonl``; count calls
+    and rejections."""
     report = ValidationReport()
-    with (out / "annotated.jsonl").open("w", encoding="utf-8") as docs_f, \
-            (out / "triples.jsonl").open("w", encoding="utf-8") as triples_f:
+
+    def documents():
         for s in range(n_shards):
-            for line in (out / "shards" / f"shard-{s:05d}.jsonl").read_text(encoding="utf-8").splitlines():
-                row = json.loads(line)
-                docs_f.write(json.dumps({"id": row["id"], "text": row["annotated"]}, ensure_ascii=False) + "\n")
-                for c in row["calls"]:
+            yield from iter_documents(out / "shards" / f"shard-{s:05d}.jsonl")
+
+    with (out / "triples.jsonl").open("w", encoding="utf-8") as triples_f:
+        def counted():
+            for doc in documents():
+                calls, rejected = doc.meta.get("calls", []), doc.meta.get("rejected", [])
+                for c in calls:
                     triples_f.write(json.dumps({"entity": c["entity"], "relation": c["relation"], "value": c["value"],
-                                                "source": row["id"]}, ensure_ascii=False) + "\n")
+                                                "source": doc.id, "position": c.get("at")},
+                                               ensure_ascii=False) + "\n")
                 report.documents += 1
-                report.documents_text_changed += row["text_changed"]
-                report.kept += len(row["calls"])
-                report.calls += len(row["calls"]) + len(row["rejected"])
-                report.rejected.update(r["reason"] for r in row["rejected"])
+                report.documents_text_changed += bool(doc.meta.get("text_changed"))
+                report.kept += len(calls)
+                report.calls += len(calls) + len(rejected)
+                report.rejected.update(r["reason"] for r in rejected)
+                yield doc
+
+        write_documents(out / "annotated.jsonl", counted())
     return report.to_dict()
 
 

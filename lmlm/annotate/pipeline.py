@@ -3,7 +3,8 @@
 :func:`annotate` sends each text to an LLM backend (any URL of :mod:`lmlm.annotate.backends`, with
 few-shot examples from the corpus) or to a distilled annotator (``annotator:FOLDER`` or an
 :class:`~lmlm.annotate.annotator.Annotator`), and validates every answer. :func:`seed_file` and
-:func:`validate_file` do the same for files and write the results with a report.
+:func:`validate_file` do the same for files and write the results with a report. Files are read
+and written through :mod:`lmlm.corpus`: ``annotated`` holds the calls, ``text`` the input.
 
 Exercised by ``lmlm annotate seed`` and ``lmlm annotate validate``.
 
@@ -19,15 +20,16 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from .prompts import Example, build_messages, extract_annotation, select_examples
-from .validate import Validated, ValidationReport, validate
+from ..corpus import Document, iter_documents, read_documents, write_documents
+from .prompts import Example, build_messages, extract_annotation, parse_fact_lines, select_examples
+from .validate import Validated, ValidationReport, place_facts, validate
 
-__all__ = ["annotate", "read_texts", "read_annotated", "seed_file", "validate_file", "write_results"]
+__all__ = ["annotate", "seed_file", "validate_file", "write_results"]
 
 
 def annotate(texts: Sequence[str], backend: Any = "openai://127.0.0.1:8080/v1?model=default", *,
              examples: Sequence[Example] = (), cache: str | Path | bool | None = None, batch_size: int = 16,
-             max_tokens: int | None = None, temperature: float = 0.0) -> list[Validated]:
+             max_tokens: int | None = None, temperature: float = 0.0, style: str = "inline") -> list[Validated]:
     """Annotate ``texts`` with lookup calls and validate each answer.
 
     Args:
@@ -37,8 +39,13 @@ def annotate(texts: Sequence[str], backend: Any = "openai://127.0.0.1:8080/v1?mo
         examples: few-shot examples (see :func:`~lmlm.annotate.prompts.select_examples`).
         cache: the LLM response cache (a SQLite file; ``False``: none; ``None``: the default one).
         batch_size: texts sent per backend call.
-        max_tokens: answer budget per text (default: about three times the passage).
+        max_tokens: answer budget per text (default: about three times the passage; a third of that
+            for ``style="facts"``).
         temperature: 0 for greedy answers.
+        style: ``"inline"``: the LLM writes the passage with its calls (the paper's way);
+            ``"facts"``: it lists ``Entity | Relation | Value`` lines and each call is placed before
+            the value's first mention after its entity (:func:`~lmlm.annotate.validate.place_facts`),
+            so the text is unchanged by construction (what a small model like SmolLM2-135M manages).
 
     Returns:
         One :class:`~lmlm.annotate.validate.Validated` per text: kept calls on the unchanged input text,
@@ -56,114 +63,59 @@ def annotate(texts: Sequence[str], backend: Any = "openai://127.0.0.1:8080/v1?mo
     for i in range(0, len(texts), batch_size):
         chunk = list(texts[i:i + batch_size])
         budget = max_tokens or max(256, max(len(t) for t in chunk))  # about 4 tokens per passage token
-        answers = llm.complete([build_messages(t, examples) for t in chunk], max_tokens=budget,
+        if style == "facts" and not max_tokens:
+            budget = max(96, budget // 3)
+        answers = llm.complete([build_messages(t, examples, style=style) for t in chunk], max_tokens=budget,
                                temperature=temperature)
+        if style == "facts":
+            answers = [place_facts(t, parse_fact_lines(a)) for t, a in zip(chunk, answers)]
         out += [validate(t, extract_annotation(a)) for t, a in zip(chunk, answers)]
     return out
 
 
-def _rows(path: Path) -> list[tuple[int, dict | str]]:
-    """(line number, JSON object or text line) of a ``.jsonl`` or text file, blank lines skipped."""
-    if not path.is_file():
-        raise FileNotFoundError(f"no input file at {path}")
-    rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{path}:{lineno}: not a JSON line: {e}") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object")
-            rows.append((lineno, row))
-        else:
-            rows.append((lineno, line))
-    return rows
-
-
-def read_texts(path: str | Path) -> list[tuple[str, str]]:
-    """(id, plain text) of each document: ``.jsonl`` with ``text`` (or ``plain``) and optional ``id`` /
-    ``doc_id``, or a text file with one document per line (id: the line number)."""
-    path = Path(path)
-    out = []
-    for lineno, row in _rows(path):
-        if isinstance(row, str):
-            out.append((str(lineno), row))
-            continue
-        text = row.get("text", row.get("plain"))
-        if not isinstance(text, str):
-            raise ValueError(f"{path}:{lineno}: no 'text' field")
-        out.append((str(row.get("id", row.get("doc_id", lineno))), text))
-    return out
-
-
-def read_annotated(path: str | Path) -> list[tuple[str, str | None, str]]:
-    """(id, plain text or None, annotation) of each annotated document.
-
-    ``.jsonl`` rows carry ``annotated`` (and ``text``/``plain``: the input it must match) or only
-    ``text`` holding the annotation; text files hold one annotation per line.
-    """
-    path = Path(path)
-    out = []
-    for lineno, row in _rows(path):
-        if isinstance(row, str):
-            out.append((str(lineno), None, row))
-            continue
-        doc_id = str(row.get("id", row.get("doc_id", lineno)))
-        if isinstance(row.get("annotated"), str):
-            plain = row.get("plain", row.get("text"))
-            out.append((doc_id, plain if isinstance(plain, str) else None, row["annotated"]))
-        elif isinstance(row.get("text"), str):
-            out.append((doc_id, None, row["text"]))
-        else:
-            raise ValueError(f"{path}:{lineno}: no 'annotated' or 'text' field")
-    return out
-
-
-def write_results(out: str | Path, ids: Sequence[str], results: Sequence[Validated],
+def write_results(out: str | Path, documents: Sequence[Document], results: Sequence[Validated],
                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write ``annotated.jsonl`` (kept calls), ``rejected.jsonl`` (one line per rejected call) and
-    ``report.json`` (counts per reason) into the folder ``out``; return the report."""
+    """Write ``annotated.jsonl`` (the documents with their kept calls, in the schema of
+    :mod:`lmlm.corpus`), ``rejected.jsonl`` (one line per rejected call) and ``report.json`` (counts
+    per reason) into the folder ``out``; return the report."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "annotated.jsonl").open("w", encoding="utf-8") as f, \
-            (out / "rejected.jsonl").open("w", encoding="utf-8") as rf:
-        for doc_id, v in zip(ids, results):
-            f.write(json.dumps({"id": doc_id, **v.to_dict()}, ensure_ascii=False) + "\n")
+    write_documents(out / "annotated.jsonl", (v.document(d) for d, v in zip(documents, results)))
+    with (out / "rejected.jsonl").open("w", encoding="utf-8") as rf:
+        for d, v in zip(documents, results):
             for r in v.rejected:
-                rf.write(json.dumps({"id": doc_id, **r.to_dict()}, ensure_ascii=False) + "\n")
+                rf.write(json.dumps({"id": d.id, **r.to_dict()}, ensure_ascii=False) + "\n")
     report = {**ValidationReport.of(results).to_dict(), **(extra or {})}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
 def validate_file(path: str | Path, out: str | Path) -> dict[str, Any]:
-    """Validate the annotated documents of ``path``; rows without their plain text are checked against
-    their own annotation stripped (syntax, values, entities and duplicates, not text changes)."""
-    from ..lookup import parse, strip
-
-    rows = read_annotated(path)
-    results = [validate(plain if plain is not None else strip(parse(ann).segments), ann) for _, plain, ann in rows]
-    return write_results(out, [r[0] for r in rows], results)
+    """Validate the annotated documents of ``path`` (any format of :mod:`lmlm.corpus`) against their
+    plain text; a file that gives no plain text is checked against each annotation stripped
+    (syntax, values, entities and duplicates, not text changes)."""
+    docs = read_documents(path)
+    return write_results(out, docs, [validate(d.text, d.annotated) for d in docs])
 
 
 def seed_file(path: str | Path, out: str | Path, backend: str, *, examples_from: str | Path | None = None,
               k: int = 2, limit: int | None = None, cache: str | Path | bool | None = None,
-              batch_size: int = 8) -> dict[str, Any]:
+              batch_size: int = 8, max_tokens: int | None = None, style: str = "inline") -> dict[str, Any]:
     """Seed annotation: annotate the documents of ``path`` with an LLM backend and validate them.
 
     Args:
-        examples_from: annotated documents (JSONL/text) to take ``k`` few-shot examples from.
+        path: documents (any format of :mod:`lmlm.corpus`); their plain ``text`` is annotated.
+        examples_from: annotated documents to take ``k`` few-shot examples from.
         limit: the first ``limit`` documents only.
+        max_tokens: answer budget per document (default: see :func:`annotate`).
+        style: ``inline`` or ``facts`` (see :func:`annotate`).
     """
-    docs = read_texts(path)[:limit]
-    examples = select_examples((a for _, _, a in read_annotated(examples_from)), k) if examples_from else []
+    docs = read_documents(path)[:limit]
+    examples = select_examples((d.annotated for d in iter_documents(examples_from)), k) if examples_from else []
     results = []
     from tqdm.auto import tqdm
 
     for i in tqdm(range(0, len(docs), batch_size), desc="seed", unit="batch"):
-        results += annotate([t for _, t in docs[i:i + batch_size]], backend, examples=examples, cache=cache,
-                            batch_size=batch_size)
-    return write_results(out, [d for d, _ in docs], results, {"backend": backend, "examples": len(examples)})
+        results += annotate([d.text for d in docs[i:i + batch_size]], backend, examples=examples, cache=cache,
+                            batch_size=batch_size, max_tokens=max_tokens, style=style)
+    return write_results(out, docs, results, {"backend": backend, "examples": len(examples), "style": style})

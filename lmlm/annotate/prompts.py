@@ -23,7 +23,10 @@ from typing import Iterable, Sequence
 
 from ..lookup import parse, strip
 
-__all__ = ["INSTRUCTIONS", "Example", "DEFAULT_EXAMPLE", "select_examples", "build_messages", "extract_annotation"]
+__all__ = ["INSTRUCTIONS", "FACT_INSTRUCTIONS", "Example", "DEFAULT_EXAMPLE", "select_examples", "build_messages",
+           "extract_annotation", "fact_lines", "parse_fact_lines", "STYLES"]
+
+STYLES = ("inline", "facts")  # how the LLM answers: the annotated passage, or a list of facts
 
 INSTRUCTIONS = """\
 You mark the facts in a passage so that a language model can later look them up in a database \
@@ -50,6 +53,17 @@ already clear from the text before the call. Never mark a fact whose entity is o
 
 Do not change the passage: no words added, removed, reordered or corrected. Answer with the \
 annotated passage only."""
+
+
+FACT_INSTRUCTIONS = """\
+List the facts that the passage states about named entities (people, organisations, places, works, \
+events), one per line, as:
+Entity | Relation | Value
+- Entity: the full name of the entity the fact is about, as the passage gives it.
+- Relation: a short, general label in title case that can be reused for other entities \
+(Birth Date, Birth Place, Occupation, Nationality, Spouse, Capital, Founded, Author).
+- Value: copied word for word from the passage, as short as possible.
+Only facts the passage states. Answer with the fact lines only."""
 
 
 @dataclass(frozen=True)
@@ -102,11 +116,41 @@ def select_examples(annotated: Iterable[str], k: int = 2, max_chars: int = 700) 
     return chosen
 
 
-def build_messages(text: str, examples: Sequence[Example] = (), instructions: str = INSTRUCTIONS) -> list[dict]:
-    """Chat messages asking to annotate ``text``: the instructions, few-shot turns, then the passage."""
-    messages = [{"role": "system", "content": instructions}]
+def fact_lines(annotated: str) -> str:
+    """The calls of an annotation as ``Entity | Relation | Value`` lines (a few-shot answer of the ``facts`` style)."""
+    return "\n".join(f"{c.entity} | {c.relation} | {c.value}" for c in parse(annotated).lookups)
+
+
+def parse_fact_lines(answer: str) -> list[tuple[str, str, str]]:
+    """``(entity, relation, value)`` of each well-formed ``Entity | Relation | Value`` line, repeats dropped.
+
+    Examples:
+        >>> parse_fact_lines("- Ada | Birth City | London\\nAda | Birth City | London\\nnot a fact")
+        [('Ada', 'Birth City', 'London')]
+    """
+    out: dict[tuple[str, str, str], None] = {}
+    for line in answer.splitlines():
+        parts = [p.strip().strip("*").strip() for p in line.strip().lstrip("-*0123456789.) ").split("|")]
+        if len(parts) == 3 and all(parts):
+            out[tuple(parts)] = None  # type: ignore[index]
+    return list(out)
+
+
+def build_messages(text: str, examples: Sequence[Example] = (), instructions: str | None = None,
+                   style: str = "inline") -> list[dict]:
+    """Chat messages asking to annotate ``text``: the instructions, few-shot turns, then the passage.
+
+    ``style="inline"`` asks for the passage with its calls (the paper's way); ``"facts"`` asks for
+    the facts as ``Entity | Relation | Value`` lines, which a small model manages far better than
+    copying a passage (:func:`lmlm.annotate.validate.place_facts` then puts each call in the text).
+    """
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
+    default = INSTRUCTIONS if style == "inline" else FACT_INSTRUCTIONS
+    messages = [{"role": "system", "content": instructions or default}]
     for ex in examples or (DEFAULT_EXAMPLE,):
-        messages += [{"role": "user", "content": ex.text}, {"role": "assistant", "content": ex.annotated}]
+        answer = ex.annotated if style == "inline" else fact_lines(ex.annotated)
+        messages += [{"role": "user", "content": ex.text}, {"role": "assistant", "content": answer}]
     return messages + [{"role": "user", "content": text}]
 
 

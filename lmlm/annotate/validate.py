@@ -34,9 +34,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Literal, Sequence
 
+from ..corpus import Document
 from ..lookup import Lookup, Segment, Text, parse, plain_text, render, render_lookup, strip
 
-__all__ = ["REASONS", "Rejected", "Validated", "ValidationReport", "validate", "insert_calls", "calls_with_offsets"]
+__all__ = ["REASONS", "Rejected", "Validated", "ValidationReport", "validate", "insert_calls", "calls_with_offsets",
+           "place_facts"]
 
 REASONS = ("malformed", "text_changed", "value_not_after_call", "entity_not_in_left_context", "duplicate")
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -85,6 +87,12 @@ class Validated:
                 "calls": [dict(entity=c.entity, relation=c.relation, value=c.value, at=p)
                           for c, p in zip(self.kept, self.positions)],
                 "rejected": [r.to_dict() for r in self.rejected]}
+
+    def document(self, of: Document) -> Document:
+        """The annotated version of the input document ``of`` (id, source, split and metadata kept;
+        ``text_changed``, ``calls`` and ``rejected`` added to its metadata)."""
+        extra = {k: v for k, v in self.to_dict().items() if k not in ("text", "annotated")}
+        return Document(of.id, self.annotated, self.text, of.source, of.split, {**of.meta, **extra})
 
 
 @dataclass
@@ -282,6 +290,27 @@ def insert_calls(text: str, placed: Iterable[tuple[int, Lookup]]) -> list[Segmen
     if strip(out) != text:
         raise AssertionError("insert_calls changed the text")
     return out
+
+
+def place_facts(text: str, facts: Iterable[tuple[str, str, str]]) -> str:
+    """``text`` annotated with ``facts``: each call goes right before the first mention of its value
+    (whole words, any case) that has the entity's words to its left; the value is written as the text
+    spells it. Facts whose value is never mentioned so are left out. The result strips back to ``text``.
+
+    Examples:
+        >>> place_facts("Ada Lovelace was born in London.", [("Ada Lovelace", "Birth City", "london")])
+        "Ada Lovelace was born in [dblookup('Ada Lovelace', 'Birth City') -> London] London."
+    """
+    placed: list[tuple[int, Lookup]] = []
+    for entity, relation, value in facts:
+        if not _words(value):
+            continue
+        pattern = r"(?<!\w)" + re.escape(value.strip()) + r"(?!\w)"
+        for m in re.finditer(pattern, text, flags=re.IGNORECASE):
+            if entity_in_context(text[:m.start()], entity):
+                placed.append((m.start(), Lookup(entity, relation, m.group(0))))
+                break
+    return render(insert_calls(text, placed))
 
 
 def calls_with_offsets(segments: Sequence[Segment]) -> list[tuple[int, Lookup]]:

@@ -4,6 +4,8 @@ No LLM is involved. Each article's infobox fields become ``(article title, Field
 triples; wherever a value is mentioned in the article's plain text after the article first names
 its entity, a lookup call is inserted right before that mention, as the paper places its calls.
 Every triple goes to the KB (with the article as its source); only mentioned ones become calls.
+Other names of each entity go to ``aliases.jsonl``: the titles of the redirects to its article and
+its infobox's ``name`` and ``birth_name`` (``lmlm kb build --aliases`` reads them).
 
 Exercised by ``lmlm annotate wikipedia DUMP.xml.bz2 --out DIR``.
 """
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from ..corpus import Document, write_documents
 from ..lookup import Lookup, Text, plain_text, render
 
 __all__ = ["WikiPage", "Infobox", "iter_pages", "parse_infobox", "article_text", "annotate_article",
@@ -72,8 +75,11 @@ class Infobox:
     facts: list[tuple[str, str]] = field(default_factory=list)  # (relation, value), in field order
 
 
-def iter_pages(path: str | Path) -> Iterator[WikiPage]:
-    """Articles (namespace 0, redirects skipped) of a MediaWiki XML dump, plain or ``.bz2``."""
+def iter_pages(path: str | Path, redirects: list[tuple[str, str]] | None = None) -> Iterator[WikiPage]:
+    """Articles (namespace 0, redirects skipped) of a MediaWiki XML dump, plain or ``.bz2``.
+
+    ``redirects``: a list that receives ``(redirect title, target title)`` for each article redirect.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no Wikipedia dump at {path}")
@@ -83,10 +89,15 @@ def iter_pages(path: str | Path) -> Iterator[WikiPage]:
             for _, el in ET.iterparse(f, events=("end",)):
                 if _local(el.tag) != "page":
                     continue
-                ns, redirect = _child(el, "ns"), any(_local(c.tag) == "redirect" for c in el)
+                ns = _child(el, "ns")
+                redirect = next((c for c in el if _local(c.tag) == "redirect"), None)
+                if redirect is not None and redirects is not None and (ns or "0") == "0":
+                    target, title = redirect.get("title"), _child(el, "title")
+                    if target and title and target != title:
+                        redirects.append((title, target))
                 rev = next((c for c in el if _local(c.tag) == "revision"), None)
                 text = _child(rev, "text") if rev is not None else None
-                if (ns or "0") == "0" and not redirect and text:
+                if (ns or "0") == "0" and redirect is None and text:
                     yield WikiPage(_child(el, "id") or "", _child(el, "title") or "", text)
                 el.clear()
         except ET.ParseError as e:
@@ -387,8 +398,10 @@ def annotate_article(page: WikiPage) -> dict:
         raise AssertionError(f"{doc_id}: annotation changed the article text")
     mentioned = {(r, v): p for (_, _, r, v), p in zip(kept, positions)}
     triples = [(entity, r, v, mentioned.get((r, v))) for r, v in (box.facts if box else [])]
+    names = [raw_name] + [v for r, v in (box.facts if box else []) if r == "Birth Name"]
+    aliases = [n for n in dict.fromkeys(names) if n and n != entity]
     return {"doc_id": doc_id, "title": page.title, "segments": segments, "plain": text, "triples": triples,
-            "infobox": box.template if box else None, "entity_found": entity_end is not None}
+            "aliases": aliases, "infobox": box.template if box else None, "entity_found": entity_end is not None}
 
 
 def _merge(segments: list) -> list:
@@ -404,8 +417,10 @@ def _merge(segments: list) -> list:
 def annotate_dump(dump: str | Path, out: str | Path, limit: int | None = None, progress: bool = True) -> dict:
     """Annotate every article of ``dump`` into ``out``.
 
-    Writes ``documents.jsonl`` (``doc_id``, ``title``, ``annotated`` in the ``dblookup`` form,
-    ``plain``), ``triples.jsonl`` (ready for ``lmlm kb build --triples``) and ``report.json``
+    Writes ``documents.jsonl`` (the schema of :mod:`lmlm.corpus`: ``id``, ``annotated`` in the
+    ``dblookup`` form, ``text``, ``source`` the article's title, and the ``infobox`` template),
+    ``triples.jsonl`` (ready for ``lmlm kb build --triples``), ``aliases.jsonl`` (redirects and
+    infobox names, for ``--aliases``) and ``report.json``
     (articles, infoboxes, triples, calls per article, the most frequent relations). Returns the report.
     """
     from tqdm.auto import tqdm
@@ -413,31 +428,41 @@ def annotate_dump(dump: str | Path, out: str | Path, limit: int | None = None, p
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     n_calls, relations, n_triples, with_box, n_articles, no_entity = [], Counter(), 0, 0, 0, 0
-    docs_tmp, triples_tmp = out / "documents.jsonl.tmp", out / "triples.jsonl.tmp"
-    with open(docs_tmp, "w", encoding="utf-8") as fd, open(triples_tmp, "w", encoding="utf-8") as ft:
-        bar = tqdm(iter_pages(dump), desc="articles", unit="article", disable=not progress)
-        for page in bar:
-            if limit is not None and n_articles >= limit:
-                break
-            art = annotate_article(page)
-            n_articles += 1
-            with_box += art["infobox"] is not None
-            no_entity += art["infobox"] is not None and not art["entity_found"]
-            calls = [s for s in art["segments"] if isinstance(s, Lookup)]
-            n_calls.append(len(calls))
-            relations.update(c.relation for c in calls)
-            fd.write(json.dumps({"doc_id": art["doc_id"], "title": art["title"],
-                                 "annotated": render(art["segments"], "dblookup"), "plain": art["plain"]},
-                                ensure_ascii=False) + "\n")
-            for e, r, v, p in art["triples"]:
-                ft.write(json.dumps({"entity": e, "relation": r, "value": v, "source": art["doc_id"],
-                                     "position": p}, ensure_ascii=False) + "\n")
-                n_triples += 1
-    docs_tmp.replace(out / "documents.jsonl")
+    triples_tmp = out / "triples.jsonl.tmp"
+    redirects: list[tuple[str, str]] = []
+    names: list[tuple[str, str]] = []
+    with open(triples_tmp, "w", encoding="utf-8") as ft:
+        def documents():
+            nonlocal n_triples, with_box, n_articles, no_entity, names
+            bar = tqdm(iter_pages(dump, redirects), desc="articles", unit="article", disable=not progress)
+            for page in bar:
+                if limit is not None and n_articles >= limit:
+                    break
+                art = annotate_article(page)
+                n_articles += 1
+                with_box += art["infobox"] is not None
+                no_entity += art["infobox"] is not None and not art["entity_found"]
+                calls = [s for s in art["segments"] if isinstance(s, Lookup)]
+                n_calls.append(len(calls))
+                names += [(a, art["title"]) for a in art["aliases"]]
+                relations.update(c.relation for c in calls)
+                for e, r, v, p in art["triples"]:
+                    ft.write(json.dumps({"entity": e, "relation": r, "value": v, "source": art["doc_id"],
+                                         "position": p}, ensure_ascii=False) + "\n")
+                    n_triples += 1
+                yield Document(art["doc_id"], render(art["segments"], "dblookup"), art["plain"], source=art["title"],
+                               meta={"infobox": art["infobox"]})
+
+        write_documents(out / "documents.jsonl", documents())
     triples_tmp.replace(out / "triples.jsonl")
+    aliases = list(dict.fromkeys(redirects + names))
+    with open(out / "aliases.jsonl", "w", encoding="utf-8") as fa:
+        for alias, entity in aliases:
+            fa.write(json.dumps({"alias": alias, "entity": entity}, ensure_ascii=False) + "\n")
     report = {
         "dump": str(dump), "articles": n_articles, "with_infobox": with_box,
         "infobox_entity_not_in_text": no_entity, "triples": n_triples, "calls": sum(n_calls),
+        "aliases": len(aliases), "redirects": len(redirects),
         "calls_per_article": round(sum(n_calls) / n_articles, 3) if n_articles else 0.0,
         "calls_per_infobox_article": round(sum(n_calls) / with_box, 3) if with_box else 0.0,
         "median_calls_per_article": statistics.median(n_calls) if n_calls else 0,

@@ -16,8 +16,8 @@ authors' text round trip (``mismatches_engine_vs_retokenizing_loop``: tokenizing
 changes the ids the model sees).
 
 The engine decodes greedy and sampled rows with its own KV-cached loop (:mod:`lmlm.generate.loop`),
-which skips ``generate``'s per-step bookkeeping and, at batch 1, feeds a lookup's forced value
-tokens in one forward. The re-encode loop pays ``generate``'s per-step cost, one prompt encoding of
+which skips ``generate``'s per-step bookkeeping, keeps its KV cache in place and, at batch 1, feeds
+the tokens the grammar forces (a lookup's value) with the token before them in one forward. The re-encode loop pays ``generate``'s per-step cost, one prompt encoding of
 the text so far per lookup and one ``generate`` call per lookup. At batch 1 on a CPU a decode step
 of even a tiny model is mostly the model's own forward, which both pay for every token, so the
 engine's lead there is bounded by how much of a step is bookkeeping; the re-encode loop's cost
@@ -28,7 +28,9 @@ one-token step from a CUDA graph (:mod:`lmlm.generate.graphs`); the report then 
 engine without graphs (``engine_eager_tps_b1``, ``engine_eager_tps_b16``) and
 ``mismatches_graphs_vs_eager`` (greedy, 200 prompts).
 
-The model is a 64-wide, 2-layer GPT-2 trained here on a synthetic biography world whose documents
+``--preset paper`` measures the paper's GPT2-124M and LLaMA2-176M instead, with 512-token prompts
+and 512 new tokens (:mod:`lmlm.bench.generate_paper`). The default (``--preset tiny``) model is a
+64-wide, 2-layer GPT-2 trained here on a synthetic biography world whose documents
 state five or six facts each (about ten lookups per 256 tokens): small enough that a decode step
 is mostly fixed overhead, where batching pays. It is cached in ``--cache`` so reruns start at once.
 ``--model DIR --kb DIR`` measures an existing checkpoint instead.
@@ -39,13 +41,15 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, List, Optional, Sequence
 
 import typer
 
 from . import bench_app
+from .generate_paper import PAPER_MODELS
 
 __all__ = ["BENCH_WORLD", "BENCH_TRAIN", "build_bench_model", "bench_prompts", "run_generate_bench"]
 
@@ -184,9 +188,15 @@ def run_generate_bench(model_dir: Path, kb_dir: Path, *, new_tokens: int = 256, 
 
 def _plain(gen, prompts: list[str], new_tokens: int, batch: int) -> int:
     """Plain Hugging Face ``generate`` with the lookup tokens suppressed; returns the tokens generated."""
+    return sum(map(len, plain_generate(gen, prompts, new_tokens, batch)))
+
+
+def plain_generate(gen, prompts: Sequence[str], new_tokens: int, batch: int) -> list[list[int]]:
+    """Plain Hugging Face ``generate`` with the lookup tokens suppressed, greedy, ``batch`` prompts at a
+    time (left-padded); returns each prompt's ``new_tokens`` new ids."""
     import torch
 
-    tok, model, n = gen.tok, gen.model, 0
+    tok, model, out_ids = gen.tok, gen.model, []
     with torch.inference_mode():
         for k in range(0, len(prompts), batch):
             rows = [gen.prompt_ids(p) for p in prompts[k:k + batch]]
@@ -195,8 +205,8 @@ def _plain(gen, prompts: list[str], new_tokens: int, batch: int) -> int:
             mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=model.device)
             out = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
                                  suppress_tokens=list(tok.call_ids), eos_token_id=[], pad_token_id=tok.eos_id)
-            n += (out.shape[1] - width) * len(rows)
-    return n
+            out_ids += out[:, width:].tolist()
+    return out_ids
 
 
 def _device_name(device) -> str:
@@ -212,25 +222,83 @@ def _device_name(device) -> str:
 @bench_app.command("generate")
 def bench_generate(model: Optional[Path] = typer.Option(None, help="checkpoint (default: train the bench model)"),
                    kb: Optional[Path] = typer.Option(None, help="KB folder of --model"),
+                   preset: str = typer.Option("tiny", help="'tiny': the trained 186k-parameter bench model; "
+                                              "'paper': GPT2-124M and LLaMA2-176M, 512 + 512 tokens"),
+                   quick: bool = typer.Option(False, help="paper preset: 256 + 256 tokens, one prompt at batch 1"),
+                   tokenizer: List[str] = typer.Option(
+                       None, help="paper preset: NAME=PATH of the gpt2 and llama2 tokenizers (default: the "
+                                  "project's shared data folder, if found)"),
+                   wiki: Optional[Path] = typer.Option(None, help="paper preset: a Wikipedia XML dump for the "
+                                                       "prompts and the KB (default: the shared data's sample)"),
+                   models: str = typer.Option(",".join(PAPER_MODELS), help="paper preset: model presets to run"),
                    cache: Path = typer.Option(Path("runs/bench-generate"), help="where the bench model is kept"),
                    new_tokens: int = typer.Option(256, help="tokens generated per prompt for the timings"),
                    n_single: int = typer.Option(6, help="prompts timed at batch 1"),
                    n_check: int = typer.Option(200, help="prompts whose greedy outputs are compared"),
                    check_tokens: int = typer.Option(128, help="tokens generated per compared prompt"),
-                   repeats: int = typer.Option(5, help="interleaved timing rounds (the best of each counts)"),
+                   repeats: Optional[int] = typer.Option(None, help="interleaved timing rounds, the best of each "
+                                                         "counts (default: 5; 1 for the paper preset)"),
                    threads: int = typer.Option(1, help="torch threads"),
                    device: str = typer.Option("cpu", help="where the model runs: cpu, cuda, cuda:1, ...")):
     """Tokens/s of lookup decoding vs plain generate and the re-encode loop; identical greedy outputs."""
-    import sys
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    if (model is None) != (kb is None):
-        raise typer.BadParameter("pass both --model and --kb, or neither")
-    if model is None:
-        model, kb = build_bench_model(cache, log=log)
-    report = run_generate_bench(model, kb, new_tokens=new_tokens, n_single=n_single, n_check=n_check,
-                                check_tokens=check_tokens, repeats=repeats, threads=threads, device=device,
-                                log=log)
+    if preset == "paper":
+        report = _paper(quick, tokenizer or [], wiki, models, cache, repeats or 1, threads, device, log)
+    elif preset != "tiny":
+        _fail(f"unknown preset {preset!r}", "--preset (tiny or paper)")
+    else:
+        if (model is None) != (kb is None):
+            _fail("pass both --model and --kb, or neither", "--model/--kb")
+        if model is None:
+            model, kb = build_bench_model(cache, log=log)
+        report = run_generate_bench(model, kb, new_tokens=new_tokens, n_single=n_single, n_check=n_check,
+                                    check_tokens=check_tokens, repeats=repeats or 5, threads=threads, device=device,
+                                    log=log)
     print(json.dumps(report))
+
+
+def _paper(quick: bool, tokenizer: list[str], wiki: Optional[Path], models: str, cache: Path, repeats: int,
+           threads: int, device: str, log: Callable[[str], None]) -> dict:
+    """The paper preset from the command's options; bad options end the command with one error line."""
+    from ..generate.loading import open_kb
+    from ..models import MODEL_PRESETS
+    from ..tokens import load_tokenizer
+    from .generate_paper import paper_inputs, run_paper_bench
+
+    shared = Path(__file__).resolve().parents[3] / "shared" / "data"
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODEL_PRESETS]
+    if not names or unknown:
+        _fail(f"unknown model preset(s) {', '.join(unknown) or '(none given)'}", "--models")
+    specs = {name: shared / "tokenizers" / name for name in ("gpt2", "llama2")}
+    for spec in tokenizer:
+        if "=" not in spec:
+            _fail(f"expected NAME=PATH, got {spec!r}", "--tokenizer")
+        name, path = spec.split("=", 1)
+        specs[name] = Path(path)
+    needed = {MODEL_PRESETS[m]["tokenizer"] for m in names}
+    toks = {}
+    for name in sorted(needed):
+        if name not in specs or not specs[name].exists():
+            _fail(f"no {name} tokenizer at {specs.get(name)}", f"--tokenizer {name}=PATH")
+        try:
+            toks[name] = load_tokenizer(specs[name])
+        except Exception as e:  # noqa: BLE001 -- any failure to load is the user's file
+            _fail(f"cannot load the {name} tokenizer ({type(e).__name__}: {e})", str(specs[name]))
+    wiki = wiki or shared / "wikipedia" / "enwiki-sample-106-articles.xml.bz2"
+    if not wiki.is_file():
+        _fail(f"no Wikipedia dump at {wiki}", "--wiki")
+    kb_dir, texts = paper_inputs(cache / "paper", wiki, log=log)
+    try:
+        return run_paper_bench(toks, open_kb(kb_dir), texts, models=names, size="quick" if quick else "full",
+                               repeats=repeats, threads=threads, device=device, log=log)
+    except ValueError as e:  # too few long texts in the dump
+        _fail(str(e), str(wiki))
+
+
+def _fail(what: str, where: str) -> None:
+    print(f"error: {what}: {where}", file=sys.stderr)
+    raise typer.Exit(2)

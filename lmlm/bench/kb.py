@@ -18,14 +18,18 @@ Everything runs in one process on a synthetic KB and prints one JSON object as i
    paraphrased (never an exact hit) and often a typo in the name, encoder cache cleared, so the
    embedding is in the time. Batched: ``lookup_batch`` of 256 unseen fuzzy queries at a time.
    The ``*_cached`` figures repeat the same queries with their embeddings in the encoder's cache:
-   the lookup without the encoder.
+   the lookup without the encoder. Both matchings run on the same queries: the paper's single-key
+   cosine (``fuzzy_*``, ``batched_fuzzy_*``) and the entity-aware default (``entity_*``: the entity
+   by name, then the relation among its keys), each with how many answers name another person
+   (``*_wrong_entity``); ``entity_vs_key`` holds the ratios.
 5. **ANN quality.** ``--ann-queries`` perturbed queries; top-1 of the index (candidates re-scored
    exactly) against an exact flat search over every live vector.
 6. **Forgetting.** A random 5% of the facts deleted as one forget set (``KnowledgeBase.forget``).
    Then every deleted fact is looked up exactly and by its own key vector (the nearest possible
    query), here and in a second process that opens the KB; every retained fact is looked up
    exactly, and ``--retain-check`` of them by vector. ``deleted_retrievable`` and ``retained_lost``
-   count failures.
+   count failures. ``deleted_keys_answered`` counts, per matching, the deleted keys (their own
+   spelling) that still got an answer: another fact, since theirs is gone.
 
 Examples:
     lmlm bench kb --triples 100000
@@ -270,38 +274,52 @@ class _KBBench:
             assert hit is not None and hit.exact, (e, r)
         self.report.update(exact_p50_ms=_pct(lat, 50), exact_p99_ms=_pct(lat, 99))
 
-    def _queries(self, count: int) -> list[tuple[str, str]]:
+    def _queries(self, count: int, truth: list | None = None) -> list[tuple[str, str]]:
         picked = self.rng.choice(self.sample, size=count, replace=count > len(self.sample))
+        if truth is not None:
+            truth.extend(self.keys[i][0] for i in picked)
         return [perturb(self.rng, *self.keys[i]) for i in picked]
 
     def fuzzy(self, single: int, batched: int) -> None:
         kb = self.kb
 
-        def timed(qs: list[tuple[str, str]]) -> tuple[list[float], int]:
-            lat, accepted = [], 0
-            for e, r in qs:
+        def timed(qs: list[tuple[str, str]], truth: list[str], matching: str) -> tuple[list[float], int, int]:
+            lat, accepted, wrong = [], 0, 0
+            for (e, r), who in zip(qs, truth):
                 t = time.perf_counter()
-                accepted += kb.lookup(e, r) is not None
+                m = kb.lookup(e, r, matching=matching)
                 lat.append(time.perf_counter() - t)
-            return lat, accepted
+                accepted += m is not None
+                wrong += m is not None and m.entity != who
+            return lat, accepted, wrong
 
-        def in_batches(qs: list[tuple[str, str]]) -> float:
+        def in_batches(qs: list[tuple[str, str]], matching: str) -> float:
             t = time.perf_counter()
             for i in range(0, len(qs), 256):
-                kb.lookup_batch(qs[i:i + 256])
+                kb.lookup_batch(qs[i:i + 256], matching=matching)
             return round(len(qs) / (time.perf_counter() - t), 1)
 
-        qs = self._queries(single)
-        self.enc.clear_cache()
-        lat, accepted = timed(qs)
-        cached, _ = timed(qs)  # the same queries again: embeddings from the cache, the rest as before
-        self.report.update(fuzzy_p50_ms=_pct(lat, 50), fuzzy_p99_ms=_pct(lat, 99),
-                           fuzzy_accepted=round(accepted / max(len(lat), 1), 3),
-                           fuzzy_cached_p50_ms=_pct(cached, 50), fuzzy_cached_p99_ms=_pct(cached, 99))
-        qs = self._queries(batched)
-        self.enc.clear_cache()
-        self.report["batched_fuzzy_qps"] = in_batches(qs)
-        self.report["batched_fuzzy_cached_qps"] = in_batches(qs)
+        t = time.perf_counter()
+        kb._entity_index()  # built once per process, like the key index
+        self.report["entity_index_build_s"] = round(time.perf_counter() - t, 2)
+        truth: list[str] = []
+        qs = self._queries(single, truth)
+        bqs = self._queries(batched)
+        for matching, pre in (("key", "fuzzy"), ("entity", "entity_fuzzy")):
+            self.enc.clear_cache()
+            lat, accepted, wrong = timed(qs, truth, matching)
+            cached, _, _ = timed(qs, truth, matching)  # again: embeddings from the cache, the rest as before
+            self.report.update({f"{pre}_p50_ms": _pct(lat, 50), f"{pre}_p99_ms": _pct(lat, 99),
+                                f"{pre}_accepted": round(accepted / max(len(lat), 1), 3),
+                                f"{pre}_wrong_entity": round(wrong / max(len(lat), 1), 3),
+                                f"{pre}_cached_p50_ms": _pct(cached, 50), f"{pre}_cached_p99_ms": _pct(cached, 99)})
+            self.enc.clear_cache()
+            self.report[f"batched_{pre}_qps"] = in_batches(bqs, matching)
+            self.report[f"batched_{pre}_cached_qps"] = in_batches(bqs, matching)
+        r = self.report
+        self.report["entity_vs_key"] = {
+            "p50_ratio": round(r["entity_fuzzy_p50_ms"] / max(r["fuzzy_p50_ms"], 1e-9), 3),
+            "batched_qps_ratio": round(r["batched_entity_fuzzy_qps"] / max(r["batched_fuzzy_qps"], 1e-9), 3)}
 
     def ann(self, count: int) -> None:
         """Top-1 of the index against an exact flat search over every live vector."""
@@ -332,6 +350,11 @@ class _KBBench:
         gone_set = set(map(tuple, forget))
         hits = lambda ms: sum(m is not None and (m.entity, m.relation, m.value) in gone_set for m in ms)  # noqa: E731
         bad = hits(kb.lookup_batch([f[:2] for f in forget], fuzzy=False))
+        if self.vectors is not None:  # the deleted keys in their own spelling: any answer is another fact
+            asked = [f[:2] for f in forget][:5000]
+            self.report["deleted_keys_answered"] = {
+                m: sum(1 for x in kb.lookup_batch(asked, matching=m) if x is not None) for m in ("key", "entity")}
+            self.report["deleted_keys_asked"] = len(asked)
         checked = f"{k} exact"
         texts = [perturb(self.rng, *self.keys[i]) for i in np.intersect1d(gone, self.sample).tolist()]
         if self.vectors is not None:
@@ -371,6 +394,8 @@ class _KBBench:
         targets = {"exact_p50_ms<=0.2": ("exact_p50_ms", lambda x: x <= 0.2),
                    "fuzzy_p50_ms<=10": ("fuzzy_p50_ms", lambda x: x <= 10),
                    "batched_fuzzy_qps>=500": ("batched_fuzzy_qps", lambda x: x >= 500),
+                   "entity_p50<=1.5x_key": ("entity_vs_key", lambda x: x["p50_ratio"] <= 1.5),
+                   "entity_batched_qps>=key/1.5": ("entity_vs_key", lambda x: x["batched_qps_ratio"] >= 1 / 1.5),
                    "ann_top1_agreement>=0.99": ("ann_top1_agreement", lambda x: x >= 0.99),
                    "deleted_retrievable==0": ("deleted_retrievable", lambda x: x == 0),
                    "retained_lost==0": ("retained_lost", lambda x: x == 0)}

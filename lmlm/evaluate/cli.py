@@ -40,24 +40,27 @@ def _read(reader, *args, **kwargs):
 
 def _load(model: Path, kb: Path | None, no_db: bool = False, need_generator: bool = True, **options):
     """``(model, tokenizer, meta, generator, uses_db)`` for a checkpoint; Standard checkpoints get no KB."""
-    from ..checkpoint import is_checkpoint, load_checkpoint
+    from ..checkpoint import ModelOpenError, kb_of, open_model
 
-    if not is_checkpoint(model):
-        _fail(f"{model} is not an lmlm checkpoint (no lmlm.json and config.json)")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the results JSON is the last line of the output
-    m, tok, meta = load_checkpoint(model)
+    try:  # ours, the authors' released layout, or any causal-LM folder
+        m, tok, meta = open_model(model)
+    except ModelOpenError as e:
+        _fail(str(e))
     uses_db = not no_db and meta.get("mode", "lmlm") != "standard"
     base = None
     if uses_db and need_generator:
-        from ..kb import KBError, KnowledgeBase
+        from ..kb import KBError
 
-        kb_path = kb or (Path(meta["kb"]) if meta.get("kb") else None)
+        kb_path = kb or kb_of(meta, model)
         if kb_path is None:
             _fail("no knowledge base: pass --kb (or --no-db)")
         try:
-            base = KnowledgeBase.open(kb_path)
+            from ..generate.loading import open_kb
+
+            base = open_kb(kb_path)
         except (KBError, OSError) as e:
             _fail(str(e))
     gen = None
@@ -135,10 +138,11 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
               limit: int | None = LIMIT, batch_size: int = BATCH, no_db: bool = NO_DB,
               world: Path | None = typer.Option(None, help="true facts: a KB folder (default: --kb)"),
               claims: str = typer.Option("lookups", help="'lookups' (the model's lookups about the topic) or "
-                                         "'values' (world values named in the text; also for Standard models)"),
+                                         "'text' (the facts each sentence states, read with the biography world's "
+                                         "phrasings; also for Standard models)"),
               max_new_tokens: int = typer.Option(256), repetition_penalty: float = typer.Option(1.2),
               gamma: int = typer.Option(10, help="FActScore's length penalty (0: none)")):
-    """Biography precision against known facts, with FActScore's length penalty."""
+    """Biography precision against known facts, without and with FActScore's length penalty."""
     from ..kb import KBError, KnowledgeBase
     from .factscore import FACTSCORE, factscore_eval, read_topics, world_from_kb
 
@@ -162,21 +166,14 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
 
 
 def _documents(path: Path, heldout: bool = False):
-    """Annotated documents: JSON lines with ``text`` or ``annotated`` (a world's ``documents.jsonl``), or
-    text lines; with ``heldout``, a world's file gives its held-out documents only."""
-    from ..lookup import parse
-    from .base import read_json_records
+    """Annotated documents of any file :mod:`lmlm.corpus` reads, as segment lists; with ``heldout``, a
+    file whose documents carry splits gives its held-out documents only."""
+    from ..corpus import read_documents
 
-    if path.suffix in (".jsonl", ".json"):
-        recs = read_json_records(path)
-        if heldout and any(r.get("split") == "heldout" for r in recs):
-            recs = [r for r in recs if r.get("split") == "heldout"]
-        texts = [r.get("annotated") or r.get("text") for r in recs]
-        if any(t is None for t in texts):
-            raise ValueError(f"{path}: every record needs 'text' or 'annotated'")
-    else:
-        texts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [parse(t, form="dblookup").segments for t in texts]
+    docs = read_documents(path)
+    if heldout and any(d.split == "heldout" for d in docs):
+        docs = [d for d in docs if d.split == "heldout"]
+    return [d.segments for d in docs]
 
 
 @eval_app.command()
@@ -287,9 +284,7 @@ def offloading(lmlm: Path = typer.Option(..., "--lmlm", help="the LMLM checkpoin
                n_tokens: int = typer.Option(5, help="tokens after each call compared (paper: 5)"),
                corpora: Path | None = typer.Option(None, help="write the corpus of each ratio here (ratio-NNN.jsonl)")):
     """Rank facts by the loss difference after their calls (Standard - LMLM); thresholds and corpora per ratio."""
-    import json as _json
-
-    from ..lookup import render
+    from ..corpus import Document, write_documents
     from .offloading import OFFLOADING, fact_loss_differences, offload_documents, offload_thresholds, offloaded_keys, ranked_facts
 
     try:
@@ -309,8 +304,8 @@ def offloading(lmlm: Path = typer.Option(..., "--lmlm", help="the LMLM checkpoin
         corpora.mkdir(parents=True, exist_ok=True)
         for r in rs:
             kept = offload_documents(docs, offloaded_keys(deltas, r))
-            with (corpora / f"ratio-{round(r * 100):03d}.jsonl").open("w", encoding="utf-8") as f:
-                f.writelines(_json.dumps({"text": render(d)}) + "\n" for d in kept)
+            write_documents(corpora / f"ratio-{round(r * 100):03d}.jsonl",
+                            (Document.from_segments(str(i), d, source=str(data)) for i, d in enumerate(kept, 1)))
     records = [{"entity": e, "relation": rel, "loss_difference": deltas[(e, rel)]} for e, rel in ranked_facts(deltas)]
     _finish(OFFLOADING, metrics, records, out, {"lmlm": str(lmlm), "standard": str(standard), "data": str(data),
                                                 "ratios": rs, "n_tokens": n_tokens})
@@ -319,7 +314,7 @@ def offloading(lmlm: Path = typer.Option(..., "--lmlm", help="the LMLM checkpoin
 @eval_app.command()
 def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: int | None = LIMIT,
         batch_size: int = BATCH,
-        corpus: Path = typer.Option(..., help="passages' source: JSON lines with 'text' / 'plain' / 'annotated', or text lines"),
+        corpus: Path = typer.Option(..., help="passages' source: any document file (their plain text is used)"),
         task: str = typer.Option("trex", help="trex, popqa or factscore (the format of --data)"),
         k: int = typer.Option(4, "-k", "--k", help="passages per prompt (paper: 4)"),
         words: int = typer.Option(100, help="words per passage (paper: 100)"),
@@ -358,7 +353,7 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
         except (KBError, OSError) as e:
             _fail(str(e))
         topics = _read(read_topics, data)[:limit]
-        metrics = factscore_eval(rag_gen, topics, facts, claims="values", max_new_tokens=max_new_tokens,
+        metrics = factscore_eval(rag_gen, topics, facts, claims="text", max_new_tokens=max_new_tokens,
                                  batch_size=batch_size, records=records)
     metrics = {f"rag_{k_}": v for k_, v in metrics.items()}
     _finish(RAG, metrics, records, out, {"model": str(model), "corpus": str(corpus), "task": task, "k": k, "words": words})

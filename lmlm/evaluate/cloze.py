@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 __all__ = ["normalize_words", "match_first_words", "STOP_WORDS", "content_words", "match_first_content_words",
-           "ClozeItem", "cloze_precision"]
+           "ClozeItem", "cloze_precision", "wrong_entity"]
 
 _PUNCT = re.compile(r"[^\w\s]")
 
@@ -44,11 +44,12 @@ def match_first_words(output: str, gold: str, n_words: int = 5) -> bool:
     return any(out[i:i + len(g)] == g for i in range(min(n_words, len(out))))
 
 
-# English function words skipped when counting "content words" (T-REx exact match and precision@1)
+# English function words skipped when counting "content words" (T-REx exact match and precision@1).
+# Not "may": it is a month, and skipping it made "May 27" match "June 27".
 STOP_WORDS = frozenset("""
 a an the and or but nor so yet of in on at to for from by with about as into onto upon over under
 than then there here this that these those it its is are was were be been being am has have had do
-does did will would shall should can could may might must not no also very just only which who whom
+does did will would shall should can could might must not no also very just only which who whom
 whose what when where while he she they them their his her him we us our you your i me my
 """.split())
 
@@ -68,6 +69,8 @@ def match_first_content_words(output: str, gold: str, n_words: int = 5) -> bool:
         True
         >>> match_first_content_words(" the actor", "actor", 1)
         True
+        >>> match_first_content_words(" on June 27, 1960", "May 27, 1960")
+        False
     """
     g = content_words(gold)
     if not g:
@@ -85,11 +88,13 @@ class ClozeItem:
 
 def cloze_precision(generator, items: Sequence[ClozeItem], *, force_lookup: bool = False,
                     max_new_tokens: int = 32, batch_size: int = 32, n_words: int = 5,
-                    keep_samples: int = 0, progress: bool = False) -> dict:
+                    keep_samples: int = 0, progress: bool = False, keep_results: bool = False) -> dict:
     """Share of items whose gold value appears early in the greedy continuation.
 
-    Returns ``{"precision", "n", "by_key": {key: precision}, "samples": [...]}``; samples hold the
-    first ``keep_samples`` generations with their lookup traces.
+    Returns ``{"precision", "n", "by_key": {key: precision}, "hits": [bool per item], "samples": [...]}``;
+    ``hits`` lets a caller group the items another way; samples hold the first ``keep_samples``
+    generations with their lookup traces; ``keep_results`` adds every :class:`GenerationResult`
+    under ``"results"``.
     """
     results = generator.generate([it.prompt for it in items], max_new_tokens=max_new_tokens,
                                  batch_size=batch_size, force_lookup=force_lookup, progress=progress)
@@ -104,5 +109,30 @@ def cloze_precision(generator, items: Sequence[ClozeItem], *, force_lookup: bool
         "precision": sum(hits) / len(hits) if hits else float("nan"),
         "n": len(hits),
         "by_key": {k: sum(v) / len(v) for k, v in sorted(by_key.items())},
+        "hits": hits,
         "samples": samples,
+        **({"results": results} if keep_results else {}),
     }
+
+
+def wrong_entity(results, subjects: Sequence[str]) -> dict:
+    """Lookups of generations about ``subjects`` (one per result) answered with another entity's fact.
+
+    Returns ``{"wrong", "answered", "lookups", "share"}``: ``share`` is wrong / lookups (0.0 without
+    lookups), and ``examples`` lists up to five ``(subject, query entity, matched entity)``.
+    """
+    from ..kb.keys import normalize_text
+
+    wrong = answered = lookups = 0
+    examples = []
+    for r, subject in zip(results, subjects):
+        for t in r.trace:
+            lookups += 1
+            if t.found:
+                answered += 1
+                if normalize_text(t.matched_entity or "") != normalize_text(subject):
+                    wrong += 1
+                    if len(examples) < 5:
+                        examples.append([subject, t.query_entity, t.matched_entity])
+    return {"wrong": wrong, "answered": answered, "lookups": lookups,
+            "share": round(wrong / lookups, 4) if lookups else 0.0, "examples": examples}

@@ -12,6 +12,12 @@ words). :class:`RagGenerator` wraps a generator so that every protocol (T-REx, P
 runs unchanged on "Standard + RAG"; passages that would not fit the model's context with the
 generated tokens are dropped from the end, the prompt itself is never cut.
 
+A 355M model pretrained on Wikipedia has seen enough text to copy from a passage in its context; a
+small model trained on short biographies has not, and reads nothing it is given. A reader that
+can read is trained the way a RAG model is: :func:`rag_training_documents` prepends, in the same
+template, the passages retrieved for a document's first sentence to a share of the training
+documents, so the model learns to use them.
+
 Exercised by ``lmlm eval rag`` and ``lmlm reproduce``.
 
 Examples:
@@ -29,7 +35,7 @@ from collections.abc import Iterable, Sequence
 
 from .base import Protocol
 
-__all__ = ["RAG", "RAG_TEMPLATE", "BM25Retriever", "RagGenerator", "corpus_passages"]
+__all__ = ["RAG", "RAG_TEMPLATE", "BM25Retriever", "RagGenerator", "corpus_passages", "rag_training_documents"]
 
 RAG = Protocol("rag", "rag_trex_exact_match", paper="LMLM section 4.3 and appendix C, RAG baseline (BM25 top-4)")
 RAG_TEMPLATE = ("Answer the question or complete the prompt based on the given document. "
@@ -117,12 +123,52 @@ class RagGenerator:
                 return prompt, kept
             kept.pop()
 
-    def generate(self, prompts: Sequence[str], *, max_new_tokens: int = 64, **kwargs):
-        """The wrapped generator's results for the RAG prompts; each result's ``prompt`` is the query."""
-        hits = self.retriever.retrieve(prompts, self.k)
-        built = [self.build_prompt(p, [t for t, _ in h], max_new_tokens) for p, h in zip(prompts, hits)]
+    def generate(self, prompts: Sequence[str], *, max_new_tokens: int = 64,
+                 passages: Sequence[Sequence[str]] | None = None, **kwargs):
+        """The wrapped generator's results for the RAG prompts; each result's ``prompt`` is the query.
+
+        ``passages``: the passages of each prompt, instead of the retriever's (a control: the passage
+        that holds the answer, put right before the prompt).
+        """
+        if passages is None:
+            passages = [[t for t, _ in h] for h in self.retriever.retrieve(prompts, self.k)]
+        elif len(passages) != len(prompts):
+            raise ValueError(f"{len(passages)} passage lists for {len(prompts)} prompts")
+        built = [self.build_prompt(p, list(ps), max_new_tokens) for p, ps in zip(prompts, passages)]
         self.last_passages = [kept for _, kept in built]
         results = self.generator.generate([b for b, _ in built], max_new_tokens=max_new_tokens, **kwargs)
         for r, p in zip(results, prompts):
             r.prompt = p
         return results
+
+
+def _first_sentence(text: str) -> str:
+    return _SENTENCE_END.split(text.strip(), maxsplit=1)[0]
+
+
+def rag_training_documents(texts: Sequence[str], retriever: BM25Retriever, tok, *, fraction: float = 0.5,
+                           k: int = 4, max_tokens: int | None = None, seed: int = 0,
+                           template: str = RAG_TEMPLATE) -> list[str]:
+    """Training texts for a reader that can read: a random ``fraction`` of ``texts`` get the ``k``
+    passages BM25 retrieves for their first sentence, in ``template``; the rest are left as they are.
+
+    With ``max_tokens`` (the training block), passages are dropped from the end until the document
+    fits, so the passages and the text they help with are seen together.
+    """
+    import random
+
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    rng = random.Random(seed)
+    picked = [i for i in range(len(texts)) if rng.random() < fraction]
+    hits = retriever.retrieve([_first_sentence(texts[i]) for i in picked], k) if picked else []
+    out = list(texts)
+    for i, h in zip(picked, hits):
+        kept = [t for t, _ in h]
+        while True:
+            doc = template.format(documents="\n".join(kept), query=texts[i])
+            if not kept or max_tokens is None or len(tok.encode_text(doc)) + 1 <= max_tokens:
+                break
+            kept.pop()
+        out[i] = doc if kept else texts[i]
+    return out

@@ -30,6 +30,12 @@ Likelihoods of an LMLM: the paper scores them on the *annotated* answers, over t
 *now* (``"unknown"`` when the fact was deleted), so a deleted fact no longer helps the model
 restate its value. Without ``kb`` the plain answers are scored, lookup tokens banned.
 
+Value tokens only (:func:`value_truth_ratios`): the perturbed answers are the paraphrase with wrong
+values, so every other token is shared and only dilutes the truth ratio with the phrasing's noise.
+The same ratio over the value's tokens alone (the span where the paraphrase and its perturbations
+differ, as whole words; for an LMLM the value it writes after the call) is a control on what a low
+forget quality measures: the facts, or the rest of the sentence.
+
 Readers take TOFU's files as released (``forget01.json``, ``retain_perturbed.json`` ...): JSON
 lines or a JSON list of records with ``question``, ``answer`` and, in the ``*_perturbed`` files,
 ``paraphrased_answer`` and ``perturbed_answer`` (a list). Records may also carry the annotated
@@ -66,6 +72,8 @@ __all__ = [
     "tofu_eval",
     "truth_ratio",
     "truth_ratio_score",
+    "value_span",
+    "value_truth_ratios",
 ]
 
 QA_TEMPLATE = "Question: {question}\nAnswer:"
@@ -333,6 +341,84 @@ def tofu_answer_stats(model, tok, items: Sequence[TofuItem], *, template: str = 
             stats["option_prob"] = option_probability(stats["prob"], [normalized_probability(*x) for x in p["pert"]])
         out.append(stats)
     return out
+
+
+def value_span(paraphrased: str, perturbed: Sequence[str]) -> tuple[int, int] | None:
+    """Characters ``(start, end)`` of ``paraphrased`` where its perturbations differ from it, widened to
+    whole words: the value the perturbations change (None when they do not differ).
+
+    Examples:
+        >>> value_span("She was born in Lyon.", ["She was born in Lima.", "She was born in Oslo."])
+        (16, 20)
+    """
+    start, end = len(paraphrased), 0
+    for p in perturbed:
+        k = 0
+        while k < min(len(p), len(paraphrased)) and p[k] == paraphrased[k]:
+            k += 1
+        j = 0
+        while j < min(len(p), len(paraphrased)) - k and p[-1 - j] == paraphrased[-1 - j]:
+            j += 1
+        start, end = min(start, k), max(end, len(paraphrased) - j)
+    if start >= end:
+        return None
+    while start > 0 and not paraphrased[start - 1].isspace():
+        start -= 1
+    while end < len(paraphrased) and paraphrased[end].isalnum():
+        end += 1
+    return start, end
+
+
+def _span_positions(tok, segments, span: tuple[int, int]) -> list[int]:
+    """Positions in ``tok.encode(segments)`` of the text tokens that overlap ``span`` of the stripped text."""
+    from ..lookup import plain_text
+    from ..tokens import ORG
+
+    plain, _ = plain_text(segments)
+    offsets = tok.hf(plain, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    enc = tok.encode(segments)
+    org = [k for k, r in enumerate(enc.roles) if r == ORG][1:]  # the first is the document separator
+    return [k for k, (a, b) in zip(org, offsets) if a < span[1] and b > span[0]]
+
+
+def value_truth_ratios(model, tok, items: Sequence[TofuItem], *, kb=None, template: str = QA_TEMPLATE,
+                       batch_size: int = 16) -> list[float]:
+    """The truth ratio of each item with a paraphrase and perturbations, over the value's tokens only.
+
+    With ``kb`` (an LMLM's), the annotated answers are scored with their calls answered by the KB as
+    it is now, and the value is the one written after the call; else the plain answers. Items whose
+    value, in some answer, lies past the model's context are left out.
+    """
+    from ..lookup import Text, parse
+    from .perplexity import token_logprobs
+
+    seqs, where = [], []
+    for k, it in enumerate(items):
+        if not (it.paraphrased_answer and it.perturbed_answers):
+            continue
+        span = value_span(it.paraphrased_answer.strip(), [p.strip() for p in it.perturbed_answers])
+        if span is None:
+            continue
+        ctx = template.format(question=it.question) + " "
+        shift = (len(ctx), len(ctx))
+        answers = ([it.annotated_paraphrased_answer, *it.annotated_perturbed_answers] if kb is not None
+                   else [it.paraphrased_answer, *it.perturbed_answers])
+        segs = [parse(a.strip(), form="dblookup").segments if kb is not None else [Text(a.strip())] for a in answers]
+        if kb is not None:
+            segs = kb_answered(segs, kb)
+        for n, (a, sg) in enumerate(zip(answers, segs)):
+            full = [Text(ctx)] + list(sg)
+            plain_len = len(it.paraphrased_answer.strip()) if n == 0 else len(it.perturbed_answers[n - 1].strip())
+            end = span[1] + (plain_len - len(it.paraphrased_answer.strip()))  # the suffix after the value is shared
+            seqs.append((tok.encode(full).input_ids, _span_positions(tok, full, (shift[0] + span[0], shift[1] + end))))
+            where.append((k, n))
+    logps = token_logprobs(model, [ids for ids, _ in seqs], batch_size)
+    per: dict[int, list[tuple[float, int] | None]] = {}
+    for (k, n), (ids, pos), lp in zip(where, seqs, logps):
+        fits = pos and all(0 < q <= len(lp) for q in pos)  # lp[t] scores token t + 1
+        per.setdefault(k, []).append((float(sum(lp[q - 1] for q in pos)), len(pos)) if fits else None)
+    # an item whose value does not fit the model's context in some answer is left out
+    return [truth_ratio(v[0], v[1:]) for _, v in sorted(per.items()) if all(x is not None for x in v)]
 
 
 def tofu_eval(model, tok, items: Sequence[TofuItem], *, split: str = "retain", generator=None,

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import Protocol
-from .tofu import QA_TEMPLATE, TofuItem, forget_quality, model_utility, read_tofu, tofu_eval
+from .tofu import QA_TEMPLATE, TofuItem, forget_quality, model_utility, read_tofu, tofu_eval, value_truth_ratios
 
 __all__ = ["TOFU", "METHODS", "UTILITY_SETS", "UnlearnConfig", "UnlearnResult", "kb_unlearn", "forget_keys",
            "npo_loss", "qa_batch", "sequence_logprobs", "unlearn", "read_tofu_sets", "tofu_summary"]
@@ -248,8 +248,8 @@ def read_tofu_sets(folder: str | Path, forget_split: str = "forget05", limit: in
 
 
 def tofu_summary(model, tok, sets: Mapping[str, Sequence[TofuItem]], *, kb=None, generator=None,
-                 retain_ratios: Sequence[float] | None = None, max_new_tokens: int = 48,
-                 batch_size: int = 16) -> dict:
+                 retain_ratios: Sequence[float] | None = None, retain_value_ratios: Sequence[float] | None = None,
+                 max_new_tokens: int = 48, batch_size: int = 16) -> dict:
     """TOFU metrics of one model on ``sets`` (from :func:`read_tofu_sets`).
 
     Args:
@@ -257,11 +257,14 @@ def tofu_summary(model, tok, sets: Mapping[str, Sequence[TofuItem]], *, kb=None,
         generator: a :class:`lmlm.generate.LookupGenerator` for ROUGE-L (none: no ROUGE).
         retain_ratios: the retain model's forget-set truth ratios (``forget_truth_ratios`` of its
             summary); with them, ``forget_quality`` is the KS-test p-value against them.
+        retain_value_ratios: the same over value tokens only (``forget_value_truth_ratios``); with
+            them, ``forget_quality_values`` is the KS-test p-value against them.
 
     Returns:
         ``tofu_<set>_{prob,rouge_l_recall,truth_ratio,n}``, ``model_utility`` (harmonic mean over the
-        retain / real-authors / world-facts values present), ``forget_quality`` (or None) and
-        ``forget_truth_ratios`` (raw, for other models' forget quality).
+        retain / real-authors / world-facts values present), ``forget_quality`` (or None),
+        ``forget_quality_values`` (or None), and ``forget_truth_ratios`` and
+        ``forget_value_truth_ratios`` (raw, for other models' forget quality).
     """
     out: dict = {}
     utility = {}
@@ -279,4 +282,9 @@ def tofu_summary(model, tok, sets: Mapping[str, Sequence[TofuItem]], *, kb=None,
     out["model_utility"] = model_utility(utility) if utility else math.nan
     ratios = out.get("forget_truth_ratios")
     out["forget_quality"] = forget_quality(ratios, retain_ratios) if ratios and retain_ratios else None
+    if sets.get("forget"):
+        values = value_truth_ratios(model, tok, sets["forget"], kb=kb, batch_size=batch_size)
+        out["forget_value_truth_ratios"] = values
+        out["forget_quality_values"] = (forget_quality(values, retain_value_ratios)
+                                        if values and retain_value_ratios else None)
     return out

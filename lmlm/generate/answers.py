@@ -2,7 +2,10 @@
 
 One :class:`Answerer` serves every decoding path (the Hugging Face processor, the vLLM loop, the
 re-encode baseline): it decodes a query's entity and relation, asks the KB for all new queries in
-one ``lookup_batch`` call, applies the miss policy and caches the answer by the query's token ids.
+one batched KB call, applies the miss policy and caches the answer by the query's token ids. The
+ids before the call (the prompt and the document so far) go with each query as its context: the KB
+reads the entities named there to resolve a short or misspelt name. An answer that did not depend
+on the context is cached by the query alone, one that did by the query and its context.
 
 Miss policies (what a query without a match gets):
 
@@ -22,7 +25,7 @@ import torch
 
 from ..tokens import LookupTokenizer
 
-__all__ = ["Answer", "Answerer", "MISS_POLICIES", "Key", "query_key"]
+__all__ = ["Answer", "Answerer", "MISS_POLICIES", "Key", "query_key", "call_context"]
 
 MISS_POLICIES = ("text", "nearest", "skip")
 _ANY_SCORE = -1.0  # a cosine threshold every key passes
@@ -35,7 +38,8 @@ class Answer:
     """A resolved query: its text, the KB match (or None), the value and the ids forced after retrieve.
 
     ``status`` is ``exact`` or ``fuzzy`` (a match at or above the KB's threshold), ``nearest`` (below
-    it, under the ``nearest`` policy), ``fallback`` (the fallback text) or ``skipped``.
+    it, under the ``nearest`` policy), ``fallback`` (the fallback text) or ``skipped``. ``miss`` is
+    the KB's :class:`lmlm.kb.Miss` for a query it did not answer (why, and what it considered).
     """
 
     entity: str
@@ -45,6 +49,8 @@ class Answer:
     continuation: tuple[int, ...]
     kb_version: int | None
     status: str
+    miss: Any = None
+    context_free: bool = True
 
 
 class Answerer:
@@ -58,15 +64,23 @@ class Answerer:
             ``None`` is the same as ``on_miss="skip"``.
         on_miss (`str`, defaults to `"text"`): ``"text"``, ``"nearest"`` or ``"skip"`` (see the module).
         cache (`dict`, optional): answers by key; share it across batches and calls.
+        matching (`str`, optional): the KB's matching, ``"entity"`` or ``"key"`` (the paper's single-key
+            cosine); ``None`` uses the KB's own (``KnowledgeBase.matching``).
+        use_context (`bool`, defaults to `True`): resolve each query in the text before its call;
+            ``False`` (prefix-tree constrained decoding, whose queries are KB keys by construction):
+            every query on its own, exactly as written.
     """
 
     def __init__(self, tokenizer: LookupTokenizer, kb=None, *, fallback: str | None = "unknown",
-                 on_miss: str = "text", cache: dict | None = None):
+                 on_miss: str = "text", cache: dict | None = None, matching: str | None = None,
+                 use_context: bool = True):
         if fallback is not None and not isinstance(fallback, str):
             raise ValueError(f"fallback must be a string or None, got {fallback!r}")
         if on_miss not in MISS_POLICIES:
             raise ValueError(f"on_miss must be one of {MISS_POLICIES}, got {on_miss!r}")
-        self.tok, self.kb = tokenizer, kb
+        if matching not in (None, "entity", "key"):
+            raise ValueError(f"matching must be 'entity', 'key' or None, got {matching!r}")
+        self.tok, self.kb, self.matching, self.use_context = tokenizer, kb, matching, use_context
         self.fallback = fallback
         self.on_miss = "skip" if fallback is None else on_miss
         self.cache: dict[Key, Answer] = {} if cache is None else cache
@@ -75,34 +89,78 @@ class Answerer:
     def __getitem__(self, key: Key) -> Answer:
         return self.cache[key]
 
-    def get(self, key: Key) -> Answer | None:
+    def get(self, key: Key, context: Sequence[int] | None = None) -> Answer | None:
+        """The answer to ``key`` asked after the ids ``context`` (see :func:`call_context`)."""
+        if context is not None and self.use_context:
+            found = self.cache.get((*key, tuple(context)))
+            if found is not None:
+                return found
         return self.cache.get(key)
 
-    def resolve(self, keys: Sequence[Key]) -> None:
-        """Answer the keys not yet cached, with one ``kb.lookup_batch`` call (two under ``nearest``)."""
-        keys = [k for k in dict.fromkeys(keys) if k not in self.cache]
-        if not keys:
+    def resolve(self, keys: Sequence[Key], contexts: Sequence[Sequence[int] | None] | None = None) -> None:
+        """Answer the keys not yet cached (for their contexts), with one batched KB call (two under
+        ``nearest``). ``contexts``: per key, the ids before its call (see :func:`call_context`)."""
+        todo: dict[tuple, tuple[Key, tuple | None]] = {}
+        if not self.use_context:
+            contexts = None
+        for i, key in enumerate(keys):
+            ctx = None if contexts is None or contexts[i] is None else tuple(contexts[i])
+            known = self.cache.get(key)
+            if known is not None and (known.context_free or ctx is None):
+                continue
+            if ctx is not None and (*key, ctx) in self.cache:
+                continue
+            todo.setdefault((*key, ctx), (key, ctx))
+        if not todo:
             return
-        texts = [(self.tok.decode_field(e), self.tok.decode_field(r)) for e, r in keys]
+        items = list(todo.values())
+        texts = [(self.tok.decode_field(e), self.tok.decode_field(r)) for (e, r), _ in items]
         ask = [i for i, (e, r) in enumerate(texts) if e and r] if self.kb is not None else []
-        matches: list = [None] * len(keys)
-        for i, m in zip(ask, self._lookup([texts[i] for i in ask])):
+        ctx_text = [None if c is None else self.context_text(c) for _, c in items]
+        matches: list = [None] * len(items)
+        for i, m in zip(ask, self.lookup([texts[i] for i in ask], [ctx_text[i] for i in ask])):
             matches[i] = m
-        nearest = [False] * len(keys)
+        nearest = [False] * len(items)
         if self.on_miss == "nearest":
-            missed = [i for i in ask if matches[i] is None]
-            for i, m in zip(missed, self._lookup([texts[i] for i in missed], threshold=_ANY_SCORE)):
-                matches[i], nearest[i] = m, m is not None
+            missed = [i for i in ask if not matches[i]]
+            for i, m in zip(missed, self.lookup([texts[i] for i in missed], None, threshold=_ANY_SCORE,
+                                                 matching="key")):
+                if m:
+                    matches[i], nearest[i] = m, True
         version = _kb_version(self.kb)
-        for key, (e, r), m, near in zip(keys, texts, matches, nearest):
-            self.cache[key] = self._answer(e, r, m, near, version)
+        for (key, ctx), (e, r), m, near in zip(items, texts, matches, nearest):
+            ans = self._answer(e, r, m, near, version)
+            self.cache[key if ans.context_free or ctx is None else (*key, ctx)] = ans
 
-    def _lookup(self, queries: list[tuple[str, str]], **kwargs) -> list:
+    def context_text(self, ids: Sequence[int]) -> str:
+        """The text of the ids before a call: call markers and separators become spaces."""
+        stops = set(self.tok.call_ids) | {self.tok.eos_id, self.tok.doc_id}
+        pieces, run = [], []
+        for t in list(ids) + [-1]:
+            if t in stops or t == -1:
+                if run:
+                    pieces.append(self.tok.hf.decode(run, skip_special_tokens=False))
+                run = []
+            else:
+                run.append(t)
+        return " ".join(pieces)
+
+    def lookup(self, queries: list[tuple[str, str]], contexts: list | None, **kwargs) -> list:
+        """Matches, or misses that say why: ``kb.resolve_batch`` where the KB has it, else ``lookup_batch``."""
         if not queries:
             return []
+        resolve = getattr(self.kb, "resolve_batch", None)
+        if resolve is not None:
+            kwargs.setdefault("matching", self.matching)
+            return list(resolve(queries, contexts=contexts, **kwargs))
+        if "matching" in kwargs:
+            kwargs.pop("matching")
         return list(self.kb.lookup_batch(queries, **kwargs))
 
     def _answer(self, entity: str, relation: str, m, nearest: bool, version: int | None) -> Answer:
+        miss = m if m is not None and not m else None  # a Miss (false in a test) says why
+        free = getattr(m, "context_free", True) if m is not None else True
+        m = m or None
         if m is not None:
             status = "nearest" if nearest else ("exact" if getattr(m, "exact", False) else "fuzzy")
             value = m.value
@@ -111,7 +169,7 @@ class Answerer:
             status, value = "skipped", ""
         else:
             status, value = "fallback", self.fallback or ""
-        return Answer(entity, relation, m, value, self.continuation(value), version, status)
+        return Answer(entity, relation, m, value, self.continuation(value), version, status, miss, free)
 
     def continuation(self, value: str) -> tuple[int, ...]:
         """Value ids then ``<|db_end|>``; markers and stop tokens inside a value are dropped."""
@@ -123,6 +181,20 @@ class Answerer:
 def _kb_version(kb) -> int | None:
     v = getattr(kb, "version", None) if kb is not None else None
     return v if isinstance(v, int) else None
+
+
+def call_context(row: torch.Tensor | Sequence[int], start: int, tok: LookupTokenizer) -> tuple[int, ...]:
+    """The ids before the call that opens at ``row[start]``, from the last document separator on
+    (the prompt and the document so far): the context a lookup is resolved in."""
+    ids = _as_list(row[:start])
+    doc = len(ids) - 1 - ids[::-1].index(tok.doc_id) if tok.doc_id in ids else 0
+    return tuple(t for t in ids[doc:] if t != tok.eos_id)
+
+
+def call_start(row: torch.Tensor | Sequence[int], rpos: int, tok: LookupTokenizer) -> int:
+    """Position of the ``<|db_start|>`` of the call whose ``<|db_retrieve|>`` is at ``row[rpos]`` (0 if none)."""
+    ids = _as_list(row[:rpos])
+    return len(ids) - 1 - ids[::-1].index(tok.start_id) if tok.start_id in ids else 0
 
 
 def query_key(row: torch.Tensor | Sequence[int], rpos: int, tok: LookupTokenizer, window: int) -> Key:

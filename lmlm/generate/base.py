@@ -30,10 +30,11 @@ class LookupGenerator:
         model: a Hugging Face causal LM trained on lookup-annotated text (put in eval mode).
         tokenizer (`LookupTokenizer`): the model's tokenizer.
         kb (optional): the knowledge base (``lookup_batch``); ``None`` misses every lookup.
-        logit_bias, max_lookups, max_field_tokens, fallback, on_miss, use_db: see
-            :class:`LookupLogitsProcessor`.
+        logit_bias, max_lookups, max_field_tokens, fallback, on_miss, use_db, matching: see
+            :class:`LookupLogitsProcessor` (``matching="key"``: the paper's single-key lookup).
         constrained (`bool`, defaults to `False`): keep every query on a key of the KB, through a
-            token prefix tree (:class:`lmlm.kb.trie.KeyTrie`) that follows the KB's changes.
+            token prefix tree (:class:`lmlm.kb.trie.KeyTrie`) that follows the KB's changes. Its queries
+            are KB keys by construction and are answered as written, not read against the text.
         loop (`bool`, defaults to `True`): decode greedy and sampled rows with the engine's own
             KV-cached loop (:mod:`lmlm.generate.loop`); ``False`` always calls ``model.generate``.
         cuda_graphs (`bool`, *optional*): decode in the loop over a static KV cache, each one-token
@@ -45,12 +46,13 @@ class LookupGenerator:
     def __init__(self, model, tokenizer: LookupTokenizer, kb=None, *, logit_bias=PAPER_LOGIT_BIAS,
                  max_lookups: int = 16, max_field_tokens: int = 24, fallback: str | None = "unknown",
                  on_miss: str = "text", use_db: bool = True, constrained: bool = False, loop: bool = True,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, matching: str | None = None):
         self.model = model.eval()
         self.loop, self.cuda_graphs = loop, cuda_graphs
         self.tok, self.kb = tokenizer, kb
         self.options = dict(logit_bias=logit_bias, max_lookups=max_lookups, max_field_tokens=max_field_tokens,
-                            fallback=fallback, on_miss=on_miss, use_db=use_db)
+                            fallback=fallback, on_miss=on_miss, use_db=use_db, matching=matching,
+                            use_context=not constrained)
         LookupLogitsProcessor(tokenizer, kb, **self.options)  # validate the options now
         self.trie = None
         if constrained:
@@ -120,7 +122,7 @@ class LookupGenerator:
             from tqdm.auto import tqdm
             batches = tqdm(batches, desc="generate", unit="batch")
         answers = Answerer(self.tok, self.kb, fallback=self.options["fallback"], on_miss=self.options["on_miss"],
-                           cache=cache)
+                           cache=cache, matching=self.options["matching"], use_context=self.options["use_context"])
         stop_ids = [] if ignore_eos else self._stop_ids()
         user_criteria = list(hf_kwargs.pop("stopping_criteria", None) or [])
         stops = _StopStrings(self.tok, stop_strings) if stop_strings else None
@@ -136,7 +138,8 @@ class LookupGenerator:
                             stopping_criteria=StoppingCriteriaList(criteria), do_sample=do_sample,
                             repetition_penalty=repetition_penalty, num_beams=num_beams, **hf_kwargs)
             for i, g in zip(batch, gen):
-                results[i] = self._result(prompts[i], open_call(ids[i], self.tok) + g, answers)
+                tail = open_call(ids[i], self.tok)
+                results[i] = self._result(prompts[i], tail + g, answers, ids[i][:len(ids[i]) - len(tail)])
         return results
 
     def stream(self, prompt: str, **kwargs) -> Iterator["StreamEvent"]:
@@ -215,8 +218,8 @@ class LookupGenerator:
             gen.append(row if cut is None else row[:cut])
         return gen
 
-    def _result(self, prompt: str, ids: list[int], answers: Answerer) -> GenerationResult:
-        return build_result(prompt, ids, self.tok, answers, self.options["max_field_tokens"], self.trie)
+    def _result(self, prompt: str, ids: list[int], answers: Answerer, prefix: Sequence[int] = ()) -> GenerationResult:
+        return build_result(prompt, ids, self.tok, answers, self.options["max_field_tokens"], self.trie, prefix)
 
 
 class _Temperature(LogitsProcessor):

@@ -15,51 +15,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..lookup import PAPER_TOKENS, LookupTokens
-from ..tokens import LookupTokenizer
+from ..lookup import LookupTokens
 
 __all__ = ["load_model", "open_kb"]
 
 
 def load_model(path: str | Path, tokens: str | LookupTokens | None = None, device: str | None = None, dtype=None):
-    """Load a model and its :class:`LookupTokenizer` for generation.
+    """Load a model and its :class:`LookupTokenizer` for generation (:func:`lmlm.checkpoint.open_model`)."""
+    from ..checkpoint import open_model
 
-    Args:
-        path: a checkpoint folder (ours or a plain Hugging Face one) or a hub name.
-        tokens: the lookup token vocabulary, by name (``paper``, ``released``) or as
-            :class:`LookupTokens`; default: the checkpoint's ``lmlm.json``, else ``paper``.
-        device, dtype: where and in which dtype to load the weights (default: CPU, as saved).
-
-    Returns:
-        ``(model, tokenizer, meta)``; ``meta`` is the ``lmlm.json`` dict (empty for other folders).
-
-    Raises:
-        ValueError: the tokenizer lacks the lookup tokens (the model never saw them: wrong ``tokens``),
-            or has more tokens than the model's embedding.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..checkpoint import is_checkpoint, read_meta
-
-    meta = read_meta(path) if is_checkpoint(path) else {}
-    if isinstance(tokens, str):
-        tokens = LookupTokens.from_name(tokens)
-    if tokens is None:
-        tokens = LookupTokens(**meta["lookup_tokens"]) if meta.get("lookup_tokens") else PAPER_TOKENS
-    hf = AutoTokenizer.from_pretrained(str(path))
-    missing = [t for t in tokens.as_list() if t not in hf.get_vocab()]
-    if missing:
-        raise ValueError(f"the tokenizer of {path} has no {', '.join(missing)}: the model was trained with other "
-                         "lookup tokens (tokens='released' for the authors' checkpoints, 'paper' for ours)")
-    kwargs = {"dtype": dtype} if dtype is not None else {}
-    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
-    if device is not None:
-        model = model.to(device)
-    tok = LookupTokenizer(hf, tokens)
-    rows = model.get_input_embeddings().num_embeddings
-    if len(tok) > rows:
-        raise ValueError(f"the tokenizer of {path} has {len(tok)} tokens but the model embeds only {rows}")
-    return model.eval(), tok, meta
+    return open_model(path, tokens=tokens, device=device, dtype=dtype)
 
 
 def open_kb(path: str | Path):

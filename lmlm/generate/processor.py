@@ -18,7 +18,7 @@ import torch
 from transformers import LogitsProcessor
 
 from ..tokens import LookupTokenizer
-from .answers import Answer, Answerer, Key, query_key
+from .answers import Answer, Answerer, Key, call_context, call_start, query_key
 
 __all__ = ["LookupLogitsProcessor", "PAPER_LOGIT_BIAS", "Plan"]
 
@@ -46,7 +46,7 @@ class _Rows:
     kind: list[int]  # its kind: 0 none, 1 start, 2 sep, 3 retrieve, 4 end
     start: list[int]  # the last <|db_start|>'s position
     calls: list[int]  # <|db_start|> at or after count_from
-    keys: dict[tuple[int, int], Key]  # (row, <|db_retrieve|> position) -> query
+    keys: dict[tuple[int, int], tuple[Key, tuple[int, ...]]]  # (row, <|db_retrieve|> pos) -> query, context
 
 
 class LookupLogitsProcessor(LogitsProcessor):
@@ -79,6 +79,7 @@ class LookupLogitsProcessor(LogitsProcessor):
         constraint (`KeyTrie`, optional): keep every query on a path of this prefix tree of KB keys.
         force_at (`Sequence[Sequence[int]]`, optional): per batch item, offsets from ``count_from``
             at which a call must begin (a call already open then delays it to right after its end).
+        matching (`str`, optional): ``"entity"`` or ``"key"``; ``None``: the KB's own (see ``Answerer``).
 
     Shapes: ``input_ids`` `(batch_size, sequence_length)`, ``scores`` `(batch_size, vocab_size)`;
     returns a new `(batch_size, vocab_size)` tensor. With beam search ``batch_size`` is items times
@@ -95,7 +96,8 @@ class LookupLogitsProcessor(LogitsProcessor):
     def __init__(self, tokenizer: LookupTokenizer, kb=None, *, logit_bias=PAPER_LOGIT_BIAS, max_lookups: int = 16,
                  max_field_tokens: int = 24, fallback: str | None = "unknown", on_miss: str = "text",
                  use_db: bool = True, count_from: int = 0, query_only: bool = False, cache: dict | None = None,
-                 constraint=None, force_at: Sequence[Sequence[int]] | None = None):
+                 constraint=None, force_at: Sequence[Sequence[int]] | None = None, matching: str | None = None,
+                 use_context: bool = True):
         if logit_bias is not None and len(tuple(logit_bias)) != 4:
             raise ValueError(f"logit_bias must be None or four floats (start, sep, retrieve, end), got {logit_bias!r}")
         if not isinstance(max_lookups, int) or max_lookups < 0:
@@ -105,7 +107,8 @@ class LookupLogitsProcessor(LogitsProcessor):
         if force_at is not None and any(p < 0 for ps in force_at for p in ps):
             raise ValueError(f"force_at offsets must be >= 0, got {force_at!r}")
         self.tok, self.kb = tokenizer, kb
-        self.answers = Answerer(tokenizer, kb, fallback=fallback, on_miss=on_miss, cache=cache)
+        self.answers = Answerer(tokenizer, kb, fallback=fallback, on_miss=on_miss, cache=cache, matching=matching,
+                                use_context=use_context)
         self.logit_bias = None if logit_bias is None else tuple(float(b) for b in logit_bias)
         self.max_lookups, self.max_field_tokens = max_lookups, max_field_tokens
         self.use_db, self.query_only = use_db, query_only
@@ -123,10 +126,35 @@ class LookupLogitsProcessor(LogitsProcessor):
         """Answers by (entity ids, relation ids)."""
         return self.answers.cache
 
-    def forced_tail(self, b: int) -> list[int]:
-        """The tokens forced on row ``b`` after the one the last step forced: the rest of its value and
-        ``<|db_end|>`` (empty outside a value), so a decoder may feed them in one forward."""
-        return self._tails.get(b, [])
+    def forced_tail(self, b: int, token: int | None = None, limit: int | None = None) -> list[int]:
+        """The tokens the grammar forces on row ``b`` after the one just chosen, so a decoder may feed
+        them with it in one forward (their logits would be thrown away).
+
+        Without ``token``: the rest of the value being forced and ``<|db_end|>``. With ``token`` (the
+        id chosen at the last step, batch of one row only): every token forced from there on, found by
+        planning the steps ahead on the ids alone, as :meth:`plan` would at each step: a
+        ``<|db_start|>`` due at the next ``force_at`` offset, the only continuation the prefix tree
+        allows, the value of a query just closed. Stops at the first token the model must choose,
+        or after ``limit`` tokens.
+        """
+        tail = list(self._tails.get(b, []))
+        rows = self._rows
+        if token is None or rows is None or rows.ids.shape[0] != 1:
+            return tail
+        limit = 1 << 30 if limit is None else limit
+        ids = torch.cat([rows.ids, torch.tensor([[token, *tail]], device=rows.ids.device)], dim=1)
+        _, ban, _ = self._tables
+        while len(tail) < limit:
+            states, forced, allowed = self.plan(ids)
+            nxt = forced.get(0)
+            if nxt is None and 0 in allowed and len(allowed[0]) == 1 and not ban[states[0], allowed[0][0]]:
+                nxt = int(allowed[0][0])  # the prefix tree leaves one way on
+            if nxt is None:
+                break
+            more = [nxt, *self._tails.get(0, [])][:limit - len(tail)]
+            tail += more
+            ids = torch.cat([ids, torch.tensor([more], device=ids.device)], dim=1)
+        return tail
 
     def resolve(self, keys: Sequence[Key]) -> None:
         """Answer queries with one ``kb.lookup_batch`` call and cache them."""
@@ -258,18 +286,21 @@ class LookupLogitsProcessor(LogitsProcessor):
 
     # -- lookups --------------------------------------------------------------------------------
     def _value_tokens(self, input_ids: torch.LongTensor, rows: list[tuple[int, int]],
-                      known: dict[tuple[int, int], Key]) -> dict[int, int]:
+                      known: dict[tuple[int, int], tuple[Key, tuple[int, ...]]]) -> dict[int, int]:
         """The next forced token of each row in a value, answering new queries in one batch."""
         T = input_ids.shape[1]
-        keys = []
+        keys, contexts = [], []
         for b, p in rows:
             if (b, p) not in known:  # read once per call while the rows keep their order
-                known[(b, p)] = query_key(input_ids[b], p, self.tok, 2 * self.max_field_tokens + 2)
-            keys.append(known[(b, p)])
-        self.answers.resolve(keys)
+                row = input_ids[b].tolist()
+                known[(b, p)] = (query_key(row, p, self.tok, 2 * self.max_field_tokens + 2),
+                                 call_context(row, call_start(row, p, self.tok), self.tok))
+            keys.append(known[(b, p)][0])
+            contexts.append(known[(b, p)][1])
+        self.answers.resolve(keys, contexts)
         out = {}
-        for (b, p), key in zip(rows, keys):
-            cont, k = self.answers[key].continuation, T - 1 - p
+        for (b, p), key, ctx in zip(rows, keys, contexts):
+            cont, k = self.answers.get(key, ctx).continuation, T - 1 - p
             out[b] = cont[k] if k < len(cont) else self.tok.end_id
             self._tails[b] = list(cont[k + 1:])  # the continuation ends with <|db_end|>
         return out

@@ -16,10 +16,12 @@ Exercised by ``lmlm bench generate``.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from transformers import LogitsProcessorList
 
-from .answers import Answerer, query_key
+from .answers import Answerer, call_context, call_start, query_key
 from .base import LookupGenerator
 from .trace import GenerationResult, build_result
 
@@ -28,20 +30,26 @@ __all__ = ["reencode_generate"]
 
 @torch.inference_mode()
 def reencode_generate(gen: LookupGenerator, prompt: str, *, max_new_tokens: int = 64, ignore_eos: bool = False,
-                      retokenize: bool = False) -> GenerationResult:
-    """Greedy decoding of one prompt with the re-encode loop, using ``gen``'s model, tokenizer, KB and options."""
+                      retokenize: bool = False, force_lookup_at: Sequence[int] | None = None) -> GenerationResult:
+    """Greedy decoding of one prompt with the re-encode loop, using ``gen``'s model, tokenizer, KB and options.
+
+    ``force_lookup_at``: offsets into the continuation where a call must begin, as in
+    :meth:`LookupGenerator.generate`.
+    """
     tok, model = gen.tok, gen.model
     ids = gen.prompt_ids(prompt)
     if retokenize:
         text = tok.hf.decode(ids, skip_special_tokens=False)
         ids = tok.hf.encode(text, add_special_tokens=False)
     width = len(ids)
-    answers = Answerer(tok, gen.kb, fallback=gen.options["fallback"], on_miss=gen.options["on_miss"])
+    answers = Answerer(tok, gen.kb, fallback=gen.options["fallback"], on_miss=gen.options["on_miss"],
+                       matching=gen.options.get("matching"), use_context=gen.options.get("use_context", True))
     stops = [] if ignore_eos else gen._stop_ids()
     window = 2 * gen.options["max_field_tokens"] + 2
+    force_at = None if force_lookup_at is None else [tuple(force_lookup_at)]
     new = 0
     while new < max_new_tokens:
-        proc = gen.processor(count_from=width, query_only=True, cache=answers.cache)
+        proc = gen.processor(count_from=width, query_only=True, cache=answers.cache, force_at=force_at)
         x = torch.tensor([ids], device=model.device)  # everything so far, encoded again
         out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens - new,
                              logits_processor=LogitsProcessorList([proc]), eos_token_id=stops + [tok.retrieve_id],
@@ -55,10 +63,11 @@ def reencode_generate(gen: LookupGenerator, prompt: str, *, max_new_tokens: int 
         if stopped or not got or got[-1] != tok.retrieve_id or new >= max_new_tokens:
             break
         key = query_key(ids, len(ids) - 1, tok, window)
-        answers.resolve([key])
-        value = list(answers[key].continuation[:max_new_tokens - new])
+        ctx = call_context(ids, call_start(ids, len(ids) - 1, tok), tok)
+        answers.resolve([key], [ctx])
+        value = list(answers.get(key, ctx).continuation[:max_new_tokens - new])
         new += len(value)
         ids = ids + value  # the value ids and <|db_end|>
         if retokenize:
             ids = tok.hf.encode(tok.hf.decode(ids, skip_special_tokens=False), add_special_tokens=False)
-    return build_result(prompt, ids[width:], tok, answers, gen.options["max_field_tokens"])
+    return build_result(prompt, ids[width:], tok, answers, gen.options["max_field_tokens"], prefix=ids[:width])

@@ -69,8 +69,8 @@ class _Cancel(StoppingCriteria):
 class _Decoder:
     """Turns one row's tokens, one at a time, into stream events."""
 
-    def __init__(self, gen: "LookupGenerator", ids: list[int], answers: Answerer):
-        self.tok, self.answers = gen.tok, answers
+    def __init__(self, gen: "LookupGenerator", ids: list[int], answers: Answerer, prefix: list[int] = ()):
+        self.tok, self.answers, self.prefix = gen.tok, answers, list(prefix)
         self.max_field, self.tree = gen.options["max_field_tokens"], gen.trie
         self.stops = set(gen._stop_ids())
         self.ids = list(ids)
@@ -105,7 +105,8 @@ class _Decoder:
 
     def _lookup(self) -> StreamEvent:
         span = call_spans(self.ids, self.tok)[0][-1]
-        return StreamEvent(lookup=_trace_entry(self.ids, span, self.tok, self.answers, self.max_field, self.tree))
+        return StreamEvent(lookup=_trace_entry(self.ids, span, self.tok, self.answers, self.max_field, self.tree,
+                                               self.prefix))
 
 
 def stream(gen: "LookupGenerator", prompt: str, **kwargs) -> Iterator[StreamEvent]:
@@ -114,7 +115,9 @@ def stream(gen: "LookupGenerator", prompt: str, **kwargs) -> Iterator[StreamEven
         raise ValueError("streaming does not support beam search")
     if isinstance(prompt, (list, tuple)):
         raise TypeError("stream takes one prompt (a string)")
-    answers = Answerer(gen.tok, gen.kb, cache=kwargs.pop("cache", None))
+    o = gen.options
+    answers = Answerer(gen.tok, gen.kb, cache=kwargs.pop("cache", None), fallback=o["fallback"], on_miss=o["on_miss"],
+                       matching=o["matching"], use_context=o["use_context"])
     tokens, cancel = _TokenQueue(), _Cancel()
     stopping = list(kwargs.pop("stopping_criteria", None) or []) + [cancel]
     box: dict = {}
@@ -128,7 +131,9 @@ def stream(gen: "LookupGenerator", prompt: str, **kwargs) -> Iterator[StreamEven
         finally:
             tokens.queue.put(None)
 
-    decoder = _Decoder(gen, open_call(gen.prompt_ids(prompt, kwargs.get("force_lookup", False)), gen.tok), answers)
+    prompt_ids = gen.prompt_ids(prompt, kwargs.get("force_lookup", False))
+    tail = open_call(prompt_ids, gen.tok)
+    decoder = _Decoder(gen, tail, answers, prompt_ids[:len(prompt_ids) - len(tail)])
     thread = threading.Thread(target=work, name="lmlm-stream", daemon=True)
     thread.start()
     try:

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from ..lookup import Segment, render, strip
 from ..tokens import LookupTokenizer
-from .answers import Answerer
+from .answers import Answerer, call_context
 
 __all__ = ["LookupTrace", "GenerationResult", "CallSpan", "call_spans", "open_call", "build_result"]
 
@@ -36,6 +36,12 @@ class LookupTrace:
         status: ``exact``, ``fuzzy``, ``nearest`` (below threshold), ``fallback``, ``skipped`` or
             ``unfinished`` (generation stopped before ``<|db_retrieve|>``).
         problem: what went wrong with the call, if anything.
+        via: how the KB found the entity (``exact``, ``alias``, ``context``, ``fuzzy``; ``key`` for the
+            paper's single-key match), None on a miss.
+        miss_reason: why the KB found nothing: ``no_entity``, ``ambiguous_entity``, ``no_relation`` or
+            ``below_threshold`` (None when it found a fact or was not asked).
+        miss_detail: the same in words.
+        candidates: what the KB considered on a miss, ``[name, score]`` best first.
     """
 
     query_entity: str
@@ -52,9 +58,13 @@ class LookupTrace:
     token_end: int = 0
     status: str = ""
     problem: str | None = None
+    via: str | None = None
+    miss_reason: str | None = None
+    miss_detail: str | None = None
+    candidates: tuple = ()
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "sources": list(self.sources)}
+        return {**asdict(self), "sources": list(self.sources), "candidates": [list(c) for c in self.candidates]}
 
 
 @dataclass
@@ -127,15 +137,16 @@ def open_call(ids: Sequence[int], tok: LookupTokenizer) -> list[int]:
 
 
 def build_result(prompt: str, ids: list[int], tok: LookupTokenizer, answers: Answerer, max_field_tokens: int,
-                 tree=None) -> GenerationResult:
+                 tree=None, prefix: Sequence[int] = ()) -> GenerationResult:
     """Text, segments, one trace entry per call and the problems of one row's generated ids.
 
     ``max_field_tokens`` is the length at which decoding closed a field by force; ``tree`` (a
     :class:`lmlm.kb.trie.KeyTrie`), when decoding followed one, exempts the queries on it.
+    ``prefix``: the prompt's ids before ``ids`` (each call's answer was looked up in that context).
     """
     segments = tok.decode_segments(ids)
     spans, stray = call_spans(ids, tok)
-    trace = [_trace_entry(ids, sp, tok, answers, max_field_tokens, tree) for sp in spans]
+    trace = [_trace_entry(ids, sp, tok, answers, max_field_tokens, tree, prefix) for sp in spans]
     names = dict(zip(tok.call_ids, tok.tokens.as_list()))
     found = [(t.token_start, msg) for t in trace for msg in (t.problem.split("; ") if t.problem else [])]
     found += [(i, f"{names[ids[i]]} outside a call at token {i}") for i in stray]
@@ -144,25 +155,28 @@ def build_result(prompt: str, ids: list[int], tok: LookupTokenizer, answers: Ans
 
 
 def _trace_entry(ids: list[int], sp: CallSpan, tok: LookupTokenizer, answers: Answerer, max_field: int,
-                 tree=None) -> LookupTrace:
+                 tree=None, prefix: Sequence[int] = ()) -> LookupTrace:
     n = len(ids)
     sep = sp.sep if sp.sep is not None else (sp.retrieve if sp.retrieve is not None else n)
     entity_ids = ids[sp.start + 1:sep]
     relation_ids = ids[sp.sep + 1:sp.retrieve if sp.retrieve is not None else n] if sp.sep is not None else []
     problems = _call_problems(ids, sp, tok, max_field, tree)
     end = n if sp.end is None else sp.end + 1
-    ans = answers.get((tuple(entity_ids), tuple(relation_ids))) if sp.retrieve is not None else None
+    ctx = call_context(list(prefix) + list(ids[:sp.start]), len(prefix) + sp.start, tok)
+    ans = answers.get((tuple(entity_ids), tuple(relation_ids)), ctx) if sp.retrieve is not None else None
     if ans is None:  # stopped before <|db_retrieve|>, or never answered
         status = "unfinished" if sp.retrieve is None else "unanswered"
         return LookupTrace(tok.decode_field(entity_ids), tok.decode_field(relation_ids), None, None, "", None, None,
                            token_start=sp.start, token_end=end, status=status, problem="; ".join(problems) or None)
-    m = ans.match
+    m, miss = ans.match, ans.miss
     return LookupTrace(
         query_entity=ans.entity, query_relation=ans.relation,
         matched_entity=getattr(m, "entity", None), matched_relation=getattr(m, "relation", None),
         value=ans.value, score=getattr(m, "score", None), triple_id=getattr(m, "triple_id", None),
         sources=tuple(getattr(m, "sources", ()) or ()), kb_version=ans.kb_version, found=m is not None,
-        token_start=sp.start, token_end=end, status=ans.status, problem="; ".join(problems) or None)
+        token_start=sp.start, token_end=end, status=ans.status, problem="; ".join(problems) or None,
+        via=getattr(m, "via", None), miss_reason=getattr(miss, "reason", None),
+        miss_detail=getattr(miss, "detail", None), candidates=tuple(getattr(miss, "candidates", ()) or ()))
 
 
 def _call_problems(ids: list[int], sp: CallSpan, tok: LookupTokenizer, max_field: int, tree=None) -> list[str]:

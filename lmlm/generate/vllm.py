@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..tokens import LookupTokenizer
-from .answers import Answerer, query_key
+from .answers import Answerer, call_context, call_start, query_key
 from .processor import PAPER_LOGIT_BIAS
 from .trace import GenerationResult, build_result, open_call
 
@@ -76,7 +76,8 @@ class VLLMLookupGenerator:
         prompt_ids = [self.prompt_ids(p, force_lookup) for p in prompts]
         new: list[list[int]] = [open_call(ids, tok) for ids in prompt_ids]  # a forced call is part of the output
         budget = [max_new_tokens] * len(prompts)
-        answers = Answerer(tok, self.kb, fallback=self.options["fallback"], on_miss=self.options["on_miss"])
+        answers = Answerer(tok, self.kb, fallback=self.options["fallback"], on_miss=self.options["on_miss"],
+                           matching=self.options.get("matching"))
         stops = [] if ignore_eos else sorted({tok.eos_id, tok.doc_id})
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1,
                         repetition_penalty=repetition_penalty, seed=seed, ignore_eos=ignore_eos)
@@ -103,14 +104,16 @@ class VLLMLookupGenerator:
                 else:
                     budget[i] = 0
             keys = [query_key(full(i), len(full(i)) - 1, tok, window) for i in asking]
-            answers.resolve(keys)
-            for i, key in zip(asking, keys):
-                value = list(answers[key].continuation[:budget[i]])
+            ctxs = [call_context(full(i), call_start(full(i), len(full(i)) - 1, tok), tok) for i in asking]
+            answers.resolve(keys, ctxs)
+            for i, key, ctx in zip(asking, keys, ctxs):
+                value = list(answers.get(key, ctx).continuation[:budget[i]])
                 new[i] += value
                 budget[i] -= len(value)
             active = [i for i in active if budget[i] > 0]
         no_cut = 10 ** 9  # vLLM does not close fields by force
-        return [build_result(p, ids, tok, answers, no_cut) for p, ids in zip(prompts, new)]
+        return [build_result(p, ids, tok, answers, no_cut, prefix=pi[:len(pi) - s])
+                for p, ids, pi, s in zip(prompts, new, prompt_ids, skip)]
 
     def _params(self, so_far: list[int], budget: int, stops: list[int], sampling: dict):
         from vllm import SamplingParams

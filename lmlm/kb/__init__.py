@@ -1,4 +1,4 @@
-"""The knowledge base: versioned ``(entity, relation) -> value`` facts with exact-then-fuzzy lookup.
+"""The knowledge base: versioned ``(entity, relation) -> value`` facts, looked up entity first.
 
 Exercised by ``lmlm kb`` and by every lookup during ``lmlm generate``.
 
@@ -18,13 +18,17 @@ from .encoder import DEFAULT_MODEL, Encoder, encode, get_encoder
 from .formats import FORMATS, detect_format
 from .index import AnnConfig, VectorKeyIndex
 from .keys import key_text, normalize_key, normalize_text, normalize_value
-from .records import Change, DiffEntry, Match, Triple, TripleRecord, VersionRecord
+from .entities import ENTITY_MARGIN, ENTITY_THRESHOLD, EntityIndex
+from .records import Change, DiffEntry, Match, Miss, Triple, TripleRecord, VersionRecord
+from .resolve import MATCHINGS, RELATION_THRESHOLD
 from .store import DB_FILENAME, MIGRATIONS, KBError, KBNotFound, NotAKnowledgeBase, SQLiteStore
+from .store_aliases import AliasRow
 from .trie import KeyTrie
 from .view import KnowledgeBaseView
 
 __all__ = [
-    "KnowledgeBase", "KnowledgeBaseView", "Triple", "Match", "TripleRecord", "VersionRecord", "Change", "DiffEntry",
+    "KnowledgeBase", "KnowledgeBaseView", "Triple", "Match", "Miss", "AliasRow", "MATCHINGS", "EntityIndex",
+    "ENTITY_THRESHOLD", "ENTITY_MARGIN", "RELATION_THRESHOLD", "TripleRecord", "VersionRecord", "Change", "DiffEntry",
     "KBError", "NotAKnowledgeBase", "KBNotFound", "build", "FORMATS", "detect_format",
     "normalize_key", "normalize_text", "normalize_value", "key_text",
     "Encoder", "get_encoder", "encode", "DEFAULT_MODEL", "AnnConfig", "VectorKeyIndex",

@@ -1,11 +1,14 @@
 """The knowledge base an LMLM looks facts up in: ``lookup(entity, relation) -> Match | None``.
 
-A KB is one folder: ``kb.sqlite`` (triples, provenance, versions, audit log; see
+A KB is one folder: ``kb.sqlite`` (triples, aliases, provenance, versions, audit log; see
 :mod:`lmlm.kb.store`) and ``index.faiss`` (one MiniLM embedding per distinct key; see
-:mod:`lmlm.kb.index`). Lookup tries the normalised key first (an in-memory dict hit, score 1.0)
-and falls back to the nearest key by cosine similarity (exact search for small KBs, HNSW or IVF
-candidates re-scored exactly for large ones), accepted at ``threshold`` (0.6, as in the paper) or
-above. Adds, edits and deletes are numbered versions; they reach the dict and the index before the
+:mod:`lmlm.kb.index`). Lookup tries the normalised key first (an in-memory dict hit, score 1.0).
+Otherwise, by default (``matching="entity"``, :mod:`lmlm.kb.resolve`), it finds the entity on its
+own (exact name, alias, the names in the text so far, a fuzzy match with a margin; a deleted or
+unknown name is a miss) and then the relation among that entity's keys. ``matching="key"`` is the
+paper's: the nearest key by cosine similarity (exact search for small KBs, HNSW or IVF candidates
+re-scored exactly for large ones), accepted at ``threshold`` (0.6) or above. :meth:`explain` says
+why a lookup missed. Adds, edits and deletes are numbered versions; they reach the dict and the index before the
 call returns, and other processes see them on their next lookup (each lookup checks the store's
 version, one primary-key read). :meth:`KnowledgeBase.checkout` reads a past version. Exercised by
 ``lmlm kb`` and ``lmlm generate``.
@@ -37,25 +40,29 @@ from .index import AnnConfig, VectorKeyIndex, read_header
 from .indexing import INDEX_FILENAME, PROGRESS_MIN, KeyIndexing
 from .keys import KEY_SEP, key_text, normalize_key, normalize_text, normalize_value
 from .records import Change, DiffEntry, Match, Triple, TripleRecord, VersionRecord, as_triple
+from .resolve import MATCHINGS, EntityLookup
 from .store import DB_FILENAME, Best, KBNotFound, NotAKnowledgeBase, SQLiteStore
 
 if TYPE_CHECKING:
     from .view import KnowledgeBaseView
 
-__all__ = ["KnowledgeBase", "INDEX_FILENAME", "MAX_SOURCES", "PROGRESS_MIN"]
+__all__ = ["KnowledgeBase", "INDEX_FILENAME", "MAX_SOURCES", "PROGRESS_MIN", "MATCHINGS"]
 
 MAX_SOURCES = 32  # document ids returned per match; KnowledgeBase.get has them all
 _CANDIDATES = 8  # index hits inspected per fuzzy query beyond k, in case some were just deleted
 
 
-class KnowledgeBase(KeyIndexing):
-    """A versioned store of ``(entity, relation) -> value`` facts with exact-then-fuzzy lookup.
+class KnowledgeBase(EntityLookup, KeyIndexing):
+    """A versioned store of ``(entity, relation) -> value`` facts with entity-aware lookup.
 
     Open with :meth:`create` or :meth:`open`, not the constructor. Thread-safe: one lock guards
     each call. Close with :meth:`close` or use as a context manager.
 
     Attributes:
-        threshold (float, default 0.6): minimum cosine similarity for a fuzzy match.
+        matching (str, default ``"entity"``): ``"entity"`` finds the entity first, then the relation
+            among its keys (:mod:`lmlm.kb.resolve`); ``"key"`` is the paper's single-key cosine.
+        threshold (float, default 0.6): minimum cosine similarity of a key match under ``"key"``.
+        relation_threshold (float, default 0.5): minimum relation similarity under ``"entity"``.
         ann_config (AnnConfig): when the key index switches from exact search to HNSW and IVF.
     """
 
@@ -77,6 +84,8 @@ class KnowledgeBase(KeyIndexing):
         self._index_version = 0  # the store version the index reflects
         self._unsaved = 0  # vectors embedded or restored since the index file was written
         self._dirty = False  # any index change (removals too) since then
+        self._ents = None  # the entity index (lmlm.kb.entities), built on first entity-aware lookup
+        self._rel_vecs = None  # relation name -> embedding
         self._sync()
 
     # -- opening ---------------------------------------------------------------------------------
@@ -168,14 +177,18 @@ class KnowledgeBase(KeyIndexing):
             return self._version
 
     def _sync(self) -> None:
-        version, keys, rows = self.store.catch_up(self._version)
+        after = self._version
+        version, keys, rows = self.store.catch_up(after)
+        removed = []
         if keys is None:
             self._best, self._key_norm = {}, {}
+            self._ents = None
         else:
             for kid in keys:
                 kn = self._key_norm.pop(kid, None)
                 if kn is not None:
                     self._n_active -= self._best.pop(kn).n_active
+                    removed.append(kn)
         for b in rows:
             self._best[b.key_norm] = b
             self._key_norm[b.key_id] = b.key_norm
@@ -184,6 +197,8 @@ class KnowledgeBase(KeyIndexing):
         else:
             self._n_active += sum(b.n_active for b in rows)
         self._version = version
+        if keys is not None and after != version:
+            self._ents_update(removed, rows, after)
 
     def _after_write(self, progress: bool | None = None, adds_keys: bool = True, embed: bool = True) -> None:
         """Take in a write just made. An add embeds its new keys now (unless ``embed`` is False); a
@@ -199,43 +214,51 @@ class KnowledgeBase(KeyIndexing):
         return {(b.entity, b.relation): b.key_id for b in list(self._best.values())}
 
     # -- lookup ----------------------------------------------------------------------------------
-    def lookup(self, entity: str, relation: str, threshold: float | None = None, fuzzy: bool = True) -> Match | None:
-        """The value of ``(entity, relation)``: exact normalised key first, else the nearest key.
+    def lookup(self, entity: str, relation: str, threshold: float | None = None, fuzzy: bool = True,
+               context: str | None = None, matching: str | None = None) -> Match | None:
+        """The value of ``(entity, relation)``, or None (:meth:`explain` says why).
 
         Args:
             entity, relation: the query, as the model wrote it.
-            threshold (float, optional): minimum cosine for a fuzzy match (default ``self.threshold``).
+            threshold (float, optional): minimum similarity: of the relation under entity-aware
+                matching (default ``self.relation_threshold``), of the whole key under ``"key"``
+                (default ``self.threshold``).
             fuzzy (bool, default True): False answers from exact keys only (no encoder call).
+            context (str, optional): the text before the call (prompt and document so far); an
+                entity it names resolves a short or misspelt name.
+            matching (str, optional): ``"entity"`` or ``"key"`` (default ``self.matching``).
 
         Returns:
-            The best-supported active value of the matched key as a :class:`Match`, or None when no
-            key is exact and none is at least ``threshold`` similar.
+            The best-supported active value of the matched key as a :class:`Match`, or None.
         """
-        return self.lookup_batch([(entity, relation)], threshold, fuzzy)[0]
+        return self.lookup_batch([(entity, relation)], threshold, fuzzy, [context], matching)[0]
 
     def lookup_batch(self, queries: Sequence[tuple[str, str]], threshold: float | None = None,
-                     fuzzy: bool = True) -> list[Match | None]:
-        """:meth:`lookup` for many queries; the ones without an exact key share one encoder call."""
-        threshold = self.threshold if threshold is None else float(threshold)
-        with self._lock:
-            self.refresh()
-            hits: list[tuple[Best, float, bool] | None] = [None] * len(queries)
-            misses: list[int] = []
-            for i, (entity, relation) in enumerate(queries):
-                en, rn = normalize_text(entity), normalize_text(relation)
-                if not en and not rn:
-                    continue  # a blank query matches nothing
-                best = self._best.get(en + KEY_SEP + rn)
-                if best is not None:
-                    hits[i] = (best, 1.0, True)
-                else:
-                    misses.append(i)
-            if fuzzy and misses and self._best:
-                nearest = self._nearest([key_text(*queries[i]) for i in misses], k=1)
-                for i, found in zip(misses, nearest):
-                    if found and found[0][1] >= threshold:
-                        hits[i] = (found[0][0], found[0][1], False)
-            return self._matches(hits)
+                     fuzzy: bool = True, contexts: Sequence[str | None] | None = None,
+                     matching: str | None = None) -> list[Match | None]:
+        """:meth:`lookup` for many queries, batched (one encoder call for those that need one)."""
+        return [m if isinstance(m, Match) else None
+                for m in self.resolve_batch(queries, threshold, fuzzy, contexts, matching)]
+
+    def _key_hits(self, queries: Sequence[tuple[str, str]], threshold: float, fuzzy: bool) -> list[tuple]:
+        """The paper's match per query: (hit (best, score, exact) or None, nearest (best, score) or None)."""
+        out: list[tuple] = [(None, None)] * len(queries)
+        misses: list[int] = []
+        for i, (entity, relation) in enumerate(queries):
+            en, rn = normalize_text(entity), normalize_text(relation)
+            if not en and not rn:
+                continue  # a blank query matches nothing
+            best = self._best.get(en + KEY_SEP + rn)
+            if best is not None:
+                out[i] = ((best, 1.0, True), None)
+            else:
+                misses.append(i)
+        if fuzzy and misses and self._best:
+            nearest = self._nearest([key_text(*queries[i]) for i in misses], k=1)
+            for i, found in zip(misses, nearest):
+                if found:
+                    out[i] = ((found[0][0], found[0][1], False) if found[0][1] >= threshold else None, found[0])
+        return out
 
     def lookup_vectors(self, vectors: np.ndarray, threshold: float | None = None) -> list[Match | None]:
         """Fuzzy lookup by query embeddings computed elsewhere, ``(n, dim)`` unit-norm rows."""
@@ -285,12 +308,14 @@ class KnowledgeBase(KeyIndexing):
     def _sources(self, triple_ids: list[int]) -> dict[int, tuple[str, ...]]:
         return self.store.sources(triple_ids, limit=MAX_SOURCES)
 
-    def _matches(self, hits: Sequence[tuple[Best, float, bool] | None]) -> list[Match | None]:
+    def _matches(self, hits: Sequence[tuple | None]) -> list[Match | None]:
+        """Matches from (best, score, exact[, via, entity score, context free]) tuples; None stays None."""
         sources = self._sources([h[0].triple_id for h in hits if h])
         return [None if h is None else Match(
             entity=h[0].entity, relation=h[0].relation, value=h[0].value, score=h[1], triple_id=h[0].triple_id,
             exact=h[2], sources=sources.get(h[0].triple_id, ()), version=self._version,
-            alternatives=h[0].n_active - 1, support=h[0].count) for h in hits]
+            alternatives=h[0].n_active - 1, support=h[0].count, via=h[3] if len(h) > 3 else "key",
+            entity_score=h[4] if len(h) > 4 else None, context_free=h[5] if len(h) > 5 else True) for h in hits]
 
     # -- changes ---------------------------------------------------------------------------------
     def add(self, triples: Iterable[Triple], who: str = "lmlm", why: str = "", batch_size: int = 1000,
@@ -482,7 +507,8 @@ class KnowledgeBase(KeyIndexing):
             header = read_header(self.path / INDEX_FILENAME) or {}
             loaded = self._index is not None
             return {"path": str(self.path), "version": self._version, **self.store.counts(),
-                    "encoder": self.encoder_name, "threshold": self.threshold,
+                    "encoder": self.encoder_name, "matching": self.matching, "threshold": self.threshold,
+                    "relation_threshold": self.relation_threshold,
                     "index_size": len(self._index) if loaded else header.get("size", 0),
                     "index_version": self._index_version if loaded else header.get("version", 0),
                     "index_kind": self._index.ann_kind if loaded else header.get("ann", "flat")}

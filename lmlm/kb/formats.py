@@ -6,14 +6,14 @@ and the authors' released database JSON.
   :class:`~lmlm.kb.records.Triple`. What :meth:`KnowledgeBase.export` writes, losslessly.
 * ``parquet``: the same columns; ``sources`` is a list of ``{doc_id, position}`` structs. Needs
   ``pyarrow`` (``pip install 'lmlm[parquet]'``).
-* ``corpus``: an annotated corpus, one document per line with ``doc_id`` (or ``id``) and
-  ``annotated`` (or ``text``) holding ``[dblookup('E', 'R') -> V]`` calls. Reading takes every call
+* ``corpus``: an annotated corpus: documents in any format of :mod:`lmlm.corpus` (JSON lines,
+  Parquet, a ``datasets`` folder), whose ``annotated`` text holds the calls. Reading takes every call
   as a fact whose source is the document and whose position is the call's character offset in the
   plain text. Writing makes one document per source (facts with none go to ``kb-unsourced``), one
   sentence per fact, so reading it back gives the same facts and documents (positions are those of
   the written text).
 * ``authors``: the authors' database JSON (``entities``, ``relationships``, ``return_values``,
-  ``triplets``), read by :mod:`lmlm.kb.authors`.
+  ``triplets``), streamed by :mod:`lmlm.kb.authors`.
 
 Exercised by ``lmlm kb import``, ``lmlm kb export`` and ``lmlm kb build``.
 """
@@ -41,10 +41,17 @@ def fact_of(t: Triple) -> Fact:
 
 
 def detect_format(path: str | Path) -> str:
-    """The format of ``path``: by suffix (``.parquet``, ``.json``), else by the first JSON line's fields."""
+    """The format of ``path``: by suffix (``.parquet``, ``.json``), else by the first JSON line's fields;
+    a Parquet file with documents' columns, or a ``datasets`` folder, is a corpus."""
     path = Path(path)
+    if path.is_dir():
+        return "corpus"
     if path.suffix == ".parquet":
-        return "parquet"
+        try:
+            names = set(_pyarrow().parquet.ParquetFile(path).schema_arrow.names)
+        except Exception:  # unreadable: the triple reader reports it
+            return "parquet"
+        return "corpus" if "entity" not in names and names & {"annotated", "text"} else "parquet"
     if path.suffix == ".json":
         return "authors"
     if path.is_file():
@@ -63,7 +70,7 @@ def detect_format(path: str | Path) -> str:
 
 def _check(path: str | Path, format: str | None, reading: bool) -> tuple[Path, str]:
     path = Path(path)
-    if reading and not path.is_file():
+    if reading and not (path.is_file() or path.is_dir() and (format in (None, "corpus"))):
         raise FileNotFoundError(f"no file to import at {path}")
     format = format or detect_format(path)
     if format not in FORMATS or (format == "authors" and not reading):
@@ -78,7 +85,7 @@ def count_items(path: str | Path, format: str | None = None) -> int | None:
     path, format = _check(path, format, reading=True)
     if format == "parquet":
         return _pyarrow().parquet.ParquetFile(path).metadata.num_rows
-    if format in ("jsonl", "corpus"):
+    if format in ("jsonl", "corpus") and path.is_file():
         with open(path, "rb") as f:
             return sum(1 for line in f if line.strip())
     return None
@@ -87,11 +94,11 @@ def count_items(path: str | Path, format: str | None = None) -> int | None:
 def read(path: str | Path, format: str | None = None) -> tuple[Iterator[Fact], int | None]:
     """The facts of ``path`` (streamed, validated as they come) and how many there are when known."""
     path, format = _check(path, format, reading=True)
-    if format == "authors":
-        from .authors import read_authors_json
+    if format == "authors":  # streamed: the paper's database is tens of GB
+        from .authors import iter_authors_json, scan_authors_json
 
-        triples, _ = read_authors_json(path)
-        return (fact_of(t) for t in triples), len(triples)
+        good, _ = scan_authors_json(path)
+        return (fact_of(t) for t in iter_authors_json(path)), good
     reader = {"jsonl": _read_jsonl, "parquet": _read_parquet, "corpus": _read_corpus}[format]
     return reader(path), (count_items(path, format) if format != "corpus" else None)
 
@@ -188,32 +195,23 @@ def _read_parquet(path: Path) -> Iterator[Fact]:
 
 # -- annotated corpus ------------------------------------------------------------------------------
 def _read_corpus(path: Path) -> Iterator[Fact]:
-    from ..lookup import Lookup, LookupSyntaxError, parse, plain_text
+    from ..corpus import iter_located
+    from ..lookup import Lookup, parse, plain_text
 
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
+    for where, doc in iter_located(path):
+        # strict: a malformed call in a corpus the KB is built from is an error, not text
+        segments = parse(doc.annotated, strict=True, source=where).segments
+        calls = [s for s in segments if isinstance(s, Lookup)]
+        for lk, pos in zip(calls, plain_text(segments)[1]):
             try:
-                d = json.loads(line)
-                doc = str(d["doc_id"] if "doc_id" in d else d["id"])
-                text = d["annotated"] if "annotated" in d else d["text"]
-                segments = parse(text, strict=True, source=where).segments
-            except LookupSyntaxError:
-                raise
-            except (ValueError, TypeError, KeyError) as e:
-                raise ValueError(f"{where}: not an annotated document (doc_id/id and annotated/text): {e}") from None
-            calls = [s for s in segments if isinstance(s, Lookup)]
-            for lk, pos in zip(calls, plain_text(segments)[1]):
-                try:
-                    yield fact_of(Triple(lk.entity, lk.relation, lk.value, doc, pos))
-                except (ValueError, TypeError) as e:
-                    raise ValueError(f"{where}: {e}") from None
+                yield fact_of(Triple(lk.entity, lk.relation, lk.value, doc.id, pos))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"{where}: {e}") from None
 
 
 def _write_corpus(records: Iterable[TripleRecord], path: Path) -> int:
-    from ..lookup import Lookup, Text, render
+    from ..corpus import Document, write_documents
+    from ..lookup import Lookup, Text
 
     docs: dict[str, list[tuple[int, TripleRecord]]] = defaultdict(list)
     n = 0
@@ -221,11 +219,33 @@ def _write_corpus(records: Iterable[TripleRecord], path: Path) -> int:
         n += 1
         for doc, pos in dict.fromkeys(record.sources) or [(UNSOURCED_DOC, None)]:
             docs[doc].append((-1 if pos is None else pos, record))
-    with open(path, "w", encoding="utf-8") as f:
+
+    def documents():
         for doc, facts in docs.items():
             segments = []
             for _, r in sorted(facts, key=lambda x: (x[0], x[1].id)):
                 segments += [Text(f"{r.entity}, {r.relation}: "), Lookup(r.entity, r.relation, r.value),
                              Text(f" {r.value}.\n")]
-            f.write(json.dumps({"doc_id": doc, "annotated": render(segments)}, ensure_ascii=False) + "\n")
+            yield Document.from_segments(doc, segments, source="kb")
+
+    write_documents(path, documents())
     return n
+
+
+def read_aliases(path: str | Path) -> list[tuple[str, str]]:
+    """``(alias, entity)`` pairs from JSON lines with ``alias`` and ``entity`` (as ``lmlm world`` and
+    ``lmlm annotate wikipedia`` write ``aliases.jsonl``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no alias file at {path}")
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                out.append((str(row["alias"]), str(row["entity"])))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{n}: not an alias line with 'alias' and 'entity' ({e})") from None
+    return out

@@ -68,6 +68,17 @@ PG_MIGRATIONS: list[str] = [
         old_value TEXT, new_value TEXT, count_delta INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (version, triple_id));
     """,
+    # 2: SQLite migration 3, aliases
+    """
+    CREATE TABLE aliases (
+        id BIGSERIAL PRIMARY KEY, alias TEXT NOT NULL, alias_norm TEXT NOT NULL,
+        entity TEXT NOT NULL, entity_norm TEXT NOT NULL,
+        created_version INTEGER NOT NULL REFERENCES versions(version),
+        deleted_version INTEGER REFERENCES versions(version));
+    CREATE UNIQUE INDEX aliases_active ON aliases(alias_norm, entity_norm) WHERE deleted_version IS NULL;
+    CREATE INDEX aliases_entity ON aliases(entity_norm);
+    CREATE INDEX triples_deleted ON triples(deleted_version) WHERE deleted_version IS NOT NULL;
+    """,
 ]
 
 _URL = re.compile(r"^(postgres(?:ql)?):/+", re.IGNORECASE)  # one slash too: a URL that went through Path()

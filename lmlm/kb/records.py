@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .keys import normalize_text
 
-__all__ = ["Triple", "Match", "TripleRecord", "VersionRecord", "Change", "DiffEntry", "as_triple"]
+__all__ = ["Triple", "Match", "Miss", "TripleRecord", "VersionRecord", "Change", "DiffEntry", "as_triple"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,10 @@ class Match:
         version: the KB version that answered.
         alternatives: how many other active values the key has (0 when unambiguous).
         support: how often the returned value was seen (its count); it is the key's best-supported value.
+        via: how the entity was found: ``exact``, ``alias``, ``context`` (named in the text so far) or
+            ``fuzzy`` under entity-aware matching; ``key`` under the paper's single-key match.
+        entity_score: how well the query's entity fits the matched one (1.0 unless ``via`` is fuzzy).
+        context_free: whether the same query would get this answer whatever text preceded it.
     """
 
     entity: str
@@ -83,6 +87,42 @@ class Match:
     version: int
     alternatives: int
     support: int = 1
+    via: str = "key"
+    entity_score: float | None = None
+    context_free: bool = True
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "sources": list(self.sources)}
+
+
+@dataclass(frozen=True)
+class Miss:
+    """Why a lookup found nothing; false in a boolean test, like ``None``.
+
+    Attributes:
+        reason: ``no_entity`` (no such entity, or it was deleted), ``ambiguous_entity`` (two entities
+            fit equally), ``no_relation`` (the entity has no fact close to the relation) or
+            ``below_threshold`` (the paper's single-key match: the nearest key is not similar enough).
+        detail: the same in words, naming what was closest.
+        entity: the entity that was found, for ``no_relation``.
+        candidates: what was considered, ``(name, score)`` best first (entities, relations or keys).
+        version: the KB version that answered.
+        context_free: whether the same query would miss whatever text preceded it.
+    """
+
+    reason: str
+    detail: str = ""
+    entity: str | None = None
+    candidates: tuple[tuple[str, float], ...] = ()
+    version: int = 0
+    context_free: bool = True
+
+    def __bool__(self) -> bool:
+        return False
+
+    def to_dict(self) -> dict:
+        return {"reason": self.reason, "detail": self.detail, "entity": self.entity,
+                "candidates": [list(c) for c in self.candidates], "version": self.version}
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ Nothing is ever overwritten: a deleted or edited fact keeps its row with ``delet
 and ``changes`` says what each version did to each triple. The schema is built by numbered,
 append-only :data:`MIGRATIONS`; never edit one that has shipped, append a new one.
 
-The knowledge base uses only the methods of :class:`SQLiteStore` (no SQL outside this module and
-:mod:`lmlm.kb.versions`, which reads past versions), so a server-backed store can implement the
+The knowledge base uses only the methods of :class:`SQLiteStore` (no SQL outside this module,
+:mod:`lmlm.kb.versions`, which reads past versions, and :mod:`lmlm.kb.store_aliases`), so a server-backed store can implement the
 same methods and register itself in :data:`STORES`.
 Exercised by every ``lmlm kb`` command.
 """
@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from .keys import KEY_SEP, normalize_text, normalize_value
 from .records import Change, TripleRecord, VersionRecord
+from .store_aliases import StoredAliases
 from .versions import PastVersions
 
 __all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "STORES", "register_store", "Fact", "Best",
@@ -88,6 +89,18 @@ MIGRATIONS: list[str] = [
     ALTER TABLE sources ADD COLUMN version INTEGER;
     UPDATE changes SET count_delta = (SELECT count FROM triples t WHERE t.id = changes.triple_id) WHERE op = 'add';
     UPDATE sources SET version = (SELECT created_version FROM triples t WHERE t.id = sources.triple_id);
+    """,
+    # 3: aliases, other names of an entity ("Lovelace, Ada", a redirect, a short name), versioned like
+    # triples; deleting an entity's last fact deletes its aliases in the same version
+    """
+    CREATE TABLE aliases (
+        id INTEGER PRIMARY KEY, alias TEXT NOT NULL, alias_norm TEXT NOT NULL,
+        entity TEXT NOT NULL, entity_norm TEXT NOT NULL,
+        created_version INTEGER NOT NULL REFERENCES versions(version),
+        deleted_version INTEGER REFERENCES versions(version));
+    CREATE UNIQUE INDEX aliases_active ON aliases(alias_norm, entity_norm) WHERE deleted_version IS NULL;
+    CREATE INDEX aliases_entity ON aliases(entity_norm);
+    CREATE INDEX triples_deleted ON triples(deleted_version) WHERE deleted_version IS NOT NULL;
     """,
 ]
 
@@ -157,7 +170,7 @@ def _marks(n: int) -> str:
 
 
 @register_store("sqlite")
-class SQLiteStore(PastVersions):
+class SQLiteStore(PastVersions, StoredAliases):
     """The SQLite store of one KB folder. One connection, WAL mode; safe to share between threads."""
 
     def __init__(self, folder: Path, conn: sqlite3.Connection):
@@ -389,6 +402,7 @@ class SQLiteStore(PastVersions):
                 self._xm("UPDATE triples SET deleted_version = ? WHERE id = ?", [(v, i) for i, _ in rows])
                 self._xm("INSERT INTO changes(version, triple_id, op, old_value)"
                          " VALUES (?, ?, 'delete', ?)", [(v, i, val) for i, val in rows])
+                self._drop_orphan_aliases(v)
                 self._finish_version(v)
         except _NoChange:
             return self.version(), 0
@@ -419,6 +433,7 @@ class SQLiteStore(PastVersions):
                 self._x("UPDATE triples SET deleted_version = ? WHERE deleted_version IS NULL"
                         " AND id IN (SELECT id FROM forget_ids)", (v,))
                 self._x("DELETE FROM forget_ids")
+                self._drop_orphan_aliases(v)
                 self._finish_version(v)
         except _NoChange:
             return self.version(), 0
@@ -555,6 +570,7 @@ class SQLiteStore(PastVersions):
             "sources": q("SELECT count(*) FROM sources"),
             "documents": q("SELECT count(DISTINCT doc_id) FROM sources"),
             "versions": q("SELECT count(*) FROM versions"),
+            "aliases": q("SELECT count(*) FROM aliases WHERE deleted_version IS NULL"),
         }
 
 

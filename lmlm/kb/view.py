@@ -43,6 +43,12 @@ class KnowledgeBaseView(KnowledgeBase):
         self._key_norm = {b.key_id: b.key_norm for b in rows}
         self._n_active = sum(b.n_active for b in rows)
         self._selection: Selection | None = None
+        self.matching, self.relation_threshold = kb.matching, kb.relation_threshold
+        self._ents = None  # built on first use from this version's keys, aliases and deleted names
+        self._rel_vecs = kb._relation_vectors()
+
+    def _at(self) -> dict:
+        return {"at": self._version}
 
     def __repr__(self) -> str:
         return f"KnowledgeBaseView({str(self.path)!r}, version={self._version}, triples={self._n_active})"
@@ -62,6 +68,12 @@ class KnowledgeBaseView(KnowledgeBase):
                       "write to the knowledge base itself")
 
     def embed(self, progress: bool | None = None) -> int:
+        self._writable()
+
+    def add_aliases(self, pairs, who: str = "lmlm", why: str = "") -> int:
+        self._writable()
+
+    def delete_alias(self, alias, entity=None, who: str = "lmlm", why: str = "") -> int:
         self._writable()
 
     def put_vectors(self, key_ids, vectors) -> None:

@@ -7,11 +7,15 @@ stage cut short resumes from its cached pieces and training states; ``fresh`` st
    cloze precision, the three perplexities, edits and deletes), in ``OUT/bios``;
 2. ``data``: the world's facts written as T-REx, PopQA, FActScore and BIG-bench files;
 3. ``factual``: T-REx, PopQA, FactScore for LMLM, LMLM with prefix-tree queries, LMLM without its
-   database and Standard; NLU multiple choice;
-4. ``rag``: Standard with BM25 passages of the training corpus on the same protocols;
-5. ``offloading``: facts ranked by the paper's loss difference, one model per offloading ratio;
-6. ``tofu``: a fictitious-authors world in TOFU's files; LMLM and Standard fine-tuned from the
-   biography models; LMLM unlearning by KB delete vs gradient ascent and NPO on Standard;
+   database, LMLM with its calls left unanswered, and Standard; NLU multiple choice;
+4. ``seeds``: the LMLM / Standard pair trained with other seeds: perplexity and T-REx per seed, so
+   that each claim's margin is read against its spread;
+5. ``rag``: BM25 passages of the training corpus prepended, for Standard and for a reader trained
+   with passages, on the same protocols;
+6. ``offloading``: facts ranked by the paper's loss difference, one model per offloading ratio;
+7. ``tofu``: a fictitious-authors world in TOFU's files; LMLM and Standard fine-tuned from the
+   biography models; LMLM unlearning by KB delete vs gradient ascent and NPO on Standard, with the
+   LMLM fine-tuned under several seeds (the null: two retain models);
 
 then ``report.json`` and ``report.md`` with PNG figures and the paper's claims checked.
 
@@ -39,19 +43,21 @@ def _bios_stage(run: Run) -> dict:
     cfg = run.cfg
     rep = quickstart(run.bios, preset=cfg.bios, seed=cfg.seed, **cfg.bios_overrides)
     return {k: rep[k] for k in ("world", "factual_precision", "perplexity", "unlearning", "edits", "added_knowledge",
-                                "models", "timings_seconds")}
+                                "wrong_entity", "models", "timings_seconds")}
 
 
 def _stages() -> dict:
-    from .factual import data_stage, factual_stage, rag_stage
+    from .factual import data_stage, factual_stage
     from .offloading import offloading_stage
+    from .rag import rag_stage
+    from .seeds import seeds_stage
     from .unlearning import tofu_stage
 
-    return {"bios": _bios_stage, "data": data_stage, "factual": factual_stage, "rag": rag_stage,
-            "offloading": offloading_stage, "tofu": tofu_stage}
+    return {"bios": _bios_stage, "data": data_stage, "factual": factual_stage, "seeds": seeds_stage,
+            "rag": rag_stage, "offloading": offloading_stage, "tofu": tofu_stage}
 
 
-STAGES = ("bios", "data", "factual", "rag", "offloading", "tofu")
+STAGES = ("bios", "data", "factual", "seeds", "rag", "offloading", "tofu")
 
 
 def reproduce(out: str | Path = "runs/reproduce", preset: str = "cpu", fresh: bool = False,

@@ -24,6 +24,10 @@ class ReproduceConfig:
         max_new_tokens, factscore_tokens: generated tokens for T-REx / PopQA and for biographies.
         batch_size: generation and scoring batch.
         rag_k, rag_passage_words: BM25 passages per prompt and their length in words.
+        rag_reader_fraction: share of the training documents the RAG reader (a Standard model trained
+            like the others) sees with retrieved passages prepended; 0 trains no reader.
+        seeds: seeds of the LMLM / Standard pair for the margins that need a spread (the first is
+            ``seed``, the biography run's; the others train a pair each).
         offload_ratios: offloading ratios; 0 and 1 reuse the Standard and LMLM models, every other
             ratio trains one model like them.
         offload_tokens: tokens after each call whose loss difference ranks the facts (paper: 5).
@@ -33,6 +37,8 @@ class ReproduceConfig:
             biography checkpoints (the paper's warm-up then fine-tuning; 5 epochs as TOFU).
         unlearn: ``lmlm.evaluate.unlearn.UnlearnConfig`` fields shared by the training-based
             methods; ``unlearn_methods`` the methods run; ``unlearn_seeds`` one run per seed.
+        tofu_seeds: seeds of the LMLM's TOFU fine-tuning (full and retain models): forget quality
+            after the KB delete per seed, and the null (two retain models of different seeds).
         tofu_max_new_tokens: generated tokens per TOFU answer (ROUGE-L).
         threads: torch threads (None: one per core).
     """
@@ -50,6 +56,8 @@ class ReproduceConfig:
     batch_size: int = 32
     rag_k: int = 4
     rag_passage_words: int = 30
+    rag_reader_fraction: float = 0.5
+    seeds: tuple[int, ...] = (0, 1, 2)
     offload_ratios: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
     offload_tokens: int = 5
     tofu: dict[str, Any] = field(default_factory=lambda: dict(questions_per_relation=2, n_retain_perturbed=60))
@@ -62,6 +70,7 @@ class ReproduceConfig:
     unlearn: dict[str, Any] = field(default_factory=lambda: dict(steps=30, lr=2e-4, batch_size=8, eval_every=5))
     unlearn_methods: tuple[str, ...] = ("npo", "ga")
     unlearn_seeds: tuple[int, ...] = (0,)
+    tofu_seeds: tuple[int, ...] = (0, 1, 2)
     tofu_max_new_tokens: int = 40
     threads: int | None = None
     seed: int = 0
@@ -71,6 +80,13 @@ class ReproduceConfig:
         if any(not 0 <= r <= 1 for r in self.offload_ratios) or not {0.0, 1.0} <= set(self.offload_ratios):
             raise ValueError(f"offload_ratios must lie in [0, 1] and include 0 and 1, got {self.offload_ratios}")
         self.unlearn_methods, self.unlearn_seeds = tuple(self.unlearn_methods), tuple(self.unlearn_seeds)
+        self.seeds, self.tofu_seeds = tuple(self.seeds), tuple(self.tofu_seeds)
+        for name in ("seeds", "tofu_seeds"):
+            seeds = getattr(self, name)
+            if not seeds or seeds[0] != self.seed or len(set(seeds)) != len(seeds):
+                raise ValueError(f"{name} must be distinct seeds starting with seed={self.seed}, got {seeds}")
+        if not 0 <= self.rag_reader_fraction <= 1:
+            raise ValueError(f"rag_reader_fraction must be in [0, 1], got {self.rag_reader_fraction}")
         if not self.tofu_forget.startswith("forget"):
             raise ValueError(f"tofu_forget must be a forget split (forget01, forget05, forget10), got {self.tofu_forget!r}")
 
@@ -99,5 +115,6 @@ REPRODUCE_PRESETS: dict[str, dict[str, Any]] = {
                   n_retain_perturbed=14),
         tofu_real_people=3, tofu_epochs=3.0, tofu_lr=2e-3, tofu_seq_len=128,
         unlearn=dict(steps=4, lr=1e-3, batch_size=4, eval_every=2), tofu_max_new_tokens=16, threads=1,
+        seeds=(0, 1), tofu_seeds=(0, 1),
     ),
 }

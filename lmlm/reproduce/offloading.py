@@ -2,9 +2,11 @@
 
 0% is the biography run's Standard model and 100% its LMLM; every other ratio trains an LMLM with
 the same recipe on the corpus whose calls are kept only for the top share of facts. Each model is
-evaluated on held-out documents of trained people, annotated by the same rule (static and
-normalized perplexity), on T-REx without a forced lookup (the model decides when to look up; the KB
-answers), and on the continuation multiple choice standing in for NLU. Rankings, checkpoints and
+evaluated on held-out documents of trained people, annotated by the same rule (dynamic perplexity:
+the model writes its own queries and the KB answers; static and normalized, whose oracle values
+lower perplexity almost by construction as more facts are offloaded), on T-REx without a forced
+lookup (the model decides when to look up; the KB answers), and on the continuation multiple
+choice standing in for NLU. Rankings, checkpoints and
 per-ratio results are kept in ``OUT/offloading`` so an interrupted stage resumes.
 """
 
@@ -59,7 +61,8 @@ def _model(run: Run, ratio: float, keys: set, folder: Path):
 def _evaluate(run: Run, model, ratio: float, keys: set, items, nlu_items) -> dict:
     from ..evaluate.nlu import nlu_eval
     from ..evaluate.offloading import offload_documents
-    from ..evaluate.perplexity import static_perplexity
+    from .factual import above_chance
+    from ..evaluate.perplexity import dynamic_perplexity, static_perplexity
     from ..evaluate.trex import trex_eval
     from ..generate import LookupGenerator
 
@@ -67,16 +70,22 @@ def _evaluate(run: Run, model, ratio: float, keys: set, items, nlu_items) -> dic
     ctx = run.context_length(model)
     held = [d for d in world.heldout_documents if world.person(d.person).split == "train"]
     held = offload_documents((d.segments for d in held), keys)
-    held = [d for d in held if len(tok.encode(d)) <= ctx]
+    # room for queries the model writes longer than the reference's (dynamic perplexity)
+    held = [d for d in held if len(tok.encode(d)) <= ctx - 48]
     ppl = static_perplexity(model, tok, held, batch_size=run.cfg.batch_size)
     gen = LookupGenerator(model, tok, run.kb) if ratio > 0 else LookupGenerator(model, tok, None, use_db=False)
+    # with nothing offloaded the documents have no calls: dynamic is static
+    dyn = dynamic_perplexity(gen, held, batch_size=run.cfg.batch_size) if ratio > 0 else {"dynamic": ppl["static"]}
     trex = trex_eval(gen, items, force_lookup=False, max_new_tokens=run.cfg.max_new_tokens,
                      batch_size=run.cfg.batch_size, by_relation=False)
     nlu = nlu_eval(model, tok, nlu_items, batch_size=run.cfg.batch_size)
-    return {"ratio": ratio, "facts_offloaded": len(keys), "perplexity_static": ppl["static"],
-            "perplexity_normalized": ppl["normalized"], "heldout_documents": len(held),
+    return {"ratio": ratio, "facts_offloaded": len(keys), "perplexity_dynamic": dyn["dynamic"],
+            "perplexity_static": ppl["static"], "perplexity_normalized": ppl["normalized"],
+            "heldout_documents": len(held),
             "trex_exact_match": trex["trex_exact_match"], "trex_lookup_found": trex["trex_lookup_found"],
-            "nlu_acc_norm": nlu["nlu_acc_norm"], "nlu_acc": nlu["nlu_acc"]}
+            "nlu_acc_norm": nlu["nlu_acc_norm"], "nlu_acc": nlu["nlu_acc"], "nlu_n": nlu["nlu_n"],
+            "nlu_above_chance": above_chance(round(nlu["nlu_acc_norm"] * nlu["nlu_n"]), int(nlu["nlu_n"]),
+                                             min((len(it.choices) for it in nlu_items), default=2))}
 
 
 def offloading_stage(run: Run) -> dict:

@@ -1,18 +1,18 @@
 """The reproduction report: ``report.md`` with PNG figures, each result beside the paper's number.
 
-Figures: the paper's perplexity comparison, factual precision with and without the database,
-prefix-tree vs fuzzy, RAG, TOFU's forget quality vs model utility with the unlearning trajectories,
-and the offloading curves.
+Figures: the paper's perplexity comparison (all held-out documents and by group), factual
+precision with and without the database and on stated vs KB-only facts, prefix-tree vs fuzzy, RAG
+with both readers, TOFU's forget quality vs model utility with the unlearning trajectories, and the
+offloading curves. The Markdown sections are in :mod:`lmlm.reproduce.sections`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-from .claims import fmt, metric, pct
-from .paper import PAPER
+from .sections import (claims_section, closing, factual_section, metrics_of, offloading_section, perplexity_section,
+                       rag_section, tofu_section)
 
 __all__ = ["write_report"]
 
@@ -49,8 +49,8 @@ def _grouped(path: Path, groups: list[str], series: dict[str, list], ylabel: str
     plt.close(fig)
 
 
-def _metrics(stages: dict, system: str) -> list:
-    return [metric(stages, system, k) for k in ("factscore", "trex", "popqa")]
+def _metrics(stages: dict, system: str, reader: str | None = None) -> list:
+    return metrics_of(stages, system, reader)
 
 
 def _tofu_plot(tofu: dict, path: Path) -> None:
@@ -91,8 +91,10 @@ def _offloading_plot(rows: list[dict], path: Path) -> None:
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
     xs = [100 * r["ratio"] for r in rows]
-    for ax, key, label in zip(axes, ("perplexity_static", "trex_exact_match", "nlu_acc_norm"),
-                              ("held-out perplexity (lower is better)", "T-REx EM, no forced lookup", "continuation acc_norm (NLU stand-in)")):
+    ppl = "perplexity_dynamic" if all("perplexity_dynamic" in r for r in rows) else "perplexity_static"
+    for ax, key, label in zip(axes, (ppl, "trex_exact_match", "nlu_acc_norm"),
+                              (f"held-out perplexity, {ppl.split('_')[1]} (lower is better)", "T-REx EM, no forced lookup",
+                               "continuation acc_norm (NLU stand-in)")):
         ax.plot(xs, [r[key] for r in rows], marker="o")
         ax.set_xlabel("facts offloaded (%)")
         ax.set_title(label, fontsize=9)
@@ -105,116 +107,39 @@ def _offloading_plot(rows: list[dict], path: Path) -> None:
 def _figures(stages: dict, fig: Path) -> None:
     fig.mkdir(parents=True, exist_ok=True)
     p = stages["bios"]["perplexity"]
+    rows = {"all": {**p["lmlm"], "standard": p["standard"]}, **p.get("by_group", {})}
     _grouped(fig / "perplexity.png", ["static", "dynamic", "normalized"],
-             {"Standard": [p["standard"]] * 3, "LMLM": [p["lmlm"][k] for k in ("static", "dynamic", "normalized")]},
-             "perplexity", "Held-out perplexity (paper fig. 'Validation perplexity'; lower is better)")
+             {f"Standard ({g})" if g != "all" else "Standard": [r["standard"]] * 3 for g, r in rows.items()}
+             | {f"LMLM ({g})" if g != "all" else "LMLM": [r[k] for k in ("static", "dynamic", "normalized")]
+                for g, r in rows.items()},
+             "perplexity", "Held-out perplexity, all documents and by group (lower is better)")
     groups = ["FactScore", "T-REx EM", "PopQA Acc"]
-    _grouped(fig / "factual_precision.png", groups,
-             {"Standard": _metrics(stages, "standard"), "LMLM w/o DB": _metrics(stages, "lmlm_no_db"),
-              "LMLM": _metrics(stages, "lmlm")}, "%", "Factual precision and the database ablation", percent=True)
+    _grouped(fig / "factual_precision.png", groups + ["T-REx stated", "T-REx KB only", "PopQA stated", "PopQA KB only"],
+             {name: _metrics(stages, key) + _stated_values(stages, key)
+              for key, name in (("standard", "Standard"), ("lmlm_no_db", "LMLM w/o DB"),
+                                ("lmlm_calls_stripped", "LMLM calls stripped"), ("lmlm", "LMLM"))
+              if key in stages["factual"]["systems"]},
+             "%", "Factual precision, the database ablation, stated vs KB-only facts", percent=True)
     _grouped(fig / "prefix_tree.png", groups,
              {"LMLM prefix-tree": _metrics(stages, "lmlm_prefix_tree"), "LMLM fuzzy": _metrics(stages, "lmlm")},
              "%", "Prefix-tree constrained vs fuzzy-matched queries", percent=True)
     if "rag" in stages:
-        _grouped(fig / "rag.png", groups, {"Standard": _metrics(stages, "standard"), "Standard + RAG": _metrics(stages, "rag"),
-                                           "LMLM": _metrics(stages, "lmlm")}, "%", "RAG (BM25 top-k) vs LMLM", percent=True)
+        series = {"Standard": _metrics(stages, "standard")}
+        readers = stages["rag"].get("readers") or {"standard": None}
+        for reader in readers:
+            label = "Standard + RAG" if reader == "standard" else "RAG reader (trained with passages)"
+            series[label] = _metrics(stages, "rag", reader if stages["rag"].get("readers") else None)
+        series["LMLM"] = _metrics(stages, "lmlm")
+        _grouped(fig / "rag.png", groups, series, "%", "RAG (BM25 top-k), two readers, vs LMLM", percent=True)
     if "tofu" in stages:
         _tofu_plot(stages["tofu"], fig / "tofu.png")
     if stages.get("offloading", {}).get("ratios"):
         _offloading_plot(sorted(stages["offloading"]["ratios"], key=lambda r: r["ratio"]), fig / "offloading.png")
 
 
-def _row(name: str, ours: list, paper) -> str:
-    return f"| {name} | " + " | ".join(pct(v) for v in ours) + " | " + " / ".join(str(x) for x in paper) + " |"
-
-
-def _factual_section(stages: dict) -> list[str]:
-    f = stages["factual"]
-    fp = PAPER["factual_precision"]["LLaMA2-176M"]
-    nd = PAPER["no_database"]["LLaMA2-176M"]
-    pt = PAPER["prefix_tree"]["LLaMA2-176M"]
-    lines = ["## Factual precision (paper table 'Evaluations on factual precision')", "",
-             f"The biography world's facts in each benchmark's format: {f['n']['factscore']} FactScore topics "
-             f"(claims = world values named in the text, length penalty gamma = 10), {f['n']['trex']} T-REx facts "
-             f"(exact match in the first 5 content words; LMLM: lookup forced at the mask), {f['n']['popqa']} PopQA "
-             "questions (completion format). Percent.", "",
-             "| model | FactScore | T-REx EM | PopQA Acc | paper, LLaMA2-176M (FS / T-REx / PopQA) |",
-             "|---|---:|---:|---:|---|",
-             _row("Standard", _metrics(stages, "standard"), fp["standard"]),
-             _row("LMLM", _metrics(stages, "lmlm"), fp["lmlm"]), "",
-             "![factual precision](figures/factual_precision.png)", "",
-             "## Database ablation (paper table 'Impact of database access')", "",
-             "| model | FactScore | T-REx EM | PopQA Acc | paper, LLaMA2-176M (FS / T-REx) |", "|---|---:|---:|---:|---|",
-             _row("Standard", _metrics(stages, "standard"), nd["standard"]),
-             _row("LMLM without database", _metrics(stages, "lmlm_no_db"), nd["lmlm_no_db"]),
-             _row("LMLM", _metrics(stages, "lmlm"), nd["lmlm"]), "",
-             "## Prefix-tree vs fuzzy matching (paper table 'Fuzzy Match and Prefix-Tree Decoding')", "",
-             "| model | FactScore | w/o length penalty | facts / response | paper, LLaMA2-176M |", "|---|---:|---:|---:|---|"]
-    for name, key, paper in (("Standard", "standard", pt["standard"]), ("LMLM prefix-tree", "lmlm_prefix_tree", pt["prefix_tree"]),
-                             ("LMLM fuzzy", "lmlm", pt["fuzzy"])):
-        m = f["systems"][key]["metrics"]["factscore"]
-        lines.append(f"| {name} | {pct(m['factscore_score'])} | {pct(m['factscore_score_no_penalty'])} | "
-                     f"{fmt(m['factscore_claims_per_response'], 1)} | {' / '.join(map(str, paper))} |")
-    lines += ["", "![prefix tree](figures/prefix_tree.png)", ""]
-    nlu = f["nlu"]
-    lines += ["## Language understanding (paper table 'NLU')", "",
-              "| task | Standard acc_norm | LMLM acc_norm | paper, LLaMA2-176M all-task mean |", "|---|---:|---:|---|"]
-    for task, res in nlu.items():
-        paper = PAPER["nlu"]["LLaMA2-176M"]
-        lines.append(f"| {task} | {pct(res['standard']['nlu_acc_norm'])} | {pct(res['lmlm']['nlu_acc_norm'])} | "
-                     f"{paper['standard']} vs {paper['lmlm']} |")
-    lines += ["", "`bios_continuation`: a held-out sentence without facts, cut in half; its true ending against "
-              "those of three other sentences (the benchmarks of the paper's NLU table need data these worlds do "
-              "not have; pass `nlu_data` to score a BIG-bench file too).", ""]
-    return lines
-
-
-def _rag_section(stages: dict) -> list[str]:
-    r, q = stages["rag"], PAPER["rag"]
-    return ["## RAG baseline (paper table 'RAG vs LMLM', GPT2-355M)", "",
-            f"BM25 (bm25s) over {r['passages']} passages of the training corpus, top {stages['config']['rag_k']} "
-            "prepended in the paper's prompt; the retrieved passages hold the T-REx answer for "
-            f"{pct(r['retrieval_recall_trex'])}% of the facts.", "",
-            "| model | FactScore | T-REx EM | PopQA Acc | paper (FS / T-REx / PopQA) |", "|---|---:|---:|---:|---|",
-            _row("Standard", _metrics(stages, "standard"), q["gpt2_medium"]),
-            _row("Standard + RAG", _metrics(stages, "rag"), q["gpt2_medium_rag"]),
-            _row("LMLM", _metrics(stages, "lmlm"), q["lmlm"]), "", "![rag](figures/rag.png)", ""]
-
-
-def _tofu_section(t: dict) -> list[str]:
-    lines = ["## Unlearning on TOFU (paper figure 'Evaluation of Machine Unlearning')", "",
-             f"World: {json.dumps(t['world'])}. Forget split `{t['forget_split']}`; LMLM unlearning deleted "
-             f"{t['deletion']['deleted']} facts ({t['deletion']['keys']} keys) in {t['deletion']['seconds'] * 1000:.0f} ms. "
-             "Forget quality: KS p-value of the forget-set truth ratios against the retain model of the same kind "
-             "(paper: above 0.05 means indistinguishable).", "",
-             "| model | forget quality | model utility | forget ROUGE-L | retain ROUGE-L | forget prob | retain prob |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    names = {"standard_retain": "Standard retain model", "standard_full": "Standard fine-tuned",
-             "lmlm_retain": "LMLM retain model", "lmlm_full": "LMLM fine-tuned", "lmlm_unlearned": "LMLM after KB delete"}
-    rows = [(names[k], m) for k, m in t["models"].items()]
-    for name, run in t["unlearning_runs"].items():
-        rows.append((f"Standard + {name.rsplit('-', 1)[0].upper()} (step {run['trajectory'][-1]['step']})", run["trajectory"][-1]))
-    for name, m in rows:
-        lines.append(f"| {name} | {fmt(m.get('forget_quality'), 4)} | {fmt(m.get('model_utility'), 3)} | "
-                     f"{fmt(m.get('tofu_forget_rouge_l_recall'), 3)} | {fmt(m.get('tofu_retain_rouge_l_recall'), 3)} | "
-                     f"{fmt(m.get('tofu_forget_prob'), 3)} | {fmt(m.get('tofu_retain_prob'), 3)} |")
-    lines += ["", "![tofu](figures/tofu.png)", ""]
-    return lines
-
-
-def _offloading_section(o: dict) -> list[str]:
-    paper = PAPER["offloading"]["thresholds"]
-    lines = ["## Selective offloading (paper figure 'Effect of different offloading ratios')", "",
-             f"{o['facts']} facts ranked by the loss difference of the 5 tokens after their call (Standard - LMLM).", "",
-             "| offloaded | facts | perplexity (static) | perplexity (normalized) | T-REx EM | continuation acc_norm |",
-             "|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(o["ratios"], key=lambda r: r["ratio"]):
-        lines.append(f"| {r['ratio']:.0%} | {r['facts_offloaded']} | {fmt(r['perplexity_static'])} | "
-                     f"{fmt(r['perplexity_normalized'])} | {pct(r['trex_exact_match'])} | {pct(r['nlu_acc_norm'])} |")
-    lines += ["", "Loss-difference threshold per ratio (nats), ours vs the paper's: " + ", ".join(
-        f"{float(k):.0%} {fmt(v)} vs {paper.get(float(k), '–')}" for k, v in o["thresholds"].items()) + ".", "",
-        "![offloading](figures/offloading.png)", ""]
-    return lines
+def _stated_values(stages: dict, system: str) -> list:
+    b = stages["factual"]["systems"].get(system, {}).get("by_stated", {})
+    return [b.get(p, {}).get(g) for p in ("trex", "popqa") for g in ("stated", "kb_only")]
 
 
 def write_report(report: dict, out: str | Path) -> Path:
@@ -223,31 +148,23 @@ def write_report(report: dict, out: str | Path) -> Path:
     stages = {**report["stages"], "config": report["config"]}
     _figures(stages, out / "figures")
     claims = report["claims"]
-    p = stages["bios"]["perplexity"]
-    mark = {True: "holds", False: "does not hold", None: "–"}
     lines = [f"# lmlm reproduction report (preset `{report['preset']}`)", "",
              "The paper's protocols on the embedded worlds: a synthetic biography world (pretraining, factual "
              "precision, perplexity, offloading, RAG) and a fictitious-authors world in TOFU's files (unlearning). "
              f"Models: {_params(stages['bios']['models']['lmlm'])}, trained with the `{report['config']['bios']}` "
-             "quickstart recipe (details of the biography run in `bios/report.md`).", "",
-             "## Claims of the paper at this scale", "", "| claim | paper | ours | |", "|---|---|---|---|"]
-    lines += [f"| {c['claim']} | {c['paper']} | {c['ours']} | {mark[c['holds']]} |" for c in claims]
-    lines += ["", "## Perplexity (paper figure 'Validation perplexity')", "",
-              "| | static | dynamic | normalized |", "|---|---:|---:|---:|",
-              f"| Standard | {fmt(p['standard'])} | {fmt(p['standard'])} | {fmt(p['standard'])} |",
-              f"| LMLM | {fmt(p['lmlm']['static'])} | {fmt(p['lmlm']['dynamic'])} | {fmt(p['lmlm']['normalized'])} |", "",
-              f"Paper: LMLM lower than Standard in all three variants at every size; dynamic lower by "
-              f"{PAPER['perplexity']['dynamic_reduction']} on average. LMLM loss per token role (held-out, static): "
-              + ", ".join(f"{k} {v:.2f}" for k, v in p["lmlm"]["role_loss"].items()) + ".", "",
-              "![perplexity](figures/perplexity.png)", ""]
-    lines += _factual_section(stages)
+             "quickstart recipe (details of the biography run in `bios/report.md`).", ""]
+    lines += claims_section(claims) + perplexity_section(stages) + factual_section(stages)
+    if stages["bios"].get("wrong_entity"):
+        from ..report import wrong_entity_lines
+
+        lines += wrong_entity_lines(stages["bios"])
     if "rag" in stages:
-        lines += _rag_section(stages)
+        lines += rag_section(stages)
     if "tofu" in stages:
-        lines += _tofu_section(stages["tofu"])
+        lines += tofu_section(stages["tofu"])
     if stages.get("offloading", {}).get("ratios"):
-        lines += _offloading_section(stages["offloading"])
-    lines += _closing(claims) + ["## Time", "", ", ".join(f"{k}: {v:.0f} s" for k, v in report["timings_seconds"].items()), ""]
+        lines += offloading_section(stages["offloading"])
+    lines += closing(claims) + ["## Time", "", ", ".join(f"{k}: {v:.0f} s" for k, v in report["timings_seconds"].items()), ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
@@ -257,17 +174,3 @@ def _params(model: dict) -> str:
     p = model.get("parameters")
     total = p.get("total") if isinstance(p, dict) else p
     return f"`{model.get('preset')}`, {total / 1e6:.2f}M parameters, {model.get('steps')} steps" if total else "–"
-
-
-def _closing(claims: list[dict]) -> list[str]:
-    held = [c for c in claims if c["holds"] is True]
-    failed = [c for c in claims if c["holds"] is False]
-    lines = ["## Closing note", "", f"{len(held)} of {len(held) + len(failed)} checked claims hold at this scale.", ""]
-    if held:
-        lines += ["What holds:", ""] + [f"- {c['claim']}: {c['ours']} (paper: {c['paper']})." for c in held] + [""]
-    if failed:
-        lines += ["What does not:", ""] + [f"- {c['claim']}: {c['ours']} (paper: {c['paper']})." for c in failed] + [""]
-    lines += ["These are small models (millions of parameters) trained for minutes on synthetic worlds whose facts "
-              "are all entity-level and known, so the comparison is of direction, not size; see each table for "
-              "the protocol's details.", ""]
-    return lines

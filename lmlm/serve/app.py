@@ -51,7 +51,6 @@ class ServeState:
 
         from ..checkpoint import load_checkpoint
         from ..generate import LookupGenerator
-        from ..kb import KnowledgeBase
 
         self.limits = limits or ServeLimits()
         if token is not None and (not isinstance(token, str) or len(token) < 8):
@@ -64,10 +63,14 @@ class ServeState:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         model, tok, meta = load_checkpoint(model_dir, device=device)
         if kb_path is None:
-            if not meta.get("kb"):
+            from ..checkpoint import kb_of
+
+            kb_path = kb_of(meta, model_dir)
+            if kb_path is None:
                 raise ValueError(f"{model_dir} names no knowledge base: pass kb_path")
-            kb_path = meta["kb"]
-        self.kb = KnowledgeBase.open(kb_path)
+        from ..generate.loading import open_kb
+
+        self.kb = open_kb(kb_path)
         if threshold is not None:
             if not 0 <= threshold <= 1:
                 raise ValueError(f"threshold must be in [0, 1], got {threshold}")

@@ -28,7 +28,10 @@ def result_json(r) -> dict:
     trace = [{"query_entity": t.query_entity, "query_relation": t.query_relation, "matched_entity": t.matched_entity,
               "matched_relation": t.matched_relation, "value": t.value, "score": t.score, "triple_id": t.triple_id,
               "sources": [str(s) for s in t.sources], "kb_version": t.kb_version, "found": t.found,
-              "status": getattr(t, "status", None) or None, "problem": getattr(t, "problem", None)}
+              "status": getattr(t, "status", None) or None, "problem": getattr(t, "problem", None),
+              "via": getattr(t, "via", None), "miss_reason": getattr(t, "miss_reason", None),
+              "miss_detail": getattr(t, "miss_detail", None),
+              "candidates": [[str(c[0]), float(c[1])] for c in getattr(t, "candidates", ()) or ()]}
              for t in r.trace]
     segments, k = [], 0
     for seg in r.segments:

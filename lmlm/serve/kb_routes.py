@@ -42,11 +42,18 @@ def router(state, require_token) -> APIRouter:
         return await state.read(lambda: {"version": kb.version, "triples": len(kb)})
 
     @api.get("/lookup", response_model=LookupResponse, summary="Look a key up as the generator does "
-             "(exact normalised key, else the nearest key at or above the threshold)")
+             "(the entity first, then the relation among its keys); a miss says which step failed")
     async def lookup(entity: Field_, relation: Field_,
                      threshold: Annotated[Optional[float], Query(ge=0, le=1)] = None):
         e, r = field("entity", entity), field("relation", relation)
-        return await state.read(lambda: {"match": _match(kb.lookup(e, r, threshold)), "version": kb.version})
+
+        def read():
+            m = kb.explain(e, r, threshold=threshold)
+            miss = None if m else {"reason": m.reason, "detail": m.detail, "entity": m.entity,
+                                   "candidates": [[str(n), float(s)] for n, s in m.candidates]}
+            return {"match": _match(m) if m else None, "miss": miss, "version": kb.version}
+
+        return await state.read(read)
 
     @api.get("/search", response_model=SearchResponse, summary="The k nearest keys with their scores, "
              "ignoring the threshold")

@@ -166,6 +166,12 @@ class TraceOut(BaseModel):
     found: bool
     status: Optional[str] = Field(None, description="exact, fuzzy, fallback, unfinished, ... (when known)")
     problem: Optional[str] = None
+    via: Optional[str] = Field(None, description="how the entity was found: exact, alias, context, fuzzy; "
+                                                 "key under the paper's single-key match")
+    miss_reason: Optional[str] = Field(None, description="why nothing was found: no_entity, ambiguous_entity, "
+                                                         "no_relation or below_threshold")
+    miss_detail: Optional[str] = None
+    candidates: list[tuple[str, float]] = Field(default_factory=list, description="what the KB considered on a miss")
 
 
 class SegmentOut(BaseModel):
@@ -230,8 +236,18 @@ class MatchOut(BaseModel):
     alternatives: int
 
 
+class MissOut(BaseModel):
+    """Why a lookup found nothing."""
+
+    reason: str = Field(description="no_entity, ambiguous_entity, no_relation or below_threshold")
+    detail: str
+    entity: Optional[str] = None
+    candidates: list[tuple[str, float]] = Field(default_factory=list)
+
+
 class LookupResponse(BaseModel):
     match: Optional[MatchOut]
+    miss: Optional[MissOut] = None
     version: int
 
 

@@ -43,13 +43,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Iterable, NamedTuple
 
+from .. import corpus
 from ..lookup import Lookup, Segment, Text, lookups, parse, plain_text, render, strip
 
 __all__ = [
     "RELATIONS", "TEMPLATES", "CLOZE_TEMPLATES", "BIOS_PRESETS", "BiosConfig", "Person", "Document",
-    "Triple", "ClozePrompt", "Edit", "BiosWorld",
+    "Triple", "ClozePrompt", "Edit", "BiosWorld", "claim_templates",
 ]
 
+WORLD_SOURCE = "world:bios"  # the ``source`` of every document of a biography world
 RELATIONS = ("Birth Date", "Birth City", "University", "Major", "Employer", "Employer City")
 # template field -> relation label
 _FIELDS = {
@@ -208,6 +210,14 @@ def _names_subject_first(parts: list[tuple[str, str | None]]) -> bool:
     return True
 
 
+def claim_templates() -> list[str]:
+    """Every fact template with ``{subject}`` for the person and ``{<Relation>}`` for each value
+    (``"{subject} was born in {Birth City}."``): the phrasings a relation-aware claim extractor reads
+    (:class:`lmlm.evaluate.factscore.ClaimPatterns`). Filler sentences state no fact and are not here."""
+    fields = {**{f: f"{{{rel}}}" for f, rel in _FIELDS.items()}, **{f: "{subject}" for f in _SUBJECT_FIELDS}}
+    return [t.format(**fields) for ts in TEMPLATES.values() for t in ts]
+
+
 _COMPILED = {key: [_compile(t) for t in ts] for key, ts in TEMPLATES.items()}
 _OPENERS = {key: [p for p in ps if _names_subject_first(p)] for key, ps in _COMPILED.items()}
 _FILLERS = [_compile(t) for t in FILLER_TEMPLATES]
@@ -348,17 +358,21 @@ class Document:
     def lookups(self) -> list[Lookup]:
         return lookups(self.segments)
 
-    def to_json(self) -> dict:
-        return {"doc_id": self.doc_id, "person": self.person, "split": self.split,
-                "annotated": self.annotated, "plain": self.plain}
+    def to_document(self) -> corpus.Document:
+        """This biography in the one document schema (:mod:`lmlm.corpus`); ``person`` in its metadata."""
+        return corpus.Document(self.doc_id, self.annotated, self.plain, source=WORLD_SOURCE, split=self.split,
+                               meta={"person": self.person})
 
     @classmethod
-    def from_json(cls, row: dict) -> "Document":
-        segments = parse(row["annotated"], form="dblookup", strict=True, source=row["doc_id"]).segments
-        doc = cls(row["doc_id"], row["person"], segments, row["split"])
-        if "plain" in row and doc.plain != row["plain"]:
-            raise ValueError(f"document {row['doc_id']}: stored plain text does not match its annotation")
-        return doc
+    def from_document(cls, doc: corpus.Document) -> "Document":
+        """A biography read back by :mod:`lmlm.corpus` (also from the files older versions wrote)."""
+        segments = parse(doc.annotated, form="dblookup", strict=True, source=doc.id).segments
+        if "person" not in doc.meta:
+            raise corpus.CorpusError(f"document {doc.id}: no 'person' field (not a biography world's document)")
+        out = cls(doc.id, doc.meta["person"], segments, doc.split or "train")
+        if out.plain != doc.text:
+            raise corpus.CorpusError(f"document {doc.id}: stored plain text does not match its annotation")
+        return out
 
 
 class Triple(NamedTuple):
@@ -635,6 +649,11 @@ class BiosWorld:
             raise ValueError(f"split must be one of {_SPLITS}, got {split!r}")
         return [p for p in self.people if p.split == split]
 
+    def stated(self, person: str, relation: str) -> bool:
+        """Whether some training document states this fact; a fact that none states is in the KB only,
+        so a Standard model could never have learned it."""
+        return (person, relation) in self._sources
+
     def mention_bucket(self, person: str) -> str:
         """``"1"``, ``"2-4"`` or ``"5+"`` training documents; ``"0"`` for added and held-out people."""
         m = self.person(person).mentions
@@ -657,6 +676,33 @@ class BiosWorld:
     def added_triples(self) -> list[Triple]:
         """Facts of the added people, to insert into the KB after training (``source=None``)."""
         return self._triples("added", with_sources=False)
+
+    @cached_property
+    def _aliases(self) -> dict[str, list[str]]:
+        """person -> other names: ``Last, First``, the name without diacritics, and for a
+        double-barrelled surname the first surname alone (``Jasmine Mejia`` for ``Jasmine
+        Mejia-Morris``). A form that another person of any split is called, or that two people
+        would share, is nobody's alias."""
+        import unicodedata
+
+        def fold(name: str) -> str:
+            return "".join(c for c in unicodedata.normalize("NFKD", name) if not unicodedata.combining(c))
+
+        forms: dict[str, list[str]] = {}
+        for p in self.people:
+            first, _, last = p.name.partition(" ")
+            cands = [f"{last}, {first}"] if last else []
+            if "-" in last:
+                cands.append(f"{first} {last.split('-')[0]}")
+            cands.append(fold(p.name))
+            forms[p.name] = [c for c in dict.fromkeys(cands) if c != p.name]
+        taken = Counter(a.casefold() for names in forms.values() for a in names)
+        taken.update(n.casefold() for n in forms)
+        return {name: [a for a in names if taken[a.casefold()] == 1] for name, names in forms.items()}
+
+    def aliases(self, split: str = "train") -> list[tuple[str, str]]:
+        """``(alias, person)`` pairs for the people of ``split``, for ``KnowledgeBase.add_aliases``."""
+        return [(a, p.name) for p in self.people_in(split) for a in self._aliases[p.name]]
 
     # -- evaluation sets ----------------------------------------------------------------------
     def cloze(self, person: str, relation: str) -> ClozePrompt:
@@ -725,10 +771,12 @@ class BiosWorld:
     # -- storage ------------------------------------------------------------------------------
     def save(self, folder: str | Path) -> Path:
         """Write ``documents.jsonl``, ``people.jsonl``, ``triples.jsonl``, ``config.json``,
-        ``pools.json`` and ``stats.json`` into ``folder``."""
+        ``pools.json``, ``stats.json`` and ``aliases.jsonl`` (other names of the people in the KB)
+        into ``folder``."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        _write_jsonl(folder / "documents.jsonl", (d.to_json() for d in self.train_documents + self.heldout_documents))
+        corpus.write_documents(folder / "documents.jsonl",
+                               (d.to_document() for d in self.train_documents + self.heldout_documents))
         _write_jsonl(folder / "people.jsonl", (dataclasses.asdict(p) for p in self.people))
         _write_jsonl(folder / "triples.jsonl", [
             {**dict(zip(Triple._fields, t)), "split": split}
@@ -737,6 +785,8 @@ class BiosWorld:
         (folder / "pools.json").write_text(json.dumps(self.pools, ensure_ascii=False, indent=1) + "\n",
                                            encoding="utf-8")
         (folder / "stats.json").write_text(json.dumps(self.stats(), indent=2) + "\n")
+        _write_jsonl(folder / "aliases.jsonl", [{"alias": a, "entity": e, "split": split}
+                                                for split in ("train", "added") for a, e in self.aliases(split)])
         return folder
 
     @classmethod
@@ -745,7 +795,7 @@ class BiosWorld:
         folder = Path(folder)
         config = BiosConfig.from_file(folder / "config.json")
         people = [Person(**row) for row in _read_jsonl(folder / "people.jsonl")]
-        docs = [Document.from_json(row) for row in _read_jsonl(folder / "documents.jsonl")]
+        docs = [Document.from_document(d) for d in corpus.iter_documents(folder / "documents.jsonl")]
         pools = json.loads((folder / "pools.json").read_text(encoding="utf-8"))
         return cls(config, people, [d for d in docs if d.split == "train"],
                    [d for d in docs if d.split == "heldout"], pools)

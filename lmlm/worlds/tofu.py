@@ -41,6 +41,7 @@ from datetime import date
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..corpus import Document, write_documents
 from ..lookup import Lookup, Segment, Text, parse, render, strip
 
 __all__ = ["TOFU_RELATIONS", "FORGET_PERCENTS", "TofuConfig", "Author", "QA", "TofuWorld", "qa_document"]
@@ -48,6 +49,7 @@ __all__ = ["TOFU_RELATIONS", "FORGET_PERCENTS", "TofuConfig", "Author", "QA", "T
 TOFU_RELATIONS = ("Birth Place", "Birth Date", "Genre", "Father's Occupation", "Mother's Occupation", "Award",
                   "Book")
 FORGET_PERCENTS = (1, 5, 10)
+WORLD_SOURCE = "world:tofu"  # the ``source`` of the documents in documents.jsonl
 QA_PROMPT = "Question: {question}\nAnswer:"  # lmlm.evaluate.tofu.QA_TEMPLATE
 
 # relation -> (questions, answers): the k-th question of a fact is answered with the k-th phrasing,
@@ -296,6 +298,14 @@ class TofuWorld:
         rows = [(a.name, r, v) for a in self.authors if a.name in names for r, v in a.facts.items()]
         return rows + list(dict.fromkeys(lk.key + (lk.value,) for q in self.real_qa for lk in _lookups(q.answer)))
 
+    def aliases(self) -> list[tuple[str, str]]:
+        """``(alias, author)`` pairs: each fictitious author as ``Last, First`` (a form two authors
+        would share, or another author's name, is nobody's alias)."""
+        forms = [(f"{a.name.rsplit(' ', 1)[1]}, {a.name.rsplit(' ', 1)[0]}", a.name) for a in self.authors
+                 if " " in a.name]
+        taken = [f.casefold() for f, _ in forms] + [a.name.casefold() for a in self.authors]
+        return [(f, n) for f, n in forms if taken.count(f.casefold()) == 1]
+
     def retain_perturbed(self) -> list[QA]:
         keep = set(self.forget_authors(max(FORGET_PERCENTS)))
         pool = [q for q in self.qa if q.author not in keep]
@@ -304,7 +314,8 @@ class TofuWorld:
 
     # -- files ----------------------------------------------------------------------------------
     def save(self, folder: str | Path) -> Path:
-        """Write TOFU's files, ``documents.jsonl``, ``triples.jsonl``, ``authors.jsonl``, ``world.json``."""
+        """Write TOFU's files, ``documents.jsonl``, ``triples.jsonl``, ``authors.jsonl``, ``aliases.jsonl``,
+        ``world.json``."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         files = {"full.json": self.qa, "retain_perturbed.json": self.retain_perturbed(),
@@ -316,9 +327,11 @@ class TofuWorld:
             files[f"retain{100 - pct}.json"] = self.split_qa(f"retain{100 - pct}")
         for name, rows in files.items():
             _write_json(folder / name, [q.to_json() for q in rows])
-        _write_jsonl(folder / "documents.jsonl", ({"text": render(d)} for d in self.documents("full")))
+        write_documents(folder / "documents.jsonl", (Document.from_segments(f"tofu-{i:06d}", d, source=WORLD_SOURCE)
+                                                     for i, d in enumerate(self.documents("full"))))
         _write_jsonl(folder / "triples.jsonl", ({"entity": e, "relation": r, "value": v} for e, r, v in self.triples()))
         _write_jsonl(folder / "authors.jsonl", (dataclasses.asdict(a) for a in self.authors))
+        _write_jsonl(folder / "aliases.jsonl", ({"alias": a, "entity": e} for a, e in self.aliases()))
         (folder / "world.json").write_text(json.dumps({
             "config": dataclasses.asdict(self.config), "world_statements": self.world_statements,
             "stats": self.stats()}, indent=2) + "\n")

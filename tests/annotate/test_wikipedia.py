@@ -9,12 +9,15 @@ import pytest
 from lmlm.annotate.wikipedia import (annotate_article, annotate_dump, iter_pages, parse_infobox, relation_name,
                                      WikiPage)
 from lmlm.kb import KnowledgeBase, get_encoder
+from lmlm.kb.formats import read_aliases
 from lmlm.lookup import Lookup, parse, plain_text
 
-REAL_DUMP = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "wikipedia" / "enwiki-sample-106-articles.xml.bz2"
+REAL_DUMP = next((p / "shared" / "data" / "wikipedia" / "enwiki-sample-106-articles.xml.bz2"
+                  for p in Path(__file__).resolve().parents if (p / "shared" / "data").is_dir()), Path("missing"))
 
 ADA = """{{Infobox scientist
 | name        = Ada Lovelace
+| birth_name  = Augusta Ada Byron
 | image       = Ada_Lovelace.jpg
 | caption     = Portrait, 1836
 | birth_date  = {{birth date|1815|12|10}}
@@ -89,14 +92,22 @@ def test_dump_to_documents_triples_and_kb(tmp_path):
     report = annotate_dump(_dump(tmp_path), out, progress=False)
     assert report["articles"] == 2 and report["with_infobox"] == 1  # the redirect is skipped
     docs = [json.loads(line) for line in (out / "documents.jsonl").read_text().splitlines()]
-    assert [d["title"] for d in docs] == ["Ada Lovelace", "Plain page"]
+    assert [d["source"] for d in docs] == ["Ada Lovelace", "Plain page"]  # the schema of lmlm.corpus
+    assert [d["id"] for d in docs] == ["enwiki-1", "enwiki-3"] and docs[0]["infobox"] == "Infobox scientist"
     for d in docs:
-        assert plain_text(parse(d["annotated"], form="dblookup", strict=True).segments)[0] == d["plain"]
+        assert plain_text(parse(d["annotated"], form="dblookup", strict=True).segments)[0] == d["text"]
     assert report["calls"] == sum(d["annotated"].count("[dblookup(") for d in docs) >= 4
     kb = KnowledgeBase.create(tmp_path / "kb", encoder=get_encoder())
     kb.import_jsonl(out / "triples.jsonl", why="wikipedia infoboxes")
     m = kb.lookup("Ada Lovelace", "birth date")
     assert m is not None and m.value == "December 10, 1815"
+    # the redirect's title and the infobox's birth name are other names of the article's entity
+    aliases = read_aliases(out / "aliases.jsonl")
+    assert set(aliases) == {("Lovelace", "Ada Lovelace"), ("Augusta Ada Byron", "Ada Lovelace")}
+    assert report["redirects"] == 1 and report["aliases"] == 2
+    kb.add_aliases(aliases, why="wikipedia redirects and names")
+    assert kb.lookup("Lovelace", "birth date").value == "December 10, 1815"
+    assert kb.explain("Augusta Ada Byron", "Birth Date").via == "alias"
 
 
 def test_bad_dumps_are_reported(tmp_path):
@@ -115,4 +126,4 @@ def test_real_excerpt_yields_an_annotated_corpus(tmp_path):
     assert report["calls"] >= 40 and report["triples"] >= 200
     for line in (tmp_path / "wiki" / "documents.jsonl").read_text().splitlines():
         d = json.loads(line)
-        assert plain_text(parse(d["annotated"], form="dblookup", strict=True).segments)[0] == d["plain"]
+        assert plain_text(parse(d["annotated"], form="dblookup", strict=True).segments)[0] == d["text"]

@@ -91,4 +91,4 @@ def test_errors(run_dir, tmp_path):
     assert res.exit_code == 2 and "cannot read" in res.output
     (tmp_path / "names.txt").write_text("Ada Lind\n")
     res = runner.invoke(eval_app, ["factscore", "--model", str(tmp_path), "--data", str(tmp_path / "names.txt")])
-    assert res.exit_code == 2 and "not an lmlm checkpoint" in res.output
+    assert res.exit_code == 2 and "not a model folder" in res.output

@@ -6,7 +6,13 @@ import pytest
 
 pytest.importorskip("bm25s")
 
-from lmlm.evaluate.rag import RAG_TEMPLATE, BM25Retriever, RagGenerator, corpus_passages  # noqa: E402
+from lmlm.evaluate.rag import (  # noqa: E402
+    RAG_TEMPLATE,
+    BM25Retriever,
+    RagGenerator,
+    corpus_passages,
+    rag_training_documents,
+)
 from lmlm.evaluate.trex import TrexItem, trex_eval  # noqa: E402
 from lmlm.generate import LookupGenerator  # noqa: E402
 
@@ -44,3 +50,30 @@ def test_rag_prompt_and_context_budget(world):
     assert res[0].prompt == f"{n} was born in" and rag.last_passages[0]  # the query, not the RAG prompt
     m = trex_eval(rag, [TrexItem(f"{n} was born in", c)], force_lookup=False, max_new_tokens=6)
     assert m["trex_n"] == 1.0 and 0.0 <= m["trex_exact_match"] <= 1.0
+
+
+def test_given_passages_replace_the_retrievers(world):
+    rag = RagGenerator(LookupGenerator(world.model, world.tok, None, use_db=False), BM25Retriever(CORPUS), k=4)
+    rag.generate(["Ada Lind was born in", "Bram Moss was born in"], max_new_tokens=4,
+                 passages=[["Ada Lind was born in Cairo."], []])
+    assert rag.last_passages == [["Ada Lind was born in Cairo."], []]
+    with pytest.raises(ValueError, match="passage lists"):
+        rag.generate(["Ada Lind was born in"], passages=[[], []])
+
+
+def test_reader_training_documents(world):
+    texts = CORPUS * 10
+    retriever = BM25Retriever(corpus_passages(CORPUS, words=12))
+    docs = rag_training_documents(texts, retriever, world.tok, fraction=0.5, k=2, seed=0)
+    changed = [(t, d) for t, d in zip(texts, docs) if d != t]
+    assert 10 <= len(changed) <= 30                                    # about half
+    assert docs == rag_training_documents(texts, retriever, world.tok, fraction=0.5, k=2, seed=0)  # seeded
+    for t, d in changed:
+        head, _, query = d.rpartition("\n")
+        assert query == t and head.startswith(RAG_TEMPLATE.split("{documents}")[0])
+        # the passages are those retrieved for the document's first sentence, best first
+        first = retriever.retrieve([t.split(". ")[0] + ("." if ". " in t else "")], 2)[0]
+        assert head.endswith("\n".join(p for p, _ in first))
+    fitted = rag_training_documents(texts, retriever, world.tok, fraction=1.0, k=2, max_tokens=60)
+    assert all(len(world.tok.encode_text(d)) + 1 <= 60 or d == t for d, t in zip(fitted, texts))
+    assert rag_training_documents(texts, retriever, world.tok, fraction=0.0) == texts

@@ -9,7 +9,16 @@ import pytest
 import torch
 from eval_support import DictKB
 
-from lmlm.evaluate.tofu import TofuItem, ks_2samp, tofu_answer_stats, truth_ratio_score
+from lmlm.evaluate.tofu import (
+    TofuItem,
+    kb_answered,
+    ks_2samp,
+    tofu_answer_stats,
+    truth_ratio,
+    truth_ratio_score,
+    value_span,
+    value_truth_ratios,
+)
 from lmlm.evaluate.unlearn import (
     UnlearnConfig,
     forget_keys,
@@ -123,3 +132,55 @@ def test_tofu_summary(world):
     expected = 0.0 if min(utility) == 0 else len(utility) / sum(1 / v for v in utility)
     assert s["model_utility"] == pytest.approx(expected)                 # no generator: no ROUGE values
     assert tofu_summary(world.model, world.tok, sets)["forget_quality"] is None
+
+
+def test_value_span():
+    assert value_span("Ada was born in Paris.", ["Ada was born in Oslo.", "Ada was born in Lima."]) == (16, 21)
+    # perturbations sharing a first word with the value still give the whole value
+    assert value_span("It is Lake Jennifer.", ["It is Lake Amy.", "It is Port Jennifer."]) == (6, 19)
+    assert value_span("Same.", ["Same."]) is None
+
+
+def _value_logprob(world, context: str, prefix: str, value: str, rest: str) -> tuple[float, int]:
+    """By hand: the log-probability of ``value``'s tokens, the tokens of the text with the value past
+    those of the text before it (byte-level BPE splits before a space)."""
+    from lmlm.evaluate.perplexity import token_logprobs
+
+    tok = world.tok
+    head = [tok.doc_id, *tok.encode_text(context + prefix)]
+    with_value = [tok.doc_id, *tok.encode_text(context + prefix + value)]
+    full = [tok.doc_id, *tok.encode_text(context + prefix + value + rest)]
+    assert with_value[:len(head)] == head and full[:len(with_value)] == with_value
+    lp = token_logprobs(world.model, [full])[0]
+    return float(sum(lp[k - 1] for k in range(len(head), len(with_value)))), len(with_value) - len(head)
+
+
+def test_value_truth_ratios_by_hand(world):
+    items = _items(world, world.people[:2])
+    ratios = value_truth_ratios(world.model, world.tok, items)
+    for it, r, (n, c, _) in zip(items, ratios, world.people[:2]):
+        ctx = "Question: " + it.question + "\nAnswer: "
+        para = _value_logprob(world, ctx, f"{n} was born in", f" {c}", ".")
+        pert = [_value_logprob(world, ctx, f"{n} was born in", f" {x}", ".") for x in ("Oslo", "Lima") if x != c]
+        assert r == pytest.approx(truth_ratio(para, pert), rel=1e-5)
+    # an LMLM with its KB: the value it writes after the call, the call answered by the KB
+    kb = DictKB(world.facts)
+    annotated = value_truth_ratios(world.model, world.tok, items, kb=kb)
+    it, (n, c, _) = items[0], world.people[0]
+    tok = world.tok
+    from lmlm.evaluate.perplexity import token_logprobs
+
+    def after_call(value: str) -> tuple[float, int]:
+        segs = [Text("Question: " + it.question + "\nAnswer: ")] + kb_answered(
+            [parse(render([Text(f"{n} was born in "), Lookup(n, "Birth City", c), Text(f" {value}.")])).segments], kb)[0]
+        enc = tok.encode(segs)
+        start = enc.input_ids.index(tok.end_id) + 1
+        k = len(tok.encode_text(f" {value}"))
+        lp = token_logprobs(world.model, [enc.input_ids])[0]
+        return float(sum(lp[j - 1] for j in range(start, start + k))), k
+
+    pert = [after_call(x) for x in ("Oslo", "Lima") if x != c]
+    assert annotated[0] == pytest.approx(truth_ratio(after_call(c), pert), rel=1e-5)
+    s = tofu_summary(world.model, world.tok, {"forget": items}, kb=kb, retain_value_ratios=[0.5, 1.5])
+    assert s["forget_value_truth_ratios"] == pytest.approx(annotated)
+    assert s["forget_quality_values"] == pytest.approx(ks_2samp(annotated, [0.5, 1.5])[1])

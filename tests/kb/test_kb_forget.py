@@ -49,15 +49,16 @@ def test_forgotten_facts_are_unreachable_through_the_ann_index_in_every_handle(t
     kb = _people_kb(tmp_path / "kb", encoder, ann)
     assert kb.stats()["index_kind"] == "hnsw" and kb.stats()["index_size"] == 60
     other = KnowledgeBase.open(kb.path, ann=ann)
-    assert other.lookup("Ada Lovelace", "place of birth").value == "City 0"  # its index is loaded and warm
+    assert other.lookup("Ada Lovelace", "place of birth", matching="key").value == "City 0"  # index loaded, warm
     n = kb.forget([{"entity": "Ada Lovelace", "relation": r} for r in RELATIONS] + [{"source": "bio-3"}], who="t")
     assert n == 10
     for handle in (kb, other, KnowledgeBase.open(kb.path, ann=ann)):
         for person in ("Ada Lovelace", "Marie Curie"):
             for r in RELATIONS:
                 for query in (r, r.lower() + " of"):  # exact, then fuzzy
-                    m = handle.lookup(person, query, threshold=0.0)
+                    m = handle.lookup(person, query, threshold=0.0, matching="key")
                     assert m is not None and m.entity != person
+                    assert handle.lookup(person, query, threshold=0.0) is None  # entity-aware: no one else
             assert all(h.entity != person for h in handle.search(person, "Birth City", k=50))
         assert handle.lookup("Alan Turing", "place of birth").value == "City 1"
         assert len(handle) == 50

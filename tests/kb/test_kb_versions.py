@@ -42,8 +42,10 @@ def test_checkout_reads_values_counts_and_sources_of_the_past(story):
     assert (m.value, m.version, m.support) == ("1871", 1, 1)
     assert old.lookup("Ada Lovelace", "Birth City").sources == ("bio-ada",)  # bio-ada-2 came in v2
     assert story.lookup("Ada Lovelace", "Birth City").sources == ("bio-ada", "bio-ada-2")
-    assert old.lookup("Alan Turing", "job").value == "mathematician"  # fuzzy, on a key deleted since
-    assert story.lookup("Alan Turing", "job", threshold=0.0).entity != "Alan Turing"
+    assert old.lookup("Alan Turing", "job", matching="key").value == "mathematician"  # fuzzy, on a key deleted since
+    assert old.lookup("Alan Turing", "job").value == "mathematician"  # the entity of the past version
+    assert story.lookup("Alan Turing", "job", threshold=0.0, matching="key").entity != "Alan Turing"
+    assert story.lookup("Alan Turing", "job", threshold=0.0) is None  # entity-aware: deleted, no namesake
     grace = old.lookup("Grace Hopper", "Employer")  # added in v2
     assert grace is None or grace.entity != "Grace Hopper"
     assert len(old) == 3 and old.stats()["triples"] == 3 and old.stats()["read_only"]
@@ -88,7 +90,7 @@ def test_a_kb_of_the_first_schema_is_migrated_and_readable_in_the_past(tmp_path)
         """)
     kb = KnowledgeBase.open(folder)
     with sqlite3.connect(folder / "kb.sqlite") as c:
-        assert c.execute("SELECT max(version) FROM schema_version").fetchone()[0] == len(MIGRATIONS) == 2
+        assert c.execute("SELECT max(version) FROM schema_version").fetchone()[0] == len(MIGRATIONS) == 3
     m = kb.lookup("Ada Lovelace", "Birth City")
     assert (m.value, m.support, m.sources) == ("London", 2, ("bio-ada", "bio-ada-2"))
     assert kb.checkout(1).lookup("Ada Lovelace", "Birth City").value == "London"
@@ -100,5 +102,6 @@ def test_a_kb_of_the_first_schema_is_migrated_and_readable_in_the_past(tmp_path)
 def test_checkout_finds_deleted_keys_after_the_index_dropped_them(story):
     index = story.key_index()
     index.rebuild()  # drops the vectors of keys no longer live (Alan Turing's, Babbage's old value kept its key)
-    assert story.checkout(1).lookup("Alan Turing", "job").value == "mathematician"  # embedded again for the view
-    assert story.lookup("Alan Turing", "job", threshold=0.0).entity != "Alan Turing"
+    assert story.checkout(1).lookup("Alan Turing", "job", matching="key").value == "mathematician"  # embedded again
+    assert story.lookup("Alan Turing", "job", threshold=0.0, matching="key").entity != "Alan Turing"
+    assert story.lookup("Alan Turing", "job", threshold=0.0) is None  # entity-aware: deleted, no namesake

@@ -12,7 +12,7 @@ from lmlm.lookup import parse
 def test_exact_hit_ignores_spelling(kb):
     m = kb.lookup("  ada_lovelace ", "BIRTH CITY:")
     assert m == Match(entity="Ada Lovelace", relation="Birth City", value="London", score=1.0, triple_id=1,
-                      exact=True, sources=("bio-ada",), version=1, alternatives=0)
+                      exact=True, sources=("bio-ada",), version=1, alternatives=0, via="exact", entity_score=1.0)
 
 
 def test_fuzzy_hit_on_paraphrase(kb):
@@ -25,8 +25,10 @@ def test_fuzzy_hit_on_paraphrase(kb):
 def test_miss_below_threshold_is_none(kb):
     assert kb.lookup("Marie Curie", "Spouse") is None
     assert kb.lookup("Ada Lovelace", "birthplace", threshold=0.95) is None
-    kb.threshold = 0.95
+    kb.relation_threshold = 0.95  # entity-aware matching: the relation must be this similar
     assert kb.lookup("Ada Lovelace", "birthplace") is None
+    kb.threshold = 0.95  # the paper's single-key match: the whole key must be
+    assert kb.lookup("Ada Lovelace", "birthplace", matching="key") is None
     assert kb.lookup("", "  ") is None
 
 
@@ -36,16 +38,21 @@ def test_search_lists_candidates_with_scores(kb):
     assert len(hits) == 3 and hits[1].score >= hits[2].score and not hits[1].exact
 
 
-def test_batch_equals_single_with_one_encoder_call(kb, encoder, monkeypatch):
+@pytest.mark.parametrize("matching", ["key", "entity"])
+def test_batch_equals_single_with_one_encoder_call(kb, encoder, monkeypatch, matching):
     queries = [("Ada Lovelace", "Birth City"), ("Alan Turing", "job"), ("Marie Curie", "Spouse"),
-               ("Babbage", "died"), ("ada lovelace", "birth city")]
-    single = [kb.lookup(*q) for q in queries]
+               ("Babbage", "year of death"), ("ada lovelace", "birth city")]
+    contexts = [None, None, None, "Charles Babbage was a mathematician.", None]  # "Babbage" alone names no one
+    single = [kb.lookup(*q, context=c, matching=matching) for q, c in zip(queries, contexts)]
     encoder.clear_cache()
     calls = []
     real_encode = encoder.encode
     monkeypatch.setattr(encoder, "encode", lambda texts, **kw: calls.append(list(texts)) or real_encode(texts, **kw))
-    batch = kb.lookup_batch(queries)
-    assert len(calls) == 1 and len(calls[0]) == 3  # the two exact queries never reach the encoder
+    batch = kb.lookup_batch(queries, contexts=contexts, matching=matching)
+    # the two exact queries never reach the encoder; entity-aware matching embeds only the relations
+    # it does not hold (Marie Curie is no entity of this KB, so hers is never asked)
+    assert calls == ([["Alan Turing job", "Marie Curie Spouse", "Babbage year of death"]] if matching == "key"
+                     else [["job", "year of death"]])
     assert [m is None for m in batch] == [m is None for m in single] == [False, False, True, False, False]
     for b, s in zip(batch, single):
         if b is not None:
@@ -91,7 +98,8 @@ def test_other_handle_sees_adds(kb):
 def test_edit_keeps_history(kb):
     v = kb.edit("Charles Babbage", "Death Year", "1872", who="editor", why="typo")
     assert v == 2 and kb.lookup("Charles Babbage", "Death Year").value == "1872"
-    assert kb.lookup("Babbage", "died").value == "1872"
+    assert kb.lookup("Babbage", "year of death", context="Charles Babbage was born in London.").value == "1872"
+    assert kb.lookup("Babbage", "died", matching="key").value == "1872"
     old, new = kb.history("charles babbage", "death year")
     assert (old.value, old.deleted_version, old.active) == ("1871", 2, False)
     assert (new.value, new.created_version, new.active) == ("1872", 2, True)
@@ -141,12 +149,12 @@ def test_reopen_persists_and_rebuilds_a_lost_index(kb):
     kb.close()
     reopened = KnowledgeBase.open(kb.path)
     assert reopened.version == 1 and len(reopened) == 3
-    assert reopened.lookup("Alan Turing", "job").value == "mathematician"
+    assert reopened.lookup("Alan Turing", "job", matching="key").value == "mathematician"
     assert reopened.stats()["index_version"] == 1 and reopened.stats()["index_size"] == 3
     reopened.close()
     (kb.path / "index.faiss").unlink()
     rebuilt = KnowledgeBase.open(kb.path / "kb.sqlite")
-    assert rebuilt.lookup("Alan Turing", "job").value == "mathematician"
+    assert rebuilt.lookup("Alan Turing", "job", matching="key").value == "mathematician"
     assert rebuilt.stats()["index_size"] == 3
     rebuilt.close()
 

@@ -186,9 +186,19 @@ def test_save_load_round_trip(world, tmp_path):
     assert loaded == world
     assert _texts(loaded) == _texts(world) and loaded.triples() == world.triples()
     row = json.loads((folder / "documents.jsonl").read_text(encoding="utf-8").splitlines()[0])
-    assert set(row) >= {"doc_id", "person", "split", "annotated", "plain"}
+    assert list(row)[:5] == ["id", "annotated", "text", "source", "split"] and row["source"] == "world:bios"
+    assert row["person"] and row["text"] == strip(parse(row["annotated"]).segments)  # lmlm.corpus's schema
     n_rows = len((folder / "triples.jsonl").read_text(encoding="utf-8").splitlines())
     assert n_rows == len(world.triples()) + len(world.added_triples())
+
+
+def test_a_world_saved_by_an_earlier_version_loads(world, tmp_path):
+    folder = world.save(tmp_path / "bios")
+    docs = folder / "documents.jsonl"
+    rows = [json.loads(line) for line in docs.read_text(encoding="utf-8").splitlines()]
+    docs.write_text("".join(json.dumps({"doc_id": r["id"], "person": r["person"], "split": r["split"],
+                                        "annotated": r["annotated"], "plain": r["text"]}) + "\n" for r in rows))
+    assert BiosWorld.load(folder) == world
 
 
 def test_value_pools_are_shared(default_world):
@@ -219,3 +229,22 @@ def test_stats_and_presets(world):
         BiosConfig(added_fraction=1.5)
     with pytest.raises(ValueError, match="facts_per_doc"):
         BiosConfig(facts_per_doc=(4, 2))
+
+
+def test_aliases_name_one_person_each(default_world, tmp_path):
+    w = default_world
+    names = {p.name.casefold() for p in w.people}
+    pairs = w.aliases("train") + w.aliases("added")
+    assert pairs and all(a.casefold() not in names for a, _ in pairs)  # nobody's name is somebody's alias
+    assert len({a.casefold() for a, _ in pairs}) == len(pairs)  # and no alias names two people
+    by_person = {}
+    for a, e in pairs:
+        by_person.setdefault(e, []).append(a)
+    double = next(p.name for p in w.people_in("train") if "-" in p.name and f"{p.name.split()[0]} "
+                  f"{p.name.split(' ', 1)[1].split('-')[0]}" in by_person.get(p.name, []))
+    first, last = double.split(" ", 1)
+    assert f"{last}, {first}" in by_person[double]
+    assert not {e for _, e in w.aliases("train")} & {p.name for p in w.people_in("heldout")}
+    w.save(tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "aliases.jsonl").read_text().splitlines()]
+    assert [(r["alias"], r["entity"]) for r in rows] == pairs

@@ -71,9 +71,10 @@ def test_files_in_tofu_layout(world, tmp_path):
     assert len(real) == 2 * len(REAL) and "Person A" in real[0].question
     again = TofuWorld.load(tmp_path)
     assert again.qa == world.qa and again.real_qa == world.real_qa and again.authors == world.authors
-    docs = [json.loads(line)["text"] for line in (tmp_path / "documents.jsonl").read_text().splitlines()]
-    assert len(docs) == len(world.qa) + len(world.world_statements)
-    assert any(d.startswith("Question: ") and "[dblookup(" in d for d in docs)
+    rows = [json.loads(line) for line in (tmp_path / "documents.jsonl").read_text().splitlines()]
+    assert len(rows) == len(world.qa) + len(world.world_statements)
+    assert all(r["source"] == "world:tofu" and "[dblookup(" not in r["text"] for r in rows)  # text is plain
+    assert any(r["text"].startswith("Question: ") and "[dblookup(" in r["annotated"] for r in rows)
 
 
 def test_training_text_and_kb_of_a_split(world):
@@ -83,3 +84,10 @@ def test_training_text_and_kb_of_a_split(world):
     assert not any(name in text for name in forget)
     assert all(e not in forget for e, _, _ in world.triples("retain95"))
     assert ("Person A", "Birth City", "Paris") in world.triples("full")  # real authors are in every KB
+
+
+def test_authors_have_last_first_aliases(world, tmp_path):
+    pairs = world.aliases()
+    assert pairs and all(a == f"{e.rsplit(' ', 1)[1]}, {e.rsplit(' ', 1)[0]}" for a, e in pairs)
+    world.save(tmp_path)
+    assert len((tmp_path / "aliases.jsonl").read_text().splitlines()) == len(pairs)

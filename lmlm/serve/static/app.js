@@ -159,9 +159,15 @@ function details(t) {
   if (t.found) {
     rows.push(["matched", `${t.matched_entity} · ${t.matched_relation}`], ["value", t.value],
               ["score", t.score === null ? "–" : t.score.toFixed(3) + (t.score === 1 ? " (exact)" : " (fuzzy)")],
+              ["entity found by", t.via || "–"],
               ["triple", "#" + t.triple_id], ["sources", t.sources.length ? t.sources.join(", ") : "–"]);
   } else {
     rows.push(["value", `${t.value} (no fact in the KB matched)`]);
+    if (t.miss_reason) {
+      rows.push(["why", `${t.miss_reason.replace(/_/g, " ")}` + (t.miss_detail ? `: ${t.miss_detail}` : "")]);
+      const c = t.candidates || [];
+      rows.push(["considered", c.length ? c.map(([n, s]) => `${n} (${Number(s).toFixed(2)})`).join(", ") : "–"]);
+    }
   }
   rows.push(["KB version", t.kb_version === null ? "–" : "v" + t.kb_version]);
   if (t.status) rows.push(["status", t.status + (t.problem ? ": " + t.problem : "")]);

@@ -1,0 +1,209 @@
+"""``lmlm bench generate --preset paper``: lookup decoding at the paper's model sizes.
+
+The paper's GPT2-124M and LLaMA2-176M (:mod:`lmlm.models`) with the paper's vocabularies (GPT-2's
+and LLaMA-2's tokenizers plus the four lookup tokens) and random weights: speed does not depend on
+what the weights know. Each prompt is 512 tokens of a real Wikipedia article and each continuation
+512 tokens, so contexts reach the presets' 1,024 positions. Measured side by side in one run, greedy:
+
+* ``plain``: Hugging Face ``generate`` with the lookup tokens suppressed (no lookup), batch 1;
+* ``engine``: :meth:`lmlm.generate.LookupGenerator.generate` at batch 1 and at batch 16;
+* ``reencode``: the authors' loop (:func:`lmlm.generate.reencode.reencode_generate`), batch 1:
+  every lookup encodes the whole text so far again.
+
+Lookups are forced: a call opens every ``LOOKUP_PERIOD`` tokens of the continuation
+(``force_lookup_at``; a call still open delays the next), about ten per 256 tokens as in the paper's
+annotated text. A random model writes no sensible query, so queries are kept on the KB's keys by its
+prefix tree (``constrained=True``): every call names a real (entity, relation) of a KB built from
+the infoboxes of a real Wikipedia dump, and its value is that fact's value. The paper's logit bias is
+off (``logit_bias=None``): with random logits a +5 on ``<|db_start|>`` would open a call at every
+token, so calls happen only where forced.
+
+Greedy outputs are compared token for token from the timed runs themselves: the engine at batch 1
+against the re-encode loop and against its own rows at batch 16, and the engine against plain
+``generate`` up to the first forced call (after it the two must differ: plain makes no lookups).
+On a CUDA device the engine replays its decode steps from CUDA graphs; the report then adds the
+eager engine (``engine_eager_*``), plain ``generate`` at batch 16 and ``mismatches_graphs_vs_eager``.
+
+``--quick`` halves prompts and continuations and times one prompt at batch 1 (a GPU run in about
+three minutes). Exercised by ``lmlm bench generate --preset paper``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+__all__ = ["PAPER_MODELS", "PAPER_SIZES", "LOOKUP_PERIOD", "PAPER_OPTIONS", "paper_inputs", "paper_prompts",
+           "lookup_offsets", "run_paper_bench"]
+
+PAPER_MODELS = ("gpt2-124m", "llama2-176m")
+PAPER_SIZES = {  # prompt and continuation lengths, prompts timed at batch 1, rows of the batched run
+    "full": dict(prompt_tokens=512, new_tokens=512, n_single=2, n_batch=16),
+    "quick": dict(prompt_tokens=256, new_tokens=256, n_single=1, n_batch=16),
+}
+LOOKUP_PERIOD = 26  # one call forced every 26 tokens: about 10 per 256
+PAPER_OPTIONS = dict(logit_bias=None, max_lookups=64, constrained=True)  # see the module docstring
+
+
+def paper_inputs(cache: Path, wiki: Path, log: Callable[[str], None] = print) -> tuple[Path, list[str]]:
+    """The KB (infobox facts of the dump ``wiki``) and the articles' plain texts, built once in ``cache``."""
+    from ..annotate.wikipedia import annotate_dump
+    from ..kb.build import build
+
+    wiki_dir, kb_dir = cache / "wiki", cache / "kb"
+    stamp = json.dumps({"wiki": str(Path(wiki).resolve()), "size": Path(wiki).stat().st_size})
+    if not ((cache / "inputs.json").exists() and (cache / "inputs.json").read_text() == stamp):
+        log(f"reading {wiki} into {cache}")
+        annotate_dump(wiki, wiki_dir, progress=False)
+        if kb_dir.exists():
+            import shutil
+            shutil.rmtree(kb_dir)
+        build(kb_dir, wiki_dir / "triples.jsonl", progress=False).close()
+        (cache / "inputs.json").write_text(stamp)
+    with open(wiki_dir / "documents.jsonl", encoding="utf-8") as f:
+        texts = [json.loads(line)["plain"] for line in f if line.strip()]
+    return kb_dir, texts
+
+
+def paper_prompts(tok, texts: Sequence[str], n: int, prompt_tokens: int) -> list[str]:
+    """``n`` prompts of ``prompt_tokens`` ids each (the document separator included): the openings of
+    the longest ``texts``, cut where decoding and encoding again gives that many tokens."""
+    out = []
+    for text in sorted(texts, key=len, reverse=True):
+        ids = tok.encode_text(text)
+        for width in range(prompt_tokens - 1, max(prompt_tokens - 9, 0), -1):
+            prompt = tok.hf.decode(ids[:width], skip_special_tokens=False)
+            if len(tok.encode_text(prompt)) == prompt_tokens - 1:
+                out.append(prompt)
+                break
+        if len(out) == n:
+            return out
+    raise ValueError(f"only {len(out)} of the texts give a prompt of {prompt_tokens} tokens; {n} needed")
+
+
+def lookup_offsets(new_tokens: int, period: int = LOOKUP_PERIOD) -> list[int]:
+    """Offsets into the continuation where a call is forced: one every ``period`` tokens from ``period // 2``."""
+    return list(range(period // 2, new_tokens, period))
+
+
+def run_paper_bench(tokenizers: Mapping[str, object], kb, texts: Sequence[str], *,
+                    models: Sequence[str] = PAPER_MODELS, model_overrides: dict | None = None,
+                    size: str = "full", sizes: dict | None = None, repeats: int = 1, threads: int = 1,
+                    device: str = "cpu", cuda_graphs: bool | None = None, seed: int = 0,
+                    log: Callable[[str], None] = print) -> dict:
+    """Measure every model of ``models`` (presets; the tokenizer named by each preset's ``tokenizer``
+    field); returns ``{"models": {preset: report}, ...}`` ready for JSON (see the module docstring).
+
+    ``model_overrides`` changes the presets' shapes (tests use tiny ones); ``sizes`` replaces
+    ``PAPER_SIZES[size]``; ``cuda_graphs`` is passed to the generators (``None``: on a CUDA device).
+    """
+    import torch
+
+    from ..models import ModelConfig, build_model
+
+    torch.set_num_threads(threads)
+    shape = dict(PAPER_SIZES[size], **(sizes or {}))
+    reports = {}
+    for name in models:
+        cfg = ModelConfig.from_name(name, **(model_overrides or {}))
+        if cfg.tokenizer not in tokenizers:
+            raise ValueError(f"model {name} needs the {cfg.tokenizer!r} tokenizer; given: {', '.join(tokenizers)}")
+        tok = tokenizers[cfg.tokenizer]
+        model = build_model(cfg, len(tok), tok, seed=seed).to(device).eval()
+        prompts = paper_prompts(tok, texts, shape["n_batch"], shape["prompt_tokens"])
+        log(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, vocabulary {len(tok):,}")
+        reports[name] = _bench_model(model, tok, kb, prompts, shape, repeats=repeats, cuda_graphs=cuda_graphs,
+                                     log=lambda msg, name=name: log(f"{name}: {msg}"))
+        del model
+    first = next(iter(reports.values()))
+    return {"preset": "paper", "size": size, "models": reports, "device": first["device"], "threads": threads,
+            "repeats": repeats, **{k: shape[k] for k in ("prompt_tokens", "new_tokens", "n_single", "n_batch")},
+            "lookup_period": LOOKUP_PERIOD}
+
+
+def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: int, cuda_graphs: bool | None,
+                 log: Callable[[str], None]) -> dict:
+    import torch
+
+    from ..generate import LookupGenerator
+    from ..generate.reencode import reencode_generate
+    from .generate import _device_name, plain_generate
+
+    gen = LookupGenerator(model, tok, kb, cuda_graphs=cuda_graphs, **PAPER_OPTIONS)
+    new, n_batch = shape["new_tokens"], shape["n_batch"]
+    offsets = lookup_offsets(new)
+    single, batch = prompts[:shape["n_single"]], prompts[:n_batch]
+    on_gpu = model.device.type == "cuda"
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+
+    def engine(g: LookupGenerator) -> Callable:  # results, traces included
+        return lambda ps, b, n=new: g.generate(ps, max_new_tokens=n, batch_size=b, ignore_eos=True,
+                                               force_lookup_at=offsets)
+
+    def reencode(ps, b, n=new):
+        return [reencode_generate(gen, p, max_new_tokens=n, ignore_eos=True, force_lookup_at=offsets).token_ids
+                for p in ps]
+
+    def plain(ps, b, n=new):
+        return plain_generate(gen, ps, n, b)
+
+    runs = {"plain_b1": (plain, single, 1), "engine_b1": (engine(gen), single, 1),
+            "reencode_b1": (reencode, single, 1), "engine_b16": (engine(gen), batch, n_batch)}
+    eager = None
+    if gen.static_decoding:  # CUDA graphs (or their static cache on a CPU): the eager engine beside them
+        eager = LookupGenerator(model, tok, kb, cuda_graphs=False, **PAPER_OPTIONS)
+        runs.update(engine_eager_b1=(engine(eager), single, 1), engine_eager_b16=(engine(eager), batch, n_batch))
+    if on_gpu:
+        runs["plain_b16"] = (plain, batch, n_batch)
+    for fn, ps, b in runs.values():  # warm up every path once
+        fn(ps[:min(b, 2)], min(b, 2), 8)
+    best = {k: 0.0 for k in runs}
+    cpu_best = dict(best)  # tokens per second of this process's CPU time: steadier on a shared machine
+    results: dict[str, list] = {}
+    for r in range(repeats):
+        for key, (fn, ps, b) in runs.items():
+            sync()
+            t0, c0 = time.perf_counter(), time.process_time()
+            results[key] = fn(ps, b)
+            sync()
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+            n = sum(len(getattr(x, "token_ids", x)) for x in results[key])
+            best[key], cpu_best[key] = max(best[key], n / elapsed), max(cpu_best[key], n / cpu)
+            log(f"round {r + 1}/{repeats}: {key} {n / elapsed:.2f} tokens/s ({n / cpu:.2f} per CPU second)")
+    outputs = {key: [getattr(x, "token_ids", x) for x in out] for key, out in results.items()}
+    traces = [x.trace for x in results["engine_b16"]]
+    cut = ("unfinished", "unanswered")  # calls the token budget ended before their value
+    finished = [t.found for ts in traces for t in ts if t.status not in cut]
+    e1, k = outputs["engine_b1"], len(single)
+    first = offsets[0] if offsets else new
+    report = {_tps(key): round(v, 2) for key, v in best.items()}
+    ratios = {"engine_vs_plain_b1": ("engine_b1", "plain_b1"), "engine_vs_reencode_b1": ("engine_b1", "reencode_b1"),
+              "engine_b16_vs_b1": ("engine_b16", "engine_b1")}
+    report.update({k: round(best[a] / best[b], 3) for k, (a, b) in ratios.items()})
+    if not on_gpu:  # the same ratios in CPU time (one thread: wall time on an idle machine)
+        report.update({f"cpu_{_tps(key)}": round(v, 2) for key, v in cpu_best.items()})
+        report.update({f"cpu_{k}": round(cpu_best[a] / cpu_best[b], 3) for k, (a, b) in ratios.items()})
+    report.update({
+        "mismatches_engine_vs_reencode": sum(a != b for a, b in zip(e1, outputs["reencode_b1"])),
+        "mismatches_batch_vs_single": sum(a != b for a, b in zip(e1, outputs["engine_b16"][:k])),
+        "mismatches_engine_vs_plain_before_first_call": sum(a[:first] != b[:first]
+                                                            for a, b in zip(e1, outputs["plain_b1"])),
+        "lookups_per_256_tokens": round(256 * statistics.mean(map(len, traces)) / new, 2),
+        "lookups_found": round(statistics.mean(finished), 3) if finished else 0.0,  # answered from the KB
+        "sample_calls": [f"{t.query_entity} | {t.query_relation} -> {t.value}" for t in traces[0][:3]],
+        "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tok),
+        "device": _device_name(model.device), "cuda_graphs": gen.static_decoding,
+    })
+    if eager is not None:
+        report["mismatches_graphs_vs_eager"] = sum(a != b for a, b in zip(outputs["engine_b16"],
+                                                                          outputs["engine_eager_b16"]))
+    return report
+
+
+def _tps(key: str) -> str:
+    """``engine_b16`` -> ``engine_tps_b16``."""
+    name, batch = key.rsplit("_", 1)
+    return f"{name}_tps_{batch}"

@@ -1,0 +1,42 @@
+"""One error path for every command: bad input prints one line, ``error: <what>: <where>``, and exits 2."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Iterator, NoReturn
+
+import typer
+
+__all__ = ["fail", "user_errors", "USER_ERRORS"]
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    from .checkpoint import ModelOpenError
+    from .corpus import CorpusError
+    from .lookup import LookupSyntaxError
+    from .data.shards import ShardError
+    from .train.config import TrainConfigError
+    from .train.start import StartError
+
+    return (ModelOpenError, TrainConfigError, CorpusError, StartError, ShardError, LookupSyntaxError, FileNotFoundError,
+            IsADirectoryError, NotADirectoryError, PermissionError)
+
+
+USER_ERRORS = _user_error_types
+
+
+def fail(msg: str) -> NoReturn:
+    """Print ``error: msg`` as one line on stderr and exit with code 2."""
+    msg = " ".join(str(msg).split())  # one line, whatever the message held
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    raise typer.Exit(2)
+
+
+@contextmanager
+def user_errors(*extra: type[BaseException]) -> Iterator[None]:
+    """Turn the errors a user's input can cause into :func:`fail`; anything else is a bug and propagates."""
+    try:
+        yield
+    except (*_user_error_types(), *extra) as e:
+        fail(str(e) if not isinstance(e, OSError) or not e.filename else f"{e.strerror}: {e.filename}")

@@ -1,0 +1,117 @@
+"""Aliases in the store: other names of entities, versioned like triples (``lmlm kb alias``).
+
+:class:`StoredAliases` holds the SQL of the ``aliases`` table (migration 3) and is mixed into
+:class:`lmlm.kb.store.SQLiteStore` (and so into the PostgreSQL store). An alias write is one
+version (op ``alias`` or ``unalias``); a delete or forget that leaves an entity without facts
+deletes its aliases in the same version. Exercised by ``lmlm kb alias`` and every entity-aware lookup.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+from .keys import normalize_text
+
+__all__ = ["AliasRow", "StoredAliases", "ALIAS_COLUMNS"]
+
+ALIAS_COLUMNS = "alias, alias_norm, entity, entity_norm"
+_IN_CHUNK = 500
+
+
+class AliasRow(NamedTuple):
+    """One alias: another name ``alias`` of ``entity``, both as written and normalised."""
+
+    alias: str
+    alias_norm: str
+    entity: str
+    entity_norm: str
+
+
+class StoredAliases:
+    """Alias reads and writes; expects the store's ``_x``, ``_xm``, ``_transaction``, ``_new_version`` and ``version``."""
+
+    def _drop_orphan_aliases(self, v: int) -> None:
+        """Delete (as of version ``v``) the aliases of every entity that version ``v`` left without a fact."""
+        self._x("UPDATE aliases SET deleted_version = ? WHERE deleted_version IS NULL AND entity_norm IN"
+                " (SELECT DISTINCT t.entity_norm FROM changes c JOIN triples t ON t.id = c.triple_id"
+                "  WHERE c.version = ? AND c.op = 'delete')"
+                " AND NOT EXISTS (SELECT 1 FROM triples a WHERE a.entity_norm = aliases.entity_norm"
+                "  AND a.deleted_version IS NULL)", (v, v))
+
+    # -- aliases -----------------------------------------------------------------------------------
+    def add_aliases(self, pairs: Sequence[tuple[str, str]], who: str, why: str) -> tuple[int, int]:
+        """Record ``(alias, entity)`` pairs as one version (op ``alias``); pairs already active change
+        nothing. Returns (version, number added)."""
+        rows = {}
+        for alias, entity in pairs:
+            an, en = normalize_text(alias), normalize_text(entity)
+            if not an or not en:
+                raise ValueError(f"alias and entity must not be empty (after normalisation): {(alias, entity)!r}")
+            if an != en:
+                rows.setdefault((an, en), (alias.strip(), an, entity.strip(), en))
+        with self._transaction():
+            active = set()
+            for ch in _chunks(sorted({an for an, _ in rows})):
+                active.update(self._x(f"SELECT alias_norm, entity_norm FROM aliases WHERE deleted_version IS NULL"
+                                      f" AND alias_norm IN ({_marks(len(ch))})", list(ch)).fetchall())
+            new = [r for k, r in rows.items() if k not in active]
+            if not new:
+                return self.version(), 0
+            v = self._new_version("alias", who, why)
+            self._xm(f"INSERT INTO aliases({ALIAS_COLUMNS}, created_version) VALUES (?, ?, ?, ?, ?)",
+                     [(*r, v) for r in new])
+            self._x("UPDATE versions SET n_changed = ? WHERE version = ?", (len(new), v))
+        return v, len(new)
+
+    def delete_aliases(self, alias_norm: str, entity_norm: str | None, who: str, why: str) -> tuple[int, int]:
+        """Delete the active aliases ``alias_norm`` (of ``entity_norm`` only, if given) as one version
+        (op ``unalias``). Returns (version, number deleted)."""
+        where, params = "deleted_version IS NULL AND alias_norm = ?", [alias_norm]
+        if entity_norm is not None:
+            where, params = where + " AND entity_norm = ?", params + [entity_norm]
+        with self._transaction():
+            (n,) = self._x(f"SELECT count(*) FROM aliases WHERE {where}", params).fetchone()
+            if not n:
+                return self.version(), 0
+            v = self._new_version("unalias", who, why)
+            self._x(f"UPDATE aliases SET deleted_version = ? WHERE {where}", [v, *params])
+            self._x("UPDATE versions SET n_changed = ? WHERE version = ?", (n, v))
+        return v, n
+
+    def aliases(self, entity_norm: str | None = None, at: int | None = None) -> list[AliasRow]:
+        """Active aliases (of one entity, if given; as of version ``at``, if given), oldest first."""
+        if at is None:
+            where, params = "deleted_version IS NULL", []
+        else:
+            where, params = "created_version <= ? AND (deleted_version IS NULL OR deleted_version > ?)", [at, at]
+        if entity_norm is not None:
+            where, params = where + " AND entity_norm = ?", params + [entity_norm]
+        return [AliasRow(*r) for r in self._x(f"SELECT {ALIAS_COLUMNS} FROM aliases WHERE {where} ORDER BY id",
+                                              params).fetchall()]
+
+    def alias_changes(self, after: int, upto: int) -> tuple[list[AliasRow], list[AliasRow]]:
+        """Aliases (made active, deleted) by versions in ``(after, upto]``."""
+        added = self._x(f"SELECT {ALIAS_COLUMNS} FROM aliases WHERE created_version > ? AND created_version <= ?"
+                        " AND (deleted_version IS NULL OR deleted_version > ?)", (after, upto, upto)).fetchall()
+        gone = self._x(f"SELECT {ALIAS_COLUMNS} FROM aliases WHERE deleted_version > ? AND deleted_version <= ?",
+                       (after, upto)).fetchall()
+        return [AliasRow(*r) for r in added], [AliasRow(*r) for r in gone]
+
+    def deleted_names(self, at: int | None = None) -> list[tuple[str, str, str]]:
+        """(name, name_norm, entity_norm) of every entity with a deleted fact and of every deleted alias
+        (as of version ``at``): the names a reader may have to answer "deleted" for."""
+        upto = "" if at is None else f" AND deleted_version <= {int(at)}"
+        rows = self._x("SELECT min(entity), entity_norm, entity_norm FROM triples"
+                       f" WHERE deleted_version IS NOT NULL{upto} GROUP BY entity_norm").fetchall()
+        rows += self._x("SELECT min(alias), alias_norm, entity_norm FROM aliases"
+                        f" WHERE deleted_version IS NOT NULL{upto} GROUP BY alias_norm, entity_norm").fetchall()
+        return [tuple(r) for r in rows]
+
+
+def _chunks(items: Sequence, n: int = _IN_CHUNK):
+    for i in range(0, len(items), n):
+        yield items[i:i + n]
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)

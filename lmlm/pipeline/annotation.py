@@ -1,0 +1,349 @@
+"""The pipeline's annotation stage: every method's calls placed in one annotated corpus.
+
+Methods, each resumable on its own (a finished step leaves ``done.json`` in its folder):
+
+* ``infobox``: the distant supervision of ``lmlm annotate wikipedia`` (made by the corpus stage);
+* ``given``: the calls the input corpus already had;
+* ``llm``: documents cut into passages; the seed LLM (SmolLM2-135M on llama.cpp by default) annotates
+  ``seed_passages`` of them (``lmlm annotate seed``), every call validated; the corrector drops the
+  worst (``lmlm annotate correct``); an annotator is distilled from the rest (``lmlm annotate
+  distill``) and run on every other passage (``lmlm annotate run``, sharded and resumable).
+
+The calls are then merged per document at their character offsets (one call per position; an
+infobox call wins over an LLM one, the seed's over the distilled annotator's) with
+:func:`lmlm.annotate.validate.insert_calls`, so every document's annotation strips back to its text.
+Each document records which method wrote each call (``call_methods``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import socket
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+from ..corpus import Document, iter_documents, read_documents, write_documents
+from ..lookup import Lookup
+from .recipe import LLMSpec
+
+__all__ = ["split_passages", "passages_of", "call_layer", "merge_layers", "run_llm", "METHOD_NAMES"]
+
+METHOD_NAMES = {"infobox": "infobox", "given": "given", "llm_seed": "llm seed (SmolLM2, corrected)",
+                "llm_distilled": "llm distilled annotator"}
+_PRIORITY = ("infobox", "given", "llm_seed", "llm_distilled")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])")
+
+
+def split_passages(text: str, max_chars: int = 400, min_chars: int = 40) -> list[tuple[int, int]]:
+    """``(start, end)`` of each passage of ``text``: its paragraphs, long ones cut at sentence ends so
+    each passage has at most ``max_chars`` characters where the sentences allow; passages shorter
+    than ``min_chars`` (headings) are left out.
+
+    Examples:
+        >>> split_passages("Title\\nAda was born in 1815. She died in 1852.", max_chars=25, min_chars=10)
+        [(6, 27), (28, 45)]
+    """
+    out = []
+    pos = 0
+    for para in text.split("\n"):
+        start, end = pos, pos + len(para)
+        pos = end + 1
+        cuts = [start] + [start + m.end() for m in _SENTENCE_END.finditer(para)] + [end]
+        a = cuts[0]
+        for k in range(1, len(cuts)):
+            b = cuts[k]
+            nxt = cuts[k + 1] if k + 1 < len(cuts) else None
+            if nxt is None or nxt - a > max_chars:
+                s, e = _trim(text, a, b)
+                if e - s >= min_chars:
+                    out.append((s, e))
+                a = b
+    return out
+
+
+def _trim(text: str, a: int, b: int) -> tuple[int, int]:
+    while a < b and text[a].isspace():
+        a += 1
+    while b > a and text[b - 1].isspace():
+        b -= 1
+    return a, b
+
+
+def passages_of(documents: list[Document], max_chars: int) -> list[Document]:
+    """The passages of ``documents`` as documents (``meta``: ``doc`` and ``start``, the offset in it)."""
+    return [Document(f"{d.id}@{s}", d.text[s:e], d.text[s:e], source=d.id, split=d.split,
+                     meta={"doc": d.id, "start": s})
+            for d in documents for s, e in split_passages(d.text, max_chars)]
+
+
+Layer = dict[str, list[tuple[int, Lookup]]]  # document id -> (offset in its text, call)
+
+
+def call_layer(documents, offset_of: Callable[[Document], tuple[str, int]] | None = None) -> Layer:
+    """The calls of annotated documents (or passages: ``offset_of(p) -> (document id, start)``) by document."""
+    from ..annotate.validate import calls_with_offsets
+
+    layer: Layer = {}
+    for d in documents:
+        doc, start = offset_of(d) if offset_of else (d.id, 0)
+        layer.setdefault(doc, []).extend((start + q, c) for q, c in calls_with_offsets(d.segments))
+    return layer
+
+
+def _passage_origin(p: Document) -> tuple[str, int]:
+    return str(p.meta["doc"]), int(p.meta["start"])
+
+
+def merge_layers(documents: list[Document], layers: dict[str, Layer]) -> list[Document]:
+    """``documents`` with the calls of every method inserted; one call per position, by method priority.
+
+    Each output document's ``meta`` gets ``call_methods`` (the method of each call, in order) and
+    ``calls_by_method``.
+    """
+    from ..annotate.validate import insert_calls
+
+    out = []
+    for d in documents:
+        taken: dict[int, tuple[str, Lookup]] = {}
+        for method in sorted(layers, key=lambda m: _PRIORITY.index(m) if m in _PRIORITY else len(_PRIORITY)):
+            for q, call in layers[method].get(d.id, []):
+                if q not in taken and d.text[q:q + 1].strip():
+                    taken[q] = (method, call)
+        placed = sorted(taken.items())
+        methods = [m for _, (m, _) in placed]
+        segments = insert_calls(d.text, [(q, c) for q, (_, c) in placed])
+        meta = {**d.meta, "call_methods": methods, "calls_by_method": dict(Counter(methods))}
+        out.append(Document.from_segments(d.id, segments, source=d.source, split=d.split, meta=meta))
+        if out[-1].text != d.text:
+            raise AssertionError(f"{d.id}: merging the annotations changed the text")
+    return out
+
+
+# -- the LLM path ----------------------------------------------------------------------------------
+
+def _done(folder: Path) -> dict | None:
+    marker = folder / "done.json"
+    return json.loads(marker.read_text()) if marker.exists() else None
+
+
+def _finish(folder: Path, info: dict) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / "done.json.tmp"
+    tmp.write_text(json.dumps(info, indent=2, default=str) + "\n")
+    tmp.replace(folder / "done.json")
+    return info
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, seconds: float = 180.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"the llama.cpp server at {url} did not come up in {seconds:.0f} s")
+
+
+def _seed_backend(spec: LLMSpec):
+    """``(backend URL, server or None)``: a URL as given, or a llama.cpp server started here for a GGUF."""
+    if "://" in spec.model or spec.model.startswith(("hf:", "vllm:", "openai:")):
+        return spec.model, None
+    from ..annotate.backends import BackendError
+    from ..annotate.serve_gguf import start_gguf_server
+
+    port = _free_port()
+    try:
+        server = start_gguf_server(spec.model or None, port=port, threads=spec.threads, parallel=spec.parallel,
+                                   n_ctx=2048 * spec.parallel, alias="seed", quiet=True)
+    except RuntimeError as e:  # xllamacpp missing
+        raise BackendError(f"annotate.llm.model: {e}") from None
+    _wait_healthy(f"http://127.0.0.1:{port}/health")
+    return f"openai://127.0.0.1:{port}/v1?model=seed&timeout=1800&concurrency={spec.parallel}", server
+
+
+def _seed_choice(passages: list[Document], n: int, covered: set[str] = frozenset(), min_chars: int = 120
+                 ) -> list[Document]:
+    """Lead passages of training documents first (where articles state most facts), then the next ones;
+    documents the infoboxes left without a call (``covered`` are the others) come first at each rank."""
+    by_doc: dict[str, list[Document]] = {}
+    for p in sorted(passages, key=lambda p: str(p.meta["doc"]) in covered):  # stable: corpus order kept
+        if p.split != "heldout" and len(p.text) >= min_chars:
+            by_doc.setdefault(str(p.meta["doc"]), []).append(p)
+    chosen: list[Document] = []
+    rank = 0
+    while len(chosen) < n and any(len(v) > rank for v in by_doc.values()):
+        chosen += [v[rank] for v in by_doc.values() if len(v) > rank][:n - len(chosen)]
+        rank += 1
+    return chosen
+
+
+def _examples(infobox: list[Document] | None, folder: Path, max_chars: int) -> Path:
+    """The seed's few-shot pool: lmlm's own example and the infobox-annotated passages with two calls or
+    more whose values are written as the text writes them."""
+    from ..annotate.prompts import DEFAULT_EXAMPLE
+
+    rows = [Document.from_annotated("lmlm-example", DEFAULT_EXAMPLE.annotated)]
+    for p in _infobox_passages(infobox or [], max_chars):
+        calls = call_layer([p])[p.id]
+        if len(calls) >= 2 and len(p.text) >= 120 and all(p.text.startswith(c.value, q) for q, c in calls):
+            rows.append(p)
+    write_documents(folder / "examples.jsonl", rows)
+    return folder / "examples.jsonl"
+
+
+def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | None, spec: LLMSpec,
+            device: str | None, seed: int, progress: bool = True, log: Callable[[str], None] = print) -> tuple[dict[str, Layer], dict]:
+    """The LLM path over ``documents``; returns ``{"llm_seed": layer, "llm_distilled": layer}`` and a report."""
+    from ..annotate.corrector import CorrectorConfig, correct, summary
+    from ..annotate.distill import DistillConfig, distill, run_corpus
+    from ..annotate.lm import FitConfig
+    from ..annotate.pipeline import seed_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    passages = passages_of(documents, spec.passage_chars)
+    seeds = _seed_choice(passages, spec.seed_passages, {d.id for d in infobox or [] if d.num_calls})
+    seed_ids = {p.id for p in seeds}
+    rest = [p for p in passages if p.id not in seed_ids]
+    if spec.run_passages:
+        rest = rest[:spec.run_passages]
+    report: dict[str, Any] = {"passages": len(passages), "seed_passages": len(seeds), "run_passages": len(rest)}
+
+    # 1. seed: the LLM annotates the seed passages, every call validated
+    seed_dir = folder / "seed"
+    if not _done(seed_dir):
+        write_documents(folder / "seed-passages.jsonl", seeds)
+        examples = _examples(infobox, folder, spec.passage_chars)
+        t = time.time()
+        url, server = _seed_backend(spec)
+        log(f"seed: {len(seeds)} passages through {url.split('?')[0]} ({spec.style} style)")
+        try:
+            rep = seed_file(folder / "seed-passages.jsonl", seed_dir, url, examples_from=examples, k=spec.examples,
+                            cache=folder / "seed-cache.sqlite", batch_size=max(spec.parallel, 1) * 2,
+                            max_tokens=spec.max_tokens or None, style=spec.style)
+        finally:
+            del server
+        _finish(seed_dir, {**rep, "seconds": time.time() - t})
+    report["seed"] = _done(seed_dir)
+    seeded = read_documents(seed_dir / "annotated.jsonl")
+    if not any(d.num_calls for d in seeded):
+        log("seed: no call survived validation; the LLM path stops here")
+        return {"llm_seed": {}, "llm_distilled": {}}, report
+
+    # 2. correct: an under-fitted LM on the seed drops the calls it finds least predictable
+    corr_dir = folder / "correct"
+    if not _done(corr_dir):
+        t = time.time()
+        config = CorrectorConfig(drop=spec.correct_drop, device=device,
+                                 fit=FitConfig(steps=spec.correct_steps, batch_size=8, seq_len=256, lr=3e-3, seed=seed))
+        result = correct(seeded, config, corr_dir, progress=progress)
+        _finish(corr_dir, {**{k: v for k, v in summary(result).items() if k != "train"}, "seconds": time.time() - t})
+    report["correct"] = _done(corr_dir)
+    kept = read_documents(corr_dir / "kept.jsonl")
+
+    # 3. distill: the annotator learns from the corrected seed (and the infobox passages), validated
+    ann_dir = folder / "annotator"
+    if not _done(ann_dir):
+        t = time.time()
+        train_docs = [d for d in kept if d.num_calls] if "seed" in spec.distill_from else []
+        if "infobox" in spec.distill_from and infobox:
+            train_docs += [p for p in _infobox_passages(infobox, spec.passage_chars) if p.id not in seed_ids]
+        train_docs = [d for d in (_validated(d) for d in train_docs) if d.num_calls]
+        check: list[Document] = []
+        if spec.min_f1 > 0 and len(train_docs) >= 20:  # held out to measure the annotator before it runs
+            random.Random(seed).shuffle(train_docs)
+            k = max(5, len(train_docs) // 7)
+            check, train_docs = train_docs[:k], train_docs[k:]
+            write_documents(folder / "check.jsonl", check)
+        if not train_docs:
+            log("distill: no validated call to learn from; the LLM path stops after the seed")
+            return {"llm_seed": call_layer(kept, _passage_origin), "llm_distilled": {}}, report
+        base = spec.distill_base or None
+        config = DistillConfig(base=base, preset=spec.distill_preset, device=device,
+                               fit=FitConfig(steps=spec.distill_steps, batch_size=8, seq_len=256,
+                                             lr=2e-3 if base else 5e-3, seed=seed))
+        log(f"distill: an annotator ({base or spec.distill_preset}) learns from {len(train_docs)} passages, "
+            f"{sum(d.num_calls for d in train_docs)} calls")
+        _, stats = distill(train_docs, config, ann_dir, progress=progress)
+        if spec.call_bias or spec.call_threshold:
+            meta = json.loads((ann_dir / "annotator.json").read_text())
+            meta["options"].update(call_bias=spec.call_bias, call_threshold=spec.call_threshold or None)
+            (ann_dir / "annotator.json").write_text(json.dumps(meta, indent=2) + "\n")
+        info = {**{k: stats[k] for k in ("steps", "first_loss", "final_loss", "seconds", "documents")},
+                "calls": sum(d.num_calls for d in train_docs)}
+        if check:
+            info["check"] = _check_annotator(ann_dir, check, spec.run_batch_size)
+            log(f"distill: on {len(check)} held-out annotated passages the annotator scores F1 "
+                f"{info['check']['f1']:.3f} (precision {info['check']['precision']:.3f}, "
+                f"{info['check']['predicted']} calls for {info['check']['gold']})")
+        _finish(ann_dir, info)
+    report["distill"] = _done(ann_dir)
+    f1 = (report["distill"].get("check") or {}).get("f1")
+    if f1 is not None and f1 < spec.min_f1:
+        log(f"run: skipped, the annotator's F1 {f1:.3f} is below annotate.llm.min_f1 = {spec.min_f1} "
+            "(its calls would mostly be wrong)")
+        report["run"] = {"skipped": f"annotator F1 {f1:.3f} < min_f1 {spec.min_f1}"}
+        return {"llm_seed": call_layer(kept, _passage_origin), "llm_distilled": {}}, report
+
+    # 4. run the distilled annotator on every other passage (sharded: a killed run goes on)
+    run_dir = folder / "run"
+    if not _done(run_dir):
+        t = time.time()
+        write_documents(folder / "run-passages.jsonl", rest)
+        rep = run_corpus(folder / "run-passages.jsonl", run_dir, ann_dir, shard_size=256,
+                         batch_size=spec.run_batch_size, progress=progress)
+        if rep["shards_done"] != rep["shards"]:
+            raise RuntimeError(f"{run_dir}: {rep['shards_done']} of {rep['shards']} shards annotated")
+        _finish(run_dir, {**rep, "seconds": time.time() - t})
+    report["run"] = _done(run_dir)
+    layers = {"llm_seed": call_layer(kept, _passage_origin),
+              "llm_distilled": call_layer(iter_documents(run_dir / "annotated.jsonl"), _passage_origin)}
+    return layers, report
+
+
+def _check_annotator(folder: Path, check: list[Document], batch_size: int) -> dict[str, Any]:
+    """Call-level precision/recall/F1 of the annotator in ``folder`` on held-out annotated passages."""
+    from ..annotate.annotator import Annotator
+    from ..annotate.corrupt import call_f1
+    from ..annotate.validate import calls_with_offsets
+
+    results = Annotator.load(folder).annotate([d.text for d in check], batch_size)
+    return call_f1([list(zip(v.positions, v.kept)) for v in results], [calls_with_offsets(d.segments) for d in check])
+
+
+def _validated(doc: Document) -> Document:
+    """``doc`` with only the calls that pass :func:`lmlm.annotate.validate.validate`."""
+    from ..annotate.validate import validate
+
+    v = validate(doc.text, doc.annotated)
+    return Document.from_segments(doc.id, v.segments, source=doc.source, split=doc.split, meta=doc.meta)
+
+
+def _infobox_passages(infobox: list[Document], max_chars: int) -> list[Document]:
+    """The infobox-annotated documents cut into passages, those with calls only."""
+    from ..annotate.validate import insert_calls
+
+    out = []
+    for d in infobox:
+        if not d.num_calls:
+            continue
+        layer = call_layer([d])[d.id]
+        for s, e in split_passages(d.text, max_chars):
+            calls = [(q - s, c) for q, c in layer if s <= q < e]
+            if calls:
+                out.append(Document.from_segments(f"{d.id}@{s}", insert_calls(d.text[s:e], calls), source=d.id,
+                                                  split=d.split, meta={"doc": d.id, "start": s}))
+    return out

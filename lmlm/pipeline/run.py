@@ -1,0 +1,334 @@
+"""``run_pipeline``: the stages of a recipe, each skipped when its outputs are already in OUT.
+
+======================  ==================================================================================
+``OUT/corpus``          the documents in the schema of :mod:`lmlm.corpus`, split into train and held-out
+                        (``documents.jsonl``); for a Wikipedia dump also the infobox annotation
+                        (``infobox.jsonl``, ``wikipedia/triples.jsonl``)
+``OUT/annotate``        every method's calls merged (``documents.jsonl``), the KB's triples, the LLM path's
+                        steps under ``llm/`` (seed, correct, annotator, run), ``report.json``
+``OUT/kb``              the knowledge base (``lmlm kb build`` on ``annotate/triples.jsonl``)
+``OUT/train-MODE``      the LMLM and the Standard model (``lmlm train``), ``OUT/data`` their documents
+``OUT/eval``            cloze prompts (``cloze/*.jsonl``, LAMA T-REx format), one results JSON per model and
+                        split, ``edits.json``
+``OUT/report.json``     machine-readable results; ``OUT/report.md`` with figures for people
+======================  ==================================================================================
+
+A stage is done when its folder holds ``done.json``; rerunning the same command skips finished
+stages and resumes an interrupted one (training from its last saved state, the annotator from its
+last finished document).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ..corpus import Document, corpus_stats, iter_documents, read_documents, write_documents
+from .recipe import Recipe, RecipeError, recipe_json
+
+__all__ = ["run_pipeline", "STAGES"]
+
+STAGES = ("corpus", "annotate", "kb", "train", "evaluate", "report")
+console = Console(stderr=True)
+
+
+def _log(msg: str) -> None:
+    console.print(msg, highlight=False)
+
+
+def _done(folder: Path) -> dict | None:
+    marker = folder / "done.json"
+    return json.loads(marker.read_text()) if marker.exists() else None
+
+
+def _finish(folder: Path, info: dict) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / "done.json.tmp"
+    tmp.write_text(json.dumps(info, indent=2, default=str) + "\n")
+    tmp.replace(folder / "done.json")
+    return info
+
+
+def _is_dump(path: Path) -> bool:
+    name = path.name.lower()
+    return name.endswith((".xml", ".xml.bz2"))
+
+
+# -- 1. corpus ------------------------------------------------------------------------------------------
+
+def _assign_splits(docs: list[Document], heldout: float, seed: int, has_facts) -> list[Document]:
+    """Hold out a seeded share of the documents, alike among documents with reference facts and without."""
+    if any(d.split for d in docs):
+        return [Document(d.id, d.annotated, d.text, d.source, d.split or "train", d.meta) for d in docs]
+    rng = random.Random(seed)
+    held: set[str] = set()
+    for group in ([d for d in docs if has_facts(d)], [d for d in docs if not has_facts(d)]):
+        ids = [d.id for d in group]
+        rng.shuffle(ids)
+        held.update(ids[:round(heldout * len(ids))])
+    return [Document(d.id, d.annotated, d.text, d.source, "heldout" if d.id in held else "train", d.meta)
+            for d in docs]
+
+
+def stage_corpus(recipe: Recipe, out: Path) -> dict:
+    folder = out / "corpus"
+    if (info := _done(folder)) is not None:
+        return info
+    t = time.time()
+    if not recipe.corpus.path:
+        raise RecipeError(f"recipe {recipe.name} names no corpus: pass --corpus (a Wikipedia dump or a document file)")
+    src = Path(recipe.corpus.path).expanduser()
+    if not src.exists():
+        raise FileNotFoundError(f"no corpus at {src}")
+    methods = recipe.annotate.methods
+    limit = recipe.corpus.limit or None
+    info: dict[str, Any] = {"path": str(src)}
+    if _is_dump(src):
+        if "given" in methods:
+            raise RecipeError(f"annotate.methods: 'given' needs an annotated document file, and {src} is a dump")
+        from ..annotate.wikipedia import annotate_dump
+
+        info["wikipedia"] = annotate_dump(src, folder / "wikipedia", limit=limit)
+        annotated = read_documents(folder / "wikipedia" / "documents.jsonl")
+    else:
+        if "infobox" in methods:
+            raise RecipeError(f"annotate.methods: 'infobox' needs a Wikipedia dump (.xml/.xml.bz2), not {src}")
+        annotated = read_documents(src)[:limit]
+    annotated = _assign_splits(annotated, recipe.corpus.heldout, recipe.seed, lambda d: d.num_calls > 0)
+    plain = [Document(d.id, d.text, d.text, d.source, d.split, d.meta) for d in annotated]
+    write_documents(folder / "documents.jsonl", plain)
+    if any(d.num_calls for d in annotated):
+        write_documents(folder / ("infobox.jsonl" if _is_dump(src) else "given.jsonl"), annotated)
+    info.update(corpus_stats(plain), seconds=time.time() - t)
+    return _finish(folder, info)
+
+
+# -- 2. annotation -------------------------------------------------------------------------------------
+
+def stage_annotate(recipe: Recipe, out: Path, device: str | None, progress: bool) -> dict:
+    from ..annotate.validate import calls_with_offsets
+    from .annotation import call_layer, merge_layers, run_llm
+
+    folder = out / "annotate"
+    if (info := _done(folder)) is not None:
+        return info
+    t = time.time()
+    docs = read_documents(out / "corpus" / "documents.jsonl")
+    layers, report = {}, {}
+    infobox = read_documents(out / "corpus" / "infobox.jsonl") if (out / "corpus" / "infobox.jsonl").exists() else None
+    if "infobox" in recipe.annotate.methods and infobox:
+        layers["infobox"] = call_layer(infobox)
+    if "given" in recipe.annotate.methods and (out / "corpus" / "given.jsonl").exists():
+        layers["given"] = call_layer(read_documents(out / "corpus" / "given.jsonl"))
+    if "llm" in recipe.annotate.methods:
+        llm_layers, report["llm"] = run_llm(folder / "llm", docs, infobox, recipe.annotate.llm, device,
+                                            recipe.seed, progress=progress, log=_log)
+        layers.update(llm_layers)
+    merged = merge_layers(docs, layers)
+    write_documents(folder / "documents.jsonl", merged)
+    n_triples = _write_triples(folder / "triples.jsonl", merged, out / "corpus" / "wikipedia" / "triples.jsonl",
+                               calls_with_offsets)
+    stats = corpus_stats(merged)
+    by_method: dict[str, int] = {}
+    for d in merged:
+        for m, k in d.meta["calls_by_method"].items():
+            by_method[m] = by_method.get(m, 0) + k
+    info = {**stats, "calls_by_method": by_method, "kb_triples": n_triples, **report, "seconds": time.time() - t}
+    (folder / "report.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    _log(f"annotation: {stats['lookup_calls']} calls ({by_method}), text unchanged in "
+         f"{stats['text_unchanged']:.1%} of {stats['documents']} documents")
+    return _finish(folder, info)
+
+
+def _write_triples(path: Path, merged: list[Document], infobox_triples: Path, calls_with_offsets) -> int:
+    """The KB's facts: every infobox fact (mentioned or not) and every call of every other method."""
+    n = 0
+    with path.open("w", encoding="utf-8") as f:
+        if infobox_triples.exists():
+            for line in infobox_triples.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    f.write(line + "\n")
+                    n += 1
+        for d in merged:
+            for (q, c), m in zip(calls_with_offsets(d.segments), d.meta["call_methods"]):
+                if m != "infobox" or not infobox_triples.exists():
+                    f.write(json.dumps({"entity": c.entity, "relation": c.relation, "value": c.value, "source": d.id,
+                                        "position": q, "method": m}, ensure_ascii=False) + "\n")
+                    n += 1
+    return n
+
+
+# -- 3. knowledge base ----------------------------------------------------------------------------------
+
+def stage_kb(recipe: Recipe, out: Path) -> dict:
+    from ..kb import build
+
+    folder = out / "kb"
+    if (info := _done(folder)) is not None:
+        return info
+    t = time.time()
+    kb = build(folder, out / "annotate" / "triples.jsonl", who="lmlm pipeline", why=f"recipe {recipe.name}")
+    stats = {k: v for k, v in kb.stats().items() if isinstance(v, (int, float, str))}
+    kb.close()
+    return _finish(folder, {**stats, "seconds": time.time() - t})
+
+
+# -- 4. training ------------------------------------------------------------------------------------------
+
+def _train_config(recipe: Recipe, out: Path, mode: str, tokenizer: Path | None):
+    from ..train import TrainConfig
+
+    spec = recipe.train
+    return TrainConfig(
+        mode=mode, model=None if spec.init_from else spec.model, model_overrides=spec.model_overrides,
+        init_from=spec.init_from or None, tokenizer=str(tokenizer) if tokenizer else None,
+        data=str(out / "data" / "train.jsonl"), eval_data=str(out / "data" / "heldout.jsonl")
+        if (out / "data" / "heldout.jsonl").exists() else None, kb=str((out / "kb").resolve()),
+        seq_len=spec.seq_len, batch_size=spec.batch_size, micro_batch_size=math.gcd(spec.batch_size, 16),
+        max_steps=spec.max_steps, lr=spec.lr, warmup_steps=min(spec.warmup_steps, max(spec.max_steps // 5, 1)),
+        precision=spec.precision, seed=recipe.seed, out_dir=str(out / f"train-{mode}"), resume=True,
+        save_every=max(spec.max_steps // 4, 25), cpu=recipe.device == "cpu", threads=spec.threads or None,
+        compile=spec.compile, progress=True)
+
+
+def _chunks(docs: list[Document], max_chars: int) -> list[Document]:
+    """Documents cut into chunks of paragraphs (about ``max_chars`` characters), each headed by its
+    document's title (``source``) on a line of its own, calls kept: a model reading a chunk always sees
+    whose facts it states (an article's calls name the article's entity, which a block from its middle
+    would not show). LMLM and Standard train on the same chunks; 0 keeps whole documents."""
+    from ..annotate.validate import calls_with_offsets, insert_calls
+    from .annotation import split_passages
+
+    if not max_chars:
+        return docs
+    out = []
+    for d in docs:
+        calls = calls_with_offsets(d.segments)
+        head = f"{d.source}\n" if d.source else ""
+        for s, e in split_passages(d.text, max_chars, min_chars=1):  # no text left out
+            inside = [(len(head) + q - s, c) for q, c in calls if s <= q < e]
+            out.append(Document.from_segments(f"{d.id}@{s}", insert_calls(head + d.text[s:e], inside),
+                                              source=d.source, split=d.split))
+    return out
+
+
+def stage_train(recipe: Recipe, out: Path) -> dict:
+    from ..checkpoint import is_checkpoint, read_meta
+    from ..train import train
+
+    folder = out / "data"
+    if not _done(folder):
+        docs = read_documents(out / "annotate" / "documents.jsonl")
+        chunks = _chunks(docs, recipe.train.chunk_chars)
+        write_documents(folder / "train.jsonl", [d for d in chunks if d.split != "heldout"])
+        held = [d for d in chunks if d.split == "heldout"]
+        if held:
+            write_documents(folder / "heldout.jsonl", held)
+        tokenizer = None
+        if not recipe.train.init_from and recipe.train.tokenizer.startswith("bpe:"):
+            from ..tokens import LookupTokenizer, train_bpe
+
+            tok = LookupTokenizer(train_bpe((d.text for d in docs if d.split != "heldout"),
+                                            vocab_size=int(recipe.train.tokenizer[4:])))
+            tok.save(folder / "tokenizer")
+            tokenizer = str(folder / "tokenizer")
+        elif not recipe.train.init_from:
+            tokenizer = recipe.train.tokenizer
+        _finish(folder, {"tokenizer": tokenizer, "train_chunks": len(chunks) - len(held), "heldout_chunks": len(held)})
+    tokenizer = _done(folder)["tokenizer"]
+    stats = {}
+    for mode in recipe.train.modes:
+        run = out / f"train-{mode}"
+        if not is_checkpoint(run / "checkpoint"):
+            console.rule(f"train {mode.upper()}")
+            train(_train_config(recipe, out, mode, tokenizer))
+        meta = read_meta(run / "checkpoint")
+        stats[mode] = {k: meta.get("stats", {}).get(k) for k in
+                       ("steps", "tokens", "trained_tokens", "seconds", "final_loss", "tokens_per_second",
+                        "parameters", "documents", "lookup_calls", "eval")}
+    return stats
+
+
+# -- 5. evaluation -----------------------------------------------------------------------------------------
+
+def stage_evaluate(recipe: Recipe, out: Path) -> dict:
+    from .facts import choose_edits, cloze_facts, evaluate_edits, evaluate_models, write_trex
+
+    folder = out / "eval"
+    if (info := _done(folder)) is not None:
+        return info
+    t = time.time()
+    spec = recipe.evaluate
+    docs = read_documents(out / "annotate" / "documents.jsonl")
+    facts = cloze_facts(docs, spec.cloze_per_split, recipe.seed)
+    files = {s: write_trex(f, folder / "cloze" / f"{s}.jsonl") for s, f in sorted(facts.items())}
+    models = {m: out / f"train-{m}" / "checkpoint" for m in recipe.train.modes}
+    base = recipe.train.init_from if recipe.train.init_from and spec.base else None
+    table = evaluate_models(folder, files, models, out / "kb", base, spec.constrained, recipe.device,
+                            spec.max_new_tokens, spec.batch_size, log=_log) if files else {}
+    edits = None
+    if "lmlm" in models and spec.edits:
+        chosen = choose_edits([f for fs in facts.values() for f in fs], spec.edits, recipe.seed)
+        if chosen:
+            _log(f"edits: {len(chosen)} real facts changed in a copy of the KB")
+            edits = evaluate_edits(folder, chosen, models["lmlm"], out / "kb", recipe.device, spec.max_new_tokens,
+                                   spec.batch_size)
+            (folder / "edits.json").write_text(json.dumps(edits, indent=2, default=str) + "\n")
+    info = {"cloze": {s: len(f) for s, f in facts.items()}, "table": table,
+            "edits": {k: v for k, v in (edits or {}).items() if k != "records"}, "seconds": time.time() - t}
+    return _finish(folder, info)
+
+
+# -- the whole run ---------------------------------------------------------------------------------------------
+
+def _device(recipe: Recipe) -> str | None:
+    import torch
+
+    if recipe.device == "cuda" and not torch.cuda.is_available():
+        raise RecipeError("device = 'cuda' but no CUDA device is visible (use --device cpu or auto)")
+    return None if recipe.device == "auto" else recipe.device
+
+
+def _check_folder(recipe: Recipe, out: Path, fresh: bool) -> None:
+    if fresh and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = recipe_json(recipe)
+    path = out / "recipe.json"
+    if path.exists() and path.read_text() != resolved:
+        raise RecipeError(f"{out} holds a run of another recipe (see {path}); pass --fresh to start over "
+                          "or choose another --out")
+    path.write_text(resolved)
+
+
+def run_pipeline(recipe: Recipe, out: str | Path, fresh: bool = False, progress: bool = True) -> dict:
+    """Run every stage of ``recipe`` into ``out`` (skipping finished ones) and return the report."""
+    from .report import write_pipeline_report
+
+    out = Path(out)
+    _check_folder(recipe, out, fresh)
+    device = _device(recipe)
+    timings: dict[str, float] = {}
+    t0 = time.time()
+    console.rule(f"[bold]lmlm pipeline {recipe.name}: corpus")
+    corpus = stage_corpus(recipe, out)
+    console.rule("[bold]annotation")
+    annotation = stage_annotate(recipe, out, device, progress)
+    console.rule("[bold]knowledge base")
+    kb = stage_kb(recipe, out)
+    t = time.time()
+    models = stage_train(recipe, out)
+    timings["train_this_run"] = time.time() - t
+    console.rule("[bold]evaluation")
+    evaluation = stage_evaluate(recipe, out)
+    timings["this_run"] = time.time() - t0
+    report = write_pipeline_report(recipe, out, corpus, annotation, kb, models, evaluation, timings)
+    _log(f"[bold green]done[/]: {out / 'report.md'}")
+    return report

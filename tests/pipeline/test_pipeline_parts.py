@@ -1,0 +1,156 @@
+"""The pipeline's parts on small inputs: recipes, passages, merging methods, placing listed facts, cloze prompts."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lmlm.annotate.prompts import DEFAULT_EXAMPLE, build_messages, fact_lines, parse_fact_lines
+from lmlm.annotate.validate import place_facts
+from lmlm.cli import app
+from lmlm.corpus import Document
+from lmlm.evaluate.trex import read_trex
+from lmlm.lookup import Lookup, strip
+from lmlm.pipeline import RecipeError, load_recipe, recipe_names
+from lmlm.pipeline.annotation import call_layer, merge_layers, passages_of, split_passages
+from lmlm.pipeline.facts import ClozeFact, choose_edits, cloze_facts, write_trex
+
+runner = CliRunner()
+
+LINCOLN = ("Abraham Lincoln (February 12, 1809 – April 15, 1865) was an American lawyer.\n"
+           "Early life\n"
+           "He was born in Hodgenville, Kentucky. He married Mary Todd in 1842.")
+
+
+def test_shipped_recipes_load_and_take_overrides():
+    assert {"wiki-cpu", "wiki-gpu"} <= set(recipe_names())
+    cpu = load_recipe("wiki-cpu")
+    assert cpu.train.init_from == "" and cpu.annotate.methods == ["infobox", "llm"]
+    gpu = load_recipe("wiki-gpu", device="cuda")
+    assert gpu.train.init_from == "SmolLM2-135M-Instruct" and gpu.device == "cuda" and gpu.evaluate.base
+    r = load_recipe("wiki-cpu", ["train.max_steps=2", "evaluate.constrained=false", 'annotate.methods=["infobox"]',
+                                 "corpus.heldout=0.5"], corpus="dump.xml.bz2")
+    assert (r.train.max_steps, r.evaluate.constrained, r.annotate.methods, r.corpus.heldout, r.corpus.path) == \
+        (2, False, ["infobox"], 0.5, "dump.xml.bz2")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.maxsteps=2"], "unknown field 'maxsteps'"),
+    (["train.max_steps=two"], "train.max_steps must be a int"),
+    (['annotate.methods=["ocr"]'], "annotate.methods = 'ocr' is not one of"),
+    (["corpus.heldout=1.5"], r"corpus.heldout = 1.5 must be in \[0, 1\)"),
+    (["train.max_steps=0"], "train.max_steps = 0 must be at least 1"),
+    (["nonsense"], "expected section.key=value"),
+])
+def test_bad_recipe_fields_are_named(overrides, message):
+    with pytest.raises(RecipeError, match=message):
+        load_recipe("wiki-cpu", overrides)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    res = runner.invoke(app, ["pipeline", "wiki-nope", "--out", str(tmp_path / "p")])
+    assert res.exit_code == 2 and "error: unknown recipe 'wiki-nope'" in res.output
+    res = runner.invoke(app, ["pipeline", "wiki-cpu", "--out", str(tmp_path / "p")])
+    assert res.exit_code == 2 and "names no corpus: pass --corpus" in res.output
+    res = runner.invoke(app, ["pipeline", "wiki-cpu", "--corpus", str(tmp_path / "missing.xml.bz2"),
+                              "--out", str(tmp_path / "p")])
+    assert res.exit_code == 2 and "no corpus at" in res.output and "Traceback" not in res.output
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(json.dumps({"id": "a", "text": "plain"}) + "\n")
+    res = runner.invoke(app, ["pipeline", "wiki-cpu", "--corpus", str(docs), "--out", str(tmp_path / "q")])
+    assert res.exit_code == 2 and "'infobox' needs a Wikipedia dump" in res.output
+    assert runner.invoke(app, ["pipeline", "--help"]).exit_code == 0
+
+
+def test_passages_cover_paragraphs_and_sentences():
+    spans = split_passages(LINCOLN, max_chars=60, min_chars=20)
+    texts = [LINCOLN[a:b] for a, b in spans]
+    assert texts == ["Abraham Lincoln (February 12, 1809 – April 15, 1865) was an American lawyer.",
+                     "He was born in Hodgenville, Kentucky.", "He married Mary Todd in 1842."]
+    doc = Document("d1", LINCOLN, LINCOLN, split="train")
+    ps = passages_of([doc], 60)  # passages of at least 40 characters
+    assert [p.text for p in ps] == texts[:1]
+    assert [LINCOLN[p.meta["start"]:p.meta["start"] + len(p.text)] for p in ps] == texts[:1] and ps[0].meta["doc"] == "d1"
+
+
+def test_merging_methods_keeps_the_text_and_prefers_infobox():
+    doc = Document("d1", LINCOLN, LINCOLN, split="train")
+    born = LINCOLN.index("February 12, 1809")
+    infobox = Document.from_annotated("d1", LINCOLN[:born] + "[dblookup('Abraham Lincoln', 'Birth Date') -> "
+                                      "February 12, 1809] " + LINCOLN[born:])
+    start = LINCOLN.index("He married")
+    passage = Document(f"d1@{start}", LINCOLN[start:], LINCOLN[start:], meta={"doc": "d1", "start": start})
+    seeded = Document.from_annotated(passage.id, place_facts(passage.text, [("Mary Todd", "Married In", "1842")]),
+                                     meta=passage.meta)
+    assert seeded.num_calls == 1
+    # the distilled annotator also called at the infobox's position: the infobox call stays
+    rival = Document.from_annotated("d1", LINCOLN[:born] + "[dblookup('Lincoln', 'Date') -> February] " + LINCOLN[born:])
+    origin = (lambda p: (p.meta["doc"], p.meta["start"]))
+    merged, = merge_layers([doc], {"llm_distilled": call_layer([rival]), "llm_seed": call_layer([seeded], origin),
+                                   "infobox": call_layer([infobox])})
+    assert merged.text == LINCOLN and merged.plain == LINCOLN
+    assert [(c.entity, c.relation) for c in merged.lookups] == [("Abraham Lincoln", "Birth Date"),
+                                                                ("Mary Todd", "Married In")]
+    assert merged.meta["call_methods"] == ["infobox", "llm_seed"]
+    assert merged.meta["calls_by_method"] == {"infobox": 1, "llm_seed": 1}
+
+
+def test_listed_facts_become_calls_before_their_mention():
+    text = "Marta Kowalska was born in Gdansk. Gdansk is a port; Marta studied in Warsaw."
+    answer = "Marta Kowalska | Birth City | gdansk\nMarta Kowalska | Birth City | gdansk\nWarsaw | Country | Poland\nbad line"
+    facts = parse_fact_lines(answer)
+    assert facts == [("Marta Kowalska", "Birth City", "gdansk"), ("Warsaw", "Country", "Poland")]
+    annotated = place_facts(text, facts)
+    assert strip(Document.from_annotated("x", annotated).segments) == text
+    assert annotated.count("[dblookup(") == 1  # Poland is never mentioned
+    assert "born in [dblookup('Marta Kowalska', 'Birth City') -> Gdansk] Gdansk." in annotated
+    # the entity must be named before the value: no call before its first mention
+    assert place_facts("Gdansk is where Marta was born.", [("Marta", "Birth City", "Gdansk")]) == \
+        "Gdansk is where Marta was born."
+    messages = build_messages("A passage.", style="facts")
+    assert messages[-1]["content"] == "A passage." and "Entity | Relation | Value" in messages[0]["content"]
+    assert messages[2]["content"] == fact_lines(DEFAULT_EXAMPLE.annotated)  # the example answers in lines
+    assert messages[2]["content"].splitlines()[0] == "Marta Kowalska | Birth Date | 3 May 1961"
+
+
+def test_cloze_prompts_in_trex_format_per_split(tmp_path):
+    born, married = LINCOLN.index("February 12, 1809"), LINCOLN.index("Mary Todd")
+    calls = [(born, Lookup("Abraham Lincoln", "Birth Date", "February 12, 1809")),
+             (married, Lookup("Abraham Lincoln", "Spouse", "Mary Todd"))]
+    from lmlm.annotate.validate import insert_calls
+    train = Document.from_segments("d1", insert_calls(LINCOLN, calls), split="train",
+                                   meta={"call_methods": ["infobox", "infobox"]})
+    other = "Ada Lovelace (December 10, 1815 – 1852) was a mathematician."
+    at = other.index("December")
+    held = Document.from_segments("d2", insert_calls(other, [(at, Lookup("Ada Lovelace", "Birth Date",
+                                                                          "December 10, 1815"))]),
+                                  split="heldout", meta={"call_methods": ["llm_distilled"]})
+    facts = cloze_facts([train, held])
+    assert list(facts) == ["train"]  # only reference (infobox) facts: the held-out call is an LLM's
+    prompts = {f.relation: f.prompt for f in facts["train"]}
+    assert prompts == {"Birth Date": "Abraham Lincoln (", "Spouse": "Abraham Lincoln\nHe married"}
+    items = read_trex(write_trex(facts["train"], tmp_path / "train.jsonl"))
+    assert [(it.prompt, it.gold, it.relation, it.subject) for it in items] == [
+        ("Abraham Lincoln (", "February 12, 1809", "Birth Date", "Abraham Lincoln"),
+        ("Abraham Lincoln\nHe married", "Mary Todd", "Spouse", "Abraham Lincoln")]
+    edits = choose_edits(facts["train"] + [ClozeFact("Ada Lovelace", "Spouse", "William King", "Ada married", "train",
+                                                     "d3", 0)], 5, seed=0)
+    assert [(e["entity"], e["relation"]) for e in edits] in ([("Abraham Lincoln", "Spouse"), ("Ada Lovelace", "Spouse")],
+                                                             [("Ada Lovelace", "Spouse"), ("Abraham Lincoln", "Spouse")])
+    assert all(e["new_value"] != e["old_value"] for e in edits)
+
+
+def test_training_chunks_are_headed_by_their_title_and_keep_their_calls():
+    from lmlm.pipeline.run import _chunks
+
+    married = LINCOLN.index("Mary Todd")
+    from lmlm.annotate.validate import insert_calls
+    doc = Document.from_segments("d1", insert_calls(LINCOLN, [(married, Lookup("Abraham Lincoln", "Spouse", "Mary Todd"))]),
+                                 source="Abraham Lincoln", split="heldout")
+    chunks = _chunks([doc], 60)
+    assert [c.text for c in chunks] == [
+        "Abraham Lincoln\nAbraham Lincoln (February 12, 1809 – April 15, 1865) was an American lawyer.",
+        "Abraham Lincoln\nEarly life", "Abraham Lincoln\nHe was born in Hodgenville, Kentucky.",
+        "Abraham Lincoln\nHe married Mary Todd in 1842."]
+    assert [c.num_calls for c in chunks] == [0, 0, 0, 1] and chunks[3].lookups[0].value == "Mary Todd"
+    assert all(c.split == "heldout" for c in chunks) and _chunks([doc], 0) == [doc]

@@ -1,0 +1,76 @@
+"""``lmlm bench generate --preset paper`` on tiny shapes: its plumbing, parity checks and errors (the
+paper's sizes are measured by the command itself, not here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_generate import make_kb, trained_world
+from typer.testing import CliRunner
+
+from lmlm.bench.generate_paper import LOOKUP_PERIOD, lookup_offsets, paper_prompts, run_paper_bench
+from lmlm.cli import app
+
+TINY = dict(hidden_size=32, n_layer=1, n_head=2, intermediate_size=64)
+SIZES = dict(prompt_tokens=40, new_tokens=48, n_single=1, n_batch=3)
+
+
+@pytest.fixture(scope="module")
+def world():
+    return trained_world()
+
+
+def _texts(world) -> list[str]:
+    """Texts longer than a prompt: eight people's sentences each."""
+    return [" ".join(f"{n} was born in {c}. {n} works as a {j}." for n, c, j in world.people[i:i + 8])
+            for i in range(0, 40, 8)]
+
+
+def _run(world, tmp_path, **kwargs) -> dict:
+    before = torch.get_num_threads()
+    try:
+        return run_paper_bench({"gpt2": world.tok, "llama2": world.tok}, make_kb(world, str(tmp_path / "kb")),
+                               _texts(world), model_overrides=TINY, sizes=SIZES, log=lambda msg: None, **kwargs)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_prompts_and_offsets(world):
+    prompts = paper_prompts(world.tok, _texts(world), 3, 40)
+    assert len(set(prompts)) == 3 and all(len(world.tok.encode_text(p)) == 39 for p in prompts)  # + doc_id
+    offsets = lookup_offsets(512)
+    assert len(offsets) == 20 and {b - a for a, b in zip(offsets, offsets[1:])} == {LOOKUP_PERIOD}
+    with pytest.raises(ValueError, match="prompt of 500 tokens"):
+        paper_prompts(world.tok, _texts(world), 3, 500)
+
+
+def test_paper_preset_report(world, tmp_path):
+    report = _run(world, tmp_path)
+    assert json.loads(json.dumps(report)) == report and set(report["models"]) == {"gpt2-124m", "llama2-176m"}
+    for r in report["models"].values():
+        assert min(r[k] for k in ("plain_tps_b1", "engine_tps_b1", "reencode_tps_b1", "engine_tps_b16")) > 0
+        assert r["mismatches_engine_vs_reencode"] == r["mismatches_batch_vs_single"] == 0
+        assert r["mismatches_engine_vs_plain_before_first_call"] == 0
+        assert r["lookups_per_256_tokens"] > 8 and r["lookups_found"] == 1.0  # forced calls on the KB's keys
+        assert r["cuda_graphs"] is False and "engine_eager_tps_b1" not in r
+    assert report["models"]["llama2-176m"]["parameters"] != report["models"]["gpt2-124m"]["parameters"]
+
+
+def test_paper_preset_static_cache_path(world, tmp_path):
+    """The decoding path of a GPU run (static cache; CUDA graphs need a GPU) gives the eager tokens."""
+    r = _run(world, tmp_path, models=["gpt2-124m"], cuda_graphs=True)["models"]["gpt2-124m"]
+    assert r["cuda_graphs"] is True and r["engine_eager_tps_b16"] > 0
+    assert r["mismatches_graphs_vs_eager"] == r["mismatches_engine_vs_reencode"] == 0
+
+
+def test_paper_preset_bad_options_are_one_error_line(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["bench", "generate", "--preset", "paper", "--tokenizer", f"gpt2={tmp_path / 'none'}",
+                              "--models", "gpt2-124m"])
+    assert res.exit_code == 2 and "error: no gpt2 tokenizer at" in res.output
+    res = runner.invoke(app, ["bench", "generate", "--preset", "paper", "--models", "gpt9"])
+    assert res.exit_code == 2 and "error: unknown model preset(s) gpt9: --models" in res.output
+    res = runner.invoke(app, ["bench", "generate", "--preset", "huge"])
+    assert res.exit_code == 2 and "error: unknown preset 'huge'" in res.output

@@ -1,0 +1,89 @@
+"""The text before a call goes with its query to the KB: a short name resolves to the person the
+document names, answers that depend on it are cached per context, and a miss says why."""
+
+from __future__ import annotations
+
+import pytest
+from test_generate import trained_world
+
+from lmlm.generate import Answerer, LookupGenerator
+from lmlm.generate.answers import call_context
+from lmlm.kb import KnowledgeBase, Triple
+
+
+@pytest.fixture(scope="module")
+def world():
+    return trained_world()
+
+
+@pytest.fixture
+def cousins(tmp_path):
+    kb = KnowledgeBase.create(tmp_path / "kb")
+    kb.add([Triple("Jasmine Mejia-Morris", "Birth City", "Lima"), Triple("Jasmine Mejia-Lopez", "Birth City", "Quito"),
+            Triple("Timothy Frazier", "Birth City", "Denver")])
+    yield kb
+    kb.close()
+
+
+def _key(tok, entity: str, relation: str):
+    return tuple(tok.encode_field(entity)), tuple(tok.encode_field(relation))
+
+
+def test_a_short_name_is_answered_for_the_person_the_text_names(world, cousins):
+    tok = world.tok
+    answers = Answerer(tok, cousins)
+    key = _key(tok, "Jasmine Mejia", "Birth City")
+    ctx_a = (tok.doc_id, *tok.encode_text("Jasmine Mejia-Morris was born in"))
+    ctx_b = (tok.doc_id, *tok.encode_text("Jasmine Mejia-Lopez grew up by the sea. She was born in"))
+    answers.resolve([key, key], [ctx_a, ctx_b])
+    assert answers.get(key, ctx_a).value == "Lima" and answers.get(key, ctx_b).value == "Quito"
+    assert answers.get(key, ctx_a).match.via == "context"
+    assert key not in answers.cache  # the answer depends on the text, so it is cached with it
+    # an exact name is answered when the text names that person, or no one of the KB; in a text about
+    # someone else only, it is the model copying a name it has seen, and a miss that says so
+    exact = _key(tok, "Timothy Frazier", "Birth City")
+    ctx_t = (tok.doc_id, *tok.encode_text("Timothy Frazier was born in"))
+    ctx_n = (tok.doc_id, *tok.encode_text("The new mayor was born in"))
+    answers.resolve([exact, exact, exact], [ctx_t, ctx_a, ctx_n])
+    assert answers.get(exact, ctx_t).value == "Denver" and answers.get(exact, ctx_n).value == "Denver"
+    assert answers.get(exact, ctx_n).match.via == "exact"
+    other = answers.get(exact, ctx_a).miss
+    assert other.reason == "no_entity" and "never names 'Timothy Frazier'" in other.detail
+    # a garbled name the text never wrote is not answered for the person it resembles
+    garbled = _key(tok, "Timothy Frazer", "Birth City")
+    answers.resolve([garbled, garbled], [ctx_t, ctx_a])
+    assert answers.get(garbled, ctx_t).value == "Denver"
+    assert answers.get(garbled, ctx_a).miss.reason == "no_entity"
+    answers.resolve([exact])
+    assert answers.get(exact).value == "Denver"  # asked with no text, as the KB API does
+    # no context: the short name names no one, and the miss says so (the fallback value is written)
+    answers.resolve([key])
+    miss = answers.get(key)
+    assert (miss.value, miss.status, miss.miss.reason) == ("unknown", "fallback", "no_entity")
+
+
+def test_call_context_is_the_document_so_far(world):
+    tok = world.tok
+    row = [tok.eos_id, tok.eos_id, tok.doc_id, *tok.encode_text("Ada Lind was born in"), tok.start_id]
+    text = tuple(tok.encode_text("Ada Lind was born in"))
+    assert call_context(row, len(row) - 1, tok) == tuple(t for t in (tok.doc_id, *text) if t != tok.eos_id)
+    assert Answerer(tok, None).context_text(call_context(row, len(row) - 1, tok)).strip() == "Ada Lind was born in"
+
+
+def test_generation_trace_says_why_a_deleted_person_missed(world, tmp_path):
+    kb = KnowledgeBase.create(tmp_path / "kb")
+    kb.add([Triple(e, r, v) for (e, r), v in world.facts.items()])
+    gone, other = world.people[0][0], world.people[1][0]
+    kb.delete(entity=gone, who="t", why="forget")
+    prompts = [f"{gone} was born in", f"{other} was born in"]
+    for matching in ("entity", "key"):
+        gen = LookupGenerator(world.model, world.tok, kb, matching=matching)
+        r = gen.generate(prompts[:1], max_new_tokens=24, force_lookup=True)[0]
+        t = r.trace[0]
+        if matching == "entity":  # no namesake's fact: the miss value, and why
+            assert not t.found and t.value == "unknown" and t.miss_reason == "no_entity"
+            assert "deleted" in t.miss_detail
+        else:  # the paper's single-key match answers with someone else's fact
+            assert t.found and t.matched_entity != gone and t.via == "key"
+    ok = LookupGenerator(world.model, world.tok, kb).generate(prompts[1:], max_new_tokens=24, force_lookup=True)[0]
+    assert ok.trace[0].found and ok.trace[0].via in ("exact", "context", "fuzzy", "alias")

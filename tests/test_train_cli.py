@@ -1,0 +1,145 @@
+"""``lmlm train`` from the command line: flags over a config file, the run summary, data without calls,
+and a pretrained Hugging Face model turned into an LMLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lmlm.corpus import Document, write_documents
+from lmlm.lookup import parse, strip
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from test_train import biographies  # noqa: E402
+
+
+def lmlm(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "lmlm.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    texts = biographies(120)
+    write_documents(folder / "docs.jsonl", (Document.from_annotated(f"d{i}", t) for i, t in enumerate(texts)))
+    write_documents(folder / "plain.jsonl", (Document(f"p{i}", strip(parse(t).segments), strip(parse(t).segments))
+                                             for i, t in enumerate(texts)))
+    return folder
+
+
+def test_flags_train_and_the_summary_counts_calls(tmp_path, corpus):
+    proc = lmlm("train", "--data", str(corpus / "docs.jsonl"), "--model", "gpt2-tiny", "--max-steps", "3",
+                "--out", str(tmp_path / "T"), "--no-progress", "--tokenizer", "bpe:300")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "T" / "summary.json").read_text())
+    assert summary["documents"] == 120 and summary["lookup_calls"] == 360
+    assert summary["trained_tokens_seen"] > 0 and summary["steps"] == 3
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "T" / "checkpoint")
+    assert model.config.n_layer == 2  # gpt2-tiny
+
+
+def test_packing_by_document_gives_each_document_its_own_sequences(tmp_path, corpus):
+    proc = lmlm("train", "--data", str(corpus / "docs.jsonl"), "--model", "gpt2-tiny", "--max-steps", "2",
+                "--seq-len", "128", "--packing", "document", "--out", str(tmp_path / "D"), "--no-progress",
+                "--tokenizer", "bpe:300")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "D" / "summary.json").read_text())
+    assert summary["blocks"] >= summary["documents"] == 120  # a stream of these would fill far fewer blocks
+    assert summary["blocks"] > summary["data_tokens"] // 128 + 1
+    proc = lmlm("train", "--data", str(corpus / "docs.jsonl"), "--packing", "pages", "--out", str(tmp_path / "E"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_flags_override_the_config_file_and_a_run_config_is_accepted(tmp_path, corpus):
+    cfg = {"model": "gpt2-tiny", "data": str(corpus / "docs.jsonl"), "max_steps": 5, "seq_len": 64,
+           "micro_batch_size": 4, "tokenizer": "bpe:300", "progress": False, "out_dir": str(tmp_path / "A")}
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    proc = lmlm("train", "--config", str(tmp_path / "cfg.json"), "--max-steps", "2", "--lr", "0.002")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = json.loads((tmp_path / "A" / "train_config.json").read_text())
+    assert written["train"]["max_steps"] == 2 and written["train"]["lr"] == 0.002 and written["train"]["seq_len"] == 64
+    # the train_config.json a run wrote is a valid --config for the next run
+    proc = lmlm("train", "--config", str(tmp_path / "A" / "train_config.json"), "--out", str(tmp_path / "B"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "B" / "train_stats.json").read_text())["steps"] == 2
+
+
+def test_lmlm_mode_on_text_without_calls_is_refused_unless_allowed(tmp_path, corpus):
+    proc = lmlm("train", "--data", str(corpus / "plain.jsonl"), "--model", "gpt2-tiny", "--max-steps", "1",
+                "--out", str(tmp_path / "T"), "--no-progress")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "lookup call" in lines[0] and "plain.jsonl" in lines[0]
+    proc = lmlm("train", "--data", str(corpus / "plain.jsonl"), "--model", "gpt2-tiny", "--max-steps", "1",
+                "--out", str(tmp_path / "T"), "--no-progress", "--allow-no-calls", "--tokenizer", "bpe:300")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_missing_local_model_fails_at_once(tmp_path, corpus):
+    proc = lmlm("train", "--data", str(corpus / "docs.jsonl"), "--init-from", str(tmp_path / "nope"),
+                "--max-steps", "1", "--out", str(tmp_path / "T"), timeout=120)
+    assert proc.returncode == 2 and "no such file or folder" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, corpus):
+    """A small pretrained-style Hugging Face folder: a GPT-2 model and a BPE tokenizer without lookup tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("pretrained")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([strip(parse(t).segments) for t in biographies(120)], trainer=trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(hf), n_embd=32, n_layer=2, n_head=2, n_positions=128,
+                                       bos_token_id=hf.bos_token_id, eos_token_id=hf.eos_token_id))
+    model.save_pretrained(folder)
+    hf.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("mode", ["lmlm", "standard"])
+def test_a_pretrained_model_becomes_an_lmlm(tmp_path, corpus, pretrained, mode):
+    before = AutoModelForCausalLM.from_pretrained(pretrained).get_input_embeddings().weight.detach().clone()
+    proc = lmlm("train", "--data", str(corpus / "docs.jsonl"), "--init-from", str(pretrained), "--mode", mode,
+                "--max-steps", "2", "--lr", "1e-9", "--warmup-steps", "0", "--seq-len", "64", "--out",
+                str(tmp_path / "T"), "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ckpt = tmp_path / "T" / "checkpoint"
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    for name in ("<|db_start|>", "<|sep|>", "<|db_retrieve|>", "<|db_end|>"):
+        assert name in tok.get_vocab()
+    emb = model.get_input_embeddings().weight.detach()
+    assert emb.shape[0] == before.shape[0] + 4 == len(tok)
+    torch.testing.assert_close(emb[:before.shape[0]], before, atol=1e-6, rtol=0)  # old rows kept (lr ~ 0)
+    # new rows: drawn around the mean of the old rows, not zeros and not copies of one row
+    new = emb[before.shape[0]:]
+    assert new.norm(dim=1).min() > 0 and torch.cdist(new, new).triu(1).max() > 0
+    assert (new.mean(0) - before.mean(0)).norm() < before.norm(dim=1).mean()
+    meta = json.loads((ckpt / "lmlm.json").read_text())
+    assert meta["mode"] == mode and meta["init_from"]["kind"] == "folder"
+    assert json.loads((tmp_path / "T" / "summary.json").read_text())["lookup_calls"] == 360
+
+
+def test_shipped_accelerate_configs_load():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    kinds = {p.stem: load_config_from_file(str(p)).distributed_type.value
+             for p in (ROOT / "configs" / "accelerate").glob("*.yaml")}
+    assert kinds == {"ddp": "MULTI_GPU", "fsdp": "FSDP"}
