@@ -283,13 +283,15 @@ def kb_build(path: Path = typer.Argument(..., help="KB folder: created, or resum
              embed: bool = typer.Option(True, help="embed every key now (--no-embed: on the first fuzzy lookup)"),
              aliases: Optional[Path] = typer.Option(None, help="also add these aliases (JSONL with alias, entity; "
                                                                 "e.g. the aliases.jsonl of lmlm world)"),
+             append: bool = typer.Option(False, "--append", help="build on a KB that holds facts from other data"),
              who: str = typer.Option("lmlm"), why: str = typer.Option("build")):
     """Create a KB from a file, resumably: after a crash, run the same command again to go on."""
     from .kb import build
     from .kb.formats import read_aliases
 
     pairs = _kb_call(read_aliases, aliases) if aliases is not None else None
-    kb = _kb_call(build, path, triples, format=format, chunk_size=chunk_size, who=who, why=why, embed=embed)
+    kb = _kb_call(build, path, triples, format=format, chunk_size=chunk_size, who=who, why=why, embed=embed,
+                  append=append)
     if pairs:
         _kb_call(kb.add_aliases, pairs, who=who, why=f"{why}: aliases from {aliases.name}")
     console.print_json(json.dumps(kb.stats(), default=str))
@@ -316,12 +318,18 @@ def kb_edit(path: Path, entity: str, relation: str, value: str, who: str = typer
 
 def _read_forget_set(path: Path) -> list:
     items = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 items.append(json.loads(line))
             except ValueError as e:
                 raise ValueError(f"{path}:{lineno}: not a JSON line: {e}") from None
+    if not items:
+        raise ValueError(f"{path}: the forget set is empty (one {{id}}, {{source}} or {{entity, relation}} per line)")
     return items
 
 
@@ -348,7 +356,9 @@ def kb_delete(path: Path, triple_id: List[int] = typer.Option(None, "--id"), ent
 
 
 @kb_app.command("lookup")
-def kb_lookup(path: Path, entity: str, relation: str, threshold: Optional[float] = None,
+def kb_lookup(path: Path, entity: str, relation: str,
+              threshold: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="minimum similarity (relation "
+                                                        "under entity matching, the whole key under key)"),
               at: Optional[int] = typer.Option(None, help="read the KB as it was at this version"),
               context: Optional[str] = typer.Option(None, help="the text before the call (names it may refer to)"),
               matching: str = typer.Option("entity", help="'entity' (entity first, then relation) or 'key' "
@@ -412,6 +422,15 @@ def kb_alias_delete(path: Path, alias: str, entity: Optional[str] = typer.Option
     console.print(f"deleted {n} aliases; version {kb.version}")
 
 
+def _show(text) -> str:
+    """A stored string as the terminal should see it: control characters escaped, no Rich markup."""
+    from rich.markup import escape
+
+    from .kb.keys import printable
+
+    return escape(printable(str(text)))
+
+
 @kb_app.command("search")
 def kb_search(path: Path, entity: str, relation: str, k: int = typer.Option(5, "-k", "--k"),
               at: Optional[int] = typer.Option(None, help="read the KB as it was at this version"),
@@ -424,7 +443,7 @@ def kb_search(path: Path, entity: str, relation: str, k: int = typer.Option(5, "
         return
     for m in hits:
         mark = "=" if m.exact else ("✓" if m.score >= kb.threshold else " ")
-        console.print(f"{m.score:.3f} {mark} {m.entity} · {m.relation} → {m.value}  "
+        console.print(f"{m.score:.3f} {mark} {_show(m.entity)} · {_show(m.relation)} → {_show(m.value)}  "
                       f"(triple {m.triple_id}, seen {m.support}x, {m.alternatives} other values)", highlight=False)
 
 
@@ -442,7 +461,7 @@ def kb_log(path: Path, limit: int = 20, as_json: bool = typer.Option(False, "--j
         print(json.dumps([v.__dict__ for v in log], indent=2))
         return
     for v in log:
-        console.print(f"v{v.version:<5} {v.time}  {v.op:<7} {v.n_changed:>8} triples  {v.who}: {v.why}",
+        console.print(f"v{v.version:<5} {v.time}  {v.op:<7} {v.n_changed:>8} triples  {_show(v.who)}: {_show(v.why)}",
                       highlight=False)
 
 
@@ -457,7 +476,8 @@ def kb_diff(path: Path, v1: int, v2: int, as_json: bool = typer.Option(False, "-
     sign = {"added": "[green]+[/]", "removed": "[red]-[/]", "support": "[yellow]~[/]"}
     for e in entries[:limit]:
         counts = f"{e.count_before} → {e.count_after}" if e.op == "support" else e.count_before or e.count_after
-        console.print(f"{sign[e.op]} {e.entity} · {e.relation} → {e.value}  (triple {e.triple_id}, count {counts})")
+        console.print(f"{sign[e.op]} {_show(e.entity)} · {_show(e.relation)} → {_show(e.value)}  "
+                      f"(triple {e.triple_id}, count {counts})", highlight=False)
     ops = {op: sum(e.op == op for e in entries) for op in sign}
     console.print(f"v{v1} → v{v2}: {ops['added']} added, {ops['removed']} removed, {ops['support']} re-supported"
                   + (f" ({len(entries) - limit} more not shown)" if len(entries) > limit else ""))
@@ -485,9 +505,12 @@ def kb_export(path: Path, out: Path, format: Optional[str] = typer.Option(None, 
 @kb_app.command("import")
 def kb_import(path: Path, triples: Path, format: Optional[str] = typer.Option(None, help=_FORMATS),
               who: str = typer.Option("lmlm"), why: str = typer.Option("import")):
-    """Add the facts of a file as one version."""
+    """Add the facts of a file (a version per 100,000); resumable, and the same file twice adds nothing."""
     kb = _open_kb(path)
-    console.print(f"version {_kb_call(kb.import_file, triples, format, who=who, why=why)}")
+    before = kb.version
+    after = _kb_call(kb.import_file, triples, format, who=who, why=why)
+    console.print(f"version {after}" if after != before else
+                  f"version {after}: nothing new ({triples.name} is in already, or every fact of it was)")
 
 
 # -- serving ---------------------------------------------------------------------------------------
@@ -511,6 +534,11 @@ def serve(model: Optional[Path] = typer.Option(None, help="checkpoint folder"),
     """Serve generation with lookup traces, KB endpoints and a web page (API docs at /docs)."""
     import secrets
 
+    from .cli_errors import check_device
+
+    check_device(device)
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        _fail(f"--threshold must be a similarity between 0 and 1, got {threshold}")
     try:
         from .serve import ServeLimits, serve as run
         import fastapi, uvicorn  # noqa: F401,E401
@@ -544,7 +572,7 @@ def serve(model: Optional[Path] = typer.Option(None, help="checkpoint folder"),
 @annotate_app.command("wikipedia")
 def annotate_wikipedia(dump: Path = typer.Argument(..., help="MediaWiki XML dump (.xml or .xml.bz2)"),
                        out: Path = typer.Option(..., help="folder for documents.jsonl, triples.jsonl, report.json"),
-                       limit: Optional[int] = typer.Option(None, help="stop after this many articles")):
+                       limit: Optional[int] = typer.Option(None, min=1, help="stop after this many articles")):
     """Distant supervision: infobox facts become lookup calls where the article mentions them."""
     from .annotate.wikipedia import annotate_dump
 
@@ -559,7 +587,9 @@ def annotate_wikipedia(dump: Path = typer.Argument(..., help="MediaWiki XML dump
 def _annotate_call(fn, *args, **kwargs):
     """Run an annotation stage, turning the errors a user can fix into one red line."""
     from .annotate.backends import BackendError
+    from .cli_errors import check_device
 
+    check_device(kwargs.get("device"))
     try:
         return fn(*args, **kwargs)
     except (FileNotFoundError, ValueError, BackendError, RuntimeError) as e:
@@ -595,7 +625,7 @@ def annotate_seed(corpus: Path = typer.Argument(..., help="documents (.jsonl/.js
                   out: Path = typer.Option(..., help="folder for annotated.jsonl, rejected.jsonl, report.json"),
                   examples: Optional[Path] = typer.Option(None, help="annotated documents to take few-shot examples from"),
                   k: int = typer.Option(2, help="few-shot examples"),
-                  limit: Optional[int] = typer.Option(None, help="the first N documents only"),
+                  limit: Optional[int] = typer.Option(None, min=1, help="the first N documents only"),
                   cache: Optional[Path] = typer.Option(None, help="response cache (SQLite; default ~/.cache/lmlm)"),
                   no_cache: bool = typer.Option(False, help="ask the backend every time"),
                   batch_size: int = typer.Option(8, help="documents per backend call"),
@@ -678,7 +708,7 @@ def annotate_run(corpus: Path = typer.Argument(..., help="documents (any documen
                  shard_size: int = typer.Option(512, help="documents per shard"),
                  batch_size: int = typer.Option(16, help="documents decoded together"),
                  worker: str = typer.Option("0/1", help="K/N: this process takes every N-th shard from K"),
-                 limit: Optional[int] = typer.Option(None, help="the first N documents only")):
+                 limit: Optional[int] = typer.Option(None, min=1, help="the first N documents only")):
     """Annotate a corpus in resumable shards (run it again after a kill to go on)."""
     from .annotate.distill import run_corpus
 

@@ -8,7 +8,7 @@ from typing import Iterator, NoReturn
 
 import typer
 
-__all__ = ["fail", "user_errors", "USER_ERRORS"]
+__all__ = ["fail", "user_errors", "check_device", "USER_ERRORS"]
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
@@ -40,3 +40,22 @@ def user_errors(*extra: type[BaseException]) -> Iterator[None]:
         yield
     except (*_user_error_types(), *extra) as e:
         fail(str(e) if not isinstance(e, OSError) or not e.filename else f"{e.strerror}: {e.filename}")
+
+
+def check_device(device: str | None, option: str = "--device") -> None:
+    """Refuse a device string torch cannot parse, or one this machine lacks, before any work is done."""
+    if device is None or device == "auto":
+        return
+    import torch
+
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        fail(f"{option} {device!r} is not a device: use cpu, cuda or cuda:N")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            fail(f"{option} {device}: no CUDA device is visible here; use cpu")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            fail(f"{option} {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif d.type not in ("cpu", "mps"):
+        fail(f"{option} {device!r}: lmlm runs on cpu or cuda")

@@ -23,6 +23,7 @@ from typing import Any, Literal, Mapping
 
 __all__ = [
     "ModelConfig", "MODEL_PRESETS", "build_model", "count_parameters", "preset_table", "to_hf_config",
+    "context_length",
 ]
 
 Family = Literal["gpt2", "llama"]
@@ -141,6 +142,17 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def context_length(model_or_config) -> tuple[int | None, bool]:
+    """The positions a Hugging Face model was built for, and whether they are a hard limit
+    (learned absolute positions, GPT-2's ``n_positions``) or soft (rotary, LLaMA's
+    ``max_position_embeddings``: longer runs, but past what the model was trained on)."""
+    c = getattr(model_or_config, "config", model_or_config)
+    if getattr(c, "n_positions", None):
+        return int(c.n_positions), True
+    n = getattr(c, "max_position_embeddings", None)
+    return (int(n) if n else None), False
 
 
 def to_hf_config(config: ModelConfig, vocab_size: int, bos_token_id: int | None = None,

@@ -295,3 +295,21 @@ def test_processor_tracking_matches_a_full_scan(world):
         ids = torch.cat([ids, torch.tensor([[rng.choice(pool)] for _ in range(3)])], dim=1)
         if step in (30, 31, 60):
             ids = ids[[2, 0, 1]]  # rows reordered, as beam search does
+
+
+def test_a_prompt_beyond_the_context_is_refused_and_generation_stops_at_its_end(world):
+    kb = make_kb(world)
+    gen = LookupGenerator(world.model, world.tok, kb)
+    name = world.people[0][0]
+    long_prompt = " ".join([f"{name} was born in"] * 200)  # far more than the 256 positions
+    with pytest.raises(ValueError, match=r"prompt 2 is \d+ tokens, the model's context is 256 positions"):
+        gen.generate([f"{name} was born in", long_prompt], max_new_tokens=8)
+    k = 1
+    while len(gen.prompt_ids(" ".join([f"{name} works as a"] * (k + 1)))) < 240:
+        k += 1
+    near = " ".join([f"{name} works as a"] * k)
+    n = len(gen.prompt_ids(near))
+    assert 200 < n < 240
+    with pytest.warns(UserWarning, match="context of 256 positions"):  # GPT-2's positions end at 256
+        (r,) = gen.generate([near], max_new_tokens=200, ignore_eos=True)
+    assert 0 < len(r.token_ids) <= 256 - n

@@ -139,6 +139,9 @@ def bench_annotate(out: Optional[Path] = typer.Option(None, help="keep the repor
                                                                            "(default 5e-3; 2e-3 with a base)"),
                    device: Optional[str] = typer.Option(None, help="cuda, cpu, ... (default: cuda when available)")):
     """Validation + corrector on damaged gold calls, and the distilled annotator's F1; JSON last line."""
+    from ..cli_errors import check_device
+
+    check_device(device)
     report = run_annotate_bench(out, people, fraction, drop, corrector_steps, annotator_steps, heldout, seed,
                                 progress=True, annotator_base=annotator_base, lora_r=lora_r,
                                 annotator_lr=annotator_lr, device=device)

@@ -242,9 +242,12 @@ def bench_generate(model: Optional[Path] = typer.Option(None, help="checkpoint (
                    device: str = typer.Option("cpu", help="where the model runs: cpu, cuda, cuda:1, ...")):
     """Tokens/s of lookup decoding vs plain generate and the re-encode loop; identical greedy outputs."""
 
+    from ..cli_errors import check_device
+
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    check_device(device)  # before any model is trained
     if preset == "paper":
         report = _paper(quick, tokenizer or [], wiki, models, cache, repeats or 1, threads, device, log)
     elif preset != "tiny":

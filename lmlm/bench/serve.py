@@ -260,10 +260,10 @@ def start_server(model: Path, kb: Path, token: str, log: Path, max_concurrent: i
 
 
 @bench_app.command("serve")
-def serve_bench(duration: float = typer.Option(60.0, help="seconds of load"),
-                clients: int = typer.Option(32, help="concurrent generation clients"),
-                editors: int = typer.Option(4, help="concurrent KB editors"),
-                max_new_tokens: int = typer.Option(32),
+def serve_bench(duration: float = typer.Option(60.0, min=0.1, help="seconds of load"),
+                clients: int = typer.Option(32, min=1, help="concurrent generation clients"),
+                editors: int = typer.Option(4, min=0, help="concurrent KB editors"),
+                max_new_tokens: int = typer.Option(32, min=1),
                 url: Optional[str] = typer.Option(None, help="a running server (default: start one)"),
                 token: Optional[str] = typer.Option(None, envvar="LMLM_SERVE_TOKEN", help="its write token"),
                 model: Optional[Path] = typer.Option(None, help="checkpoint to serve (default: the demo model)"),

@@ -201,15 +201,9 @@ def bench_train(model: str = typer.Option("gpt2-small-cpu", help="model preset (
                 prepare_only: bool = typer.Option(False, "--prepare-only", help="measure the shard preparation only"),
                 override: Optional[list[str]] = typer.Option(None, help="FIELD=VALUE of the model preset, e.g. dropout=0")):
     """Shard preparation (seconds, peak memory) and training tokens/s and MFU of a preset."""
-    from ..cli_errors import fail
+    from ..cli_errors import check_device, fail
 
-    if device != "cpu" and not device.startswith("cuda"):
-        fail(f"--device {device!r}: give cpu or cuda")
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            fail(f"--device {device}: no CUDA device here")
+    check_device(device)
     from ..models import MODEL_PRESETS
 
     if model not in MODEL_PRESETS:

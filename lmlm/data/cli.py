@@ -25,7 +25,14 @@ def prepare(corpus: Path = typer.Argument(..., help="documents (.jsonl/.json/.pa
     from ..train.inputs import _tokenizer_from_spec
     from .shards import prepare_shards
 
+    from ..corpus import CorpusError, iter_documents
+
     with user_errors():
+        if corpus.is_file() and corpus.suffix not in (".parquet",):
+            if next(iter(iter_documents(corpus)), None) is None:  # a bad corpus is named before any other work
+                raise CorpusError(f"{corpus}: no documents")
+        elif not corpus.exists():
+            raise CorpusError(f"{corpus}: no such file or folder")
         tok = _tokenizer_from_spec(tokenizer)
         manifest = prepare_shards(corpus, tok, out, workers=workers, shard_tokens=shard_tokens, split=split,
                                   progress=progress)

@@ -116,6 +116,7 @@ class LookupGenerator:
             torch.manual_seed(seed)
         warpers = _warpers(do_sample, temperature, top_k, top_p)
         ids = [self.prompt_ids(p, force_lookup) for p in prompts]
+        room = self._room(ids, max_new_tokens)
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
         if progress:
@@ -134,13 +135,38 @@ class LookupGenerator:
             if stops is not None:
                 stops.proc = proc
             criteria = user_criteria + ([stops] if stops is not None else [])
-            gen = self._run(rows, LogitsProcessorList([proc, *warpers]), max_new_tokens, stop_ids,
+            gen = self._run(rows, LogitsProcessorList([proc, *warpers]), room(rows), stop_ids,
                             stopping_criteria=StoppingCriteriaList(criteria), do_sample=do_sample,
                             repetition_penalty=repetition_penalty, num_beams=num_beams, **hf_kwargs)
             for i, g in zip(batch, gen):
                 tail = open_call(ids[i], self.tok)
                 results[i] = self._result(prompts[i], tail + g, answers, ids[i][:len(ids[i]) - len(tail)])
         return results
+
+    def _room(self, ids: Sequence[Sequence[int]], max_new_tokens: int):
+        """How many tokens a batch of rows may generate. A prompt longer than the model's context is
+        refused, naming it (never cut silently); under learned absolute positions (GPT-2) a batch
+        stops where the positions end, with a warning saying so."""
+        from ..models import context_length
+
+        ctx, hard = context_length(self.model)
+        for i, row in enumerate(ids):
+            if ctx is not None and len(row) >= ctx + (0 if hard else 1):
+                raise ValueError(f"prompt {i + 1} is {len(row)} tokens, the model's context is {ctx} positions: "
+                                 "shorten it")
+        if ctx is None or not hard:
+            return lambda rows: max_new_tokens
+
+        def room(rows) -> int:
+            n = min(max_new_tokens, ctx - max(map(len, rows)))
+            if n < max_new_tokens and not getattr(self, "_warned_room", False):
+                import warnings
+
+                self._warned_room = True
+                warnings.warn(f"generation stops at the model's context of {ctx} positions: {n} new tokens instead "
+                              f"of {max_new_tokens} for a {max(map(len, rows))}-token prompt", stacklevel=3)
+            return n
+        return room
 
     def stream(self, prompt: str, **kwargs) -> Iterator["StreamEvent"]:
         """Generate for one prompt, yielding text pieces and lookups as they are made.

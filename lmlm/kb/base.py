@@ -341,8 +341,14 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
         return self._write(facts, "add", who, why, batch_size, progress, total, embed=embed)
 
     def import_file(self, path: str | Path, format: str | None = None, who: str = "lmlm", why: str = "",
-                    batch_size: int = 1000, progress: bool | None = None, embed: bool = True) -> int:
-        """Add the facts of a file as one version (op ``import``) and return it.
+                    batch_size: int = 1000, progress: bool | None = None, embed: bool = True,
+                    chunk_size: int = 100_000) -> int:
+        """Add the facts of a file (op ``import``) and return the version the KB is at after.
+
+        Resumable and idempotent (see :mod:`lmlm.kb.build`): a file of up to ``chunk_size`` facts
+        is one version, a larger one a version per chunk, other writers getting the lock between
+        them; after a crash the same call goes on where it stopped, and a file already imported (the
+        same content, under any name) adds nothing.
 
         Args:
             path: JSON lines or Parquet of triples (as written by :meth:`export`), an annotated
@@ -350,9 +356,14 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
             format (str, optional): ``jsonl``, ``parquet``, ``corpus`` or ``authors``; by default
                 told from the file (see :func:`lmlm.kb.formats.detect_format`).
         """
+        from .build import add_file
+
         self._writable()
-        facts, total = formats.read(path, format)
-        return self._write(facts, "import", who, why, batch_size, progress, total, embed=embed)
+        add_file(self, path, format, chunk_size=chunk_size, who=who, why=why or "import", progress=progress,
+                 batch_size=batch_size)
+        with self._lock:
+            self._after_write(progress, embed=embed)
+            return self.version
 
     def import_jsonl(self, path: str | Path, who: str = "lmlm", why: str = "", batch_size: int = 1000,
                      progress: bool | None = None) -> int:

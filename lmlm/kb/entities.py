@@ -14,8 +14,9 @@ entity first, in this order, and says why when it cannot:
    that strictly extends the query also wins over an exact match the text never names. With a
    text, a fuzzy match must be grounded in it (named there, or every query word written there):
    a near-miss of a name about someone the text never named is a miss; an exact name or alias is
-   answered unless the text names someone else (a KB entity, or a deleted one) and never it: the
-   model copying another person's name into a text about them;
+   answered unless the text names someone else (a KB entity, a deleted one, or anyone sharing a
+   word of the name: "Larry Davis" in a text about "Larry Huerta-Rogers") and never it: the model
+   copying another person's name into a text about them;
 5. **fuzzy**: the names whose words align with the query's words one by one (typos within a word,
    diacritics, word order, a dropped initial), scored by the weakest aligned pair of words, taken
    at :data:`ENTITY_THRESHOLD` or above with :data:`ENTITY_MARGIN` over the next entity. A name
@@ -119,6 +120,13 @@ def name_score(query: tuple[str, ...], name: tuple[str, ...]) -> float:
 def _words(text: str) -> tuple[str, ...]:
     """The words of a text as :func:`fuzzy_tokens` gives them, possessives dropped."""
     return tuple(dict.fromkeys(_POSSESSIVE.sub("", w) for w in fuzzy_tokens(normalize_text(text))))
+
+
+def _namesake(query: tuple[str, ...], words: tuple[str, ...]) -> bool:
+    """Whether the text shares a word of the query's name without naming it: "Larry Davis" asked in a
+    text about "Larry Huerta-Rogers", someone the KB may not hold (a namesake, never the same person)."""
+    present = set(words)
+    return any(len(t) > 1 and t in present for t in query)
 
 
 def _refers(query: tuple[str, ...], name: tuple[str, ...]) -> bool:
@@ -305,7 +313,8 @@ class EntityIndex:
         With a context, an entity found by fuzzy matching must be grounded in it: named there (by
         name or alias), or every word of the query written there. A near-miss about someone the text
         never named is the model garbling a name, and is a miss. An exact name or alias is answered
-        unless the text names another entity (of the KB, or deleted) and never this one.
+        unless the text names another entity (of the KB, deleted, or a namesake sharing a word of
+        the name) and never this one.
         """
         qn = normalize_text(entity)
         qt = fuzzy_tokens(qn)
@@ -319,8 +328,9 @@ class EntityIndex:
         # a fuzzy match must be grounded in the text; an exact name or alias asks for that entity itself
         # and is refused only when the text names someone else (an entity of the KB, or a deleted one)
         # and never this one: the model copying another person's name into a text about them
-        if res.entity is not None and res.entity not in ctx and not _refers(qt, _words(context)) and (
-                res.via == "fuzzy" or bool(ctx) or self._names_gone(context)):
+        words = _words(context)
+        if res.entity is not None and res.entity not in ctx and not _refers(qt, words) and (
+                res.via == "fuzzy" or bool(ctx) or _namesake(qt, words) or self._names_gone(context)):
             name = self.display[res.entity]
             return Resolved(reason="no_entity", candidates=((name, round(res.score, 3)),), context_free=False,
                             detail=f"{name!r} fits {entity!r}, but the text so far never names {name!r}")

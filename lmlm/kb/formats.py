@@ -25,6 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from .keys import clean_field
 from .records import Triple, TripleRecord
 from .store import Fact
 
@@ -36,8 +37,10 @@ _PARQUET_BATCH = 65_536
 
 
 def fact_of(t: Triple) -> Fact:
+    """The stored form of a triple: every string through :func:`~lmlm.kb.keys.clean_field`."""
     sources = ((t.source, t.position),) if t.source is not None else ()
-    return Fact(t.entity.strip(), t.relation.strip(), t.value.strip(), 1, sources)
+    return Fact(clean_field(t.entity, "entity"), clean_field(t.relation, "relation"), clean_field(t.value, "value"),
+                1, sources)
 
 
 def detect_format(path: str | Path) -> str:
@@ -68,10 +71,22 @@ def detect_format(path: str | Path) -> str:
     return "jsonl"
 
 
+_OUTPUT_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
+
+
 def _check(path: str | Path, format: str | None, reading: bool) -> tuple[Path, str]:
     path = Path(path)
     if reading and not (path.is_file() or path.is_dir() and (format in (None, "corpus"))):
         raise FileNotFoundError(f"no file to import at {path}")
+    if not reading:
+        if path.is_dir():
+            raise ValueError(f"{path} is a folder: give a file to write (name.jsonl or name.parquet)")
+        if format is None:
+            format = _OUTPUT_SUFFIXES.get(path.suffix.lower())
+            if format is None:
+                raise ValueError(f"cannot tell the format to write {path} in from its suffix "
+                                 f"{path.suffix or '(none)'!r}: name it .jsonl or .parquet, or give the format "
+                                 "(jsonl, parquet, corpus)")
     format = format or detect_format(path)
     if format not in FORMATS or (format == "authors" and not reading):
         allowed = FORMATS if reading else FORMATS[:3]
@@ -121,8 +136,12 @@ def _fact_from_dict(d: dict) -> Fact:
 
 
 def _read_jsonl(path: Path) -> Iterator[Fact]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
             if not line.strip():
                 continue
             try:
@@ -248,4 +267,6 @@ def read_aliases(path: str | Path) -> list[tuple[str, str]]:
                 out.append((str(row["alias"]), str(row["entity"])))
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{path}:{n}: not an alias line with 'alias' and 'entity' ({e})") from None
+    if not out:
+        raise ValueError(f"{path}: no aliases in it (one {{alias, entity}} per line)")
     return out

@@ -15,13 +15,57 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["KEY_SEP", "normalize_text", "normalize_key", "normalize_value", "key_text"]
+__all__ = ["KEY_SEP", "normalize_text", "normalize_key", "normalize_value", "key_text", "clean_field", "printable"]
 
 # Joins the entity and relation parts of a key. Whitespace is collapsed to single spaces inside a
 # part, so a tab can never occur there and ("a b", "c") and ("a", "b c") stay distinct keys.
 KEY_SEP = "\t"
 
 _SPACE_RE = re.compile(r"\s+")
+_BREAK_RE = re.compile("[ \t]*[\r\n\x0b\x0c\x85\u2028\u2029]+[ \t]*")  # a line break and the spaces around it
+
+
+def _invisible(ch: str) -> bool:
+    # format characters (Cf): zero-width spaces and joiners, the BOM, soft hyphens, bidi overrides
+    return unicodedata.category(ch) == "Cf"
+
+
+def clean_field(text: str, name: str = "text") -> str:
+    r"""A string as it may enter the KB: NFKC, format characters (zero-width, bidi) removed, line
+    breaks and tabs made spaces, ends stripped. Any other control character (ESC, NUL, DEL, ...) is
+    refused with a :class:`ValueError` naming the field, so no stored string can disguise itself as
+    another or rewrite a terminal it is printed to.
+
+    Examples:
+        >>> clean_field("Ev\u200be  Smith\n")
+        'Eve  Smith'
+        >>> clean_field("Eve\x1b[31m", "entity")
+        Traceback (most recent call last):
+        ...
+        ValueError: entity 'Eve\x1b[31m' holds the control character U+001B; remove it
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be str, got {type(text).__name__}")
+    s = unicodedata.normalize("NFKC", text)
+    if s.isprintable() and s.isascii():
+        return s.strip()
+    s = _BREAK_RE.sub(" ", s)
+    out = []
+    for ch in s:
+        if ch == "\t":
+            out.append(" ")
+        elif unicodedata.category(ch) == "Cc":
+            raise ValueError(f"{name} {text!r} holds the control character U+{ord(ch):04X}; remove it")
+        elif not _invisible(ch):
+            out.append(ch)
+    return "".join(out).strip()
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print to a terminal: control and format characters shown as escapes."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def _is_edge_junk(ch: str) -> bool:
@@ -34,6 +78,8 @@ def normalize_text(text: str) -> str:
     if not isinstance(text, str):
         raise TypeError(f"expected str, got {type(text).__name__}")
     s = unicodedata.normalize("NFKC", text).casefold().replace("_", " ")
+    if not s.isascii():  # a zero-width variant of a name is the same name
+        s = "".join(ch for ch in s if not _invisible(ch))
     s = _SPACE_RE.sub(" ", s).strip()
     start, end = 0, len(s)
     while start < end and (_is_edge_junk(s[start]) or s[start].isspace()):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .keys import normalize_text
+from .keys import clean_field, normalize_text
 
 __all__ = ["Triple", "Match", "Miss", "TripleRecord", "VersionRecord", "Change", "DiffEntry", "as_triple"]
 
@@ -31,6 +31,8 @@ class Triple:
             v = getattr(self, name)
             if not isinstance(v, str):
                 raise TypeError(f"Triple.{name} must be str, got {type(v).__name__}: {v!r}")
+        for name in ("entity", "relation", "value"):
+            clean_field(getattr(self, name), f"Triple.{name}")  # control characters are refused here
         for name in ("entity", "relation"):
             if not normalize_text(getattr(self, name)):
                 raise ValueError(f"Triple.{name} is empty (after normalisation): {getattr(self, name)!r}")

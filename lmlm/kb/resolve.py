@@ -105,7 +105,9 @@ class EntityLookup:
         from .base import _check_who
 
         _check_who(who, why)
-        pairs = [(str(a), str(e)) for a, e in pairs]
+        from .keys import clean_field
+
+        pairs = [(clean_field(str(a), "alias"), clean_field(str(e), "entity")) for a, e in pairs]
         with self._lock:
             version, n = self.store.add_aliases(pairs, who, why)
             if n:
@@ -160,6 +162,8 @@ class EntityLookup:
             raise ValueError(f"matching must be one of {MATCHINGS}, got {matching!r}")
         if contexts is not None and len(contexts) != len(queries):
             raise ValueError(f"contexts must have one entry per query ({len(queries)}), got {len(contexts)}")
+        if threshold is not None and not -1.0 <= float(threshold) <= 2.0:  # a cosine (-1 takes anything); not nan
+            raise ValueError(f"threshold must be a similarity (at most 1), got {threshold}")
         with self._lock:
             self.refresh()
             if matching == "key":

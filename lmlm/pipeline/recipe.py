@@ -246,7 +246,10 @@ def _read_toml(spec: str) -> tuple[dict[str, Any], str]:
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise RecipeError(f"{spec}: no such recipe file")
-        text, where = path.read_text(encoding="utf-8"), str(path)
+        try:
+            text, where = path.read_text(encoding="utf-8"), str(path)
+        except UnicodeDecodeError as e:
+            raise RecipeError(f"{spec}: not a TOML recipe (not UTF-8 text: {e.reason} at byte {e.start})") from None
     else:
         shipped = resources.files("lmlm.pipeline") / "recipes" / f"{spec}.toml"
         if not shipped.is_file():

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from lmlm.kb import KnowledgeBase, Triple, build
+from lmlm.kb.store import KBError
 
 N, CHUNK = 6000, 500
 
@@ -38,6 +39,35 @@ def test_build_goes_in_by_chunks_and_a_rerun_adds_nothing(tmp_path, encoder):
     assert again.version == 3 and len(again) == 1200
     assert again.lookup("Person 3", "Employer").value == "Value 13"
     again.close()
+
+
+def test_import_is_chunked_resumable_and_idempotent(tmp_path, encoder):
+    # facts without sources: a second import of them used to double every count
+    src = tmp_path / "t.jsonl"
+    src.write_text("".join(json.dumps({"entity": f"P {i}", "relation": "Birth City", "value": f"C {i}"}) + "\n"
+                           for i in range(1200)))
+    kb = KnowledgeBase.create(tmp_path / "kb", encoder=encoder)
+    assert kb.import_file(src, chunk_size=500, embed=False) == 3  # other writers get in between chunks
+    assert kb.import_file(src, chunk_size=500, embed=False) == 3
+    copy = tmp_path / "renamed.jsonl"
+    copy.write_bytes(src.read_bytes())
+    assert kb.import_file(copy, embed=False) == 3  # the same content under another name
+    assert len(kb) == 1200 and {t.count for t in kb.triples()} == {1}
+    src.write_text(src.read_text() + json.dumps({"entity": "P 0", "relation": "Birth City", "value": "C 0"}) + "\n")
+    assert kb.import_file(src, embed=False) == 4  # changed content is a new import: its facts count again
+    assert kb.lookup("P 0", "Birth City", fuzzy=False).support == 3  # (facts without sources cannot be told apart)
+    kb.close()
+
+
+def test_build_never_merges_another_file_silently(tmp_path, encoder):
+    src, other = _triples_file(tmp_path / "t.jsonl", 40), tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"entity": "Eve", "relation": "Birth City", "value": "Oslo"}) + "\n")
+    build(tmp_path / "kb", src, embed=False, encoder=encoder).close()
+    with pytest.raises(KBError, match="already holds a KB .*40 facts.* other data than other.jsonl"):
+        build(tmp_path / "kb", other, embed=False, encoder=encoder)
+    kb = build(tmp_path / "kb", other, embed=False, encoder=encoder, append=True)
+    assert len(kb) == 41 and kb.version == 2
+    kb.close()
 
 
 def _build_in_child(kb_dir: str, src: str) -> None:

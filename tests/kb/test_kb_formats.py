@@ -78,5 +78,12 @@ def test_format_errors_name_the_file(kb, tmp_path):
     with pytest.raises(ValueError, match="unknown input format 'csv'"):
         kb.import_file(tmp_path / "t.jsonl", "csv")
     with pytest.raises(ValueError, match="unknown output format 'authors'"):
-        kb.export(tmp_path / "kb.json")
+        kb.export(tmp_path / "kb.json", "authors")
+    for name in ("kb.json", "kb.xml", "triples"):  # never JSON lines under a name that says otherwise
+        with pytest.raises(ValueError, match=f"cannot tell the format to write .*{name}"):
+            kb.export(tmp_path / name)
+        assert not (tmp_path / name).exists()
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ValueError, match="folder is a folder"):
+        kb.export(tmp_path / "folder")
     assert kb.version == 1
