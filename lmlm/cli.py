@@ -607,7 +607,11 @@ def _seed_documents(path: Path):
     if report["rejected"]:
         err.print(f"{report['rejected']} of {report['calls']} calls in {path} failed validation and were dropped: "
                   f"{report['rejected_by_reason']}")
-    return [v.document(d) for d, v in zip(docs, results)]
+    out = [v.document(d) for d, v in zip(docs, results)]
+    if not any(v.kept for v in results):
+        _fail(f"{path}: not one of its {len(docs)} documents has a valid lookup call to learn from "
+              "(annotate it first: lmlm annotate seed)")
+    return out
 
 
 def _fit(steps: int, batch_size: int, seq_len: int, lr: float, seed: int, threads: Optional[int] = None):

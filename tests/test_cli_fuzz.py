@@ -171,3 +171,13 @@ def test_bad_files_get_one_line_and_exit_2(hostile, command, capsys):
         _assert_one_line_error(rc, lines, (kind, argv))
         assert str(f.name) in lines[0] or kind in ("folder", "binary", "truncated", "not-utf8", "broken-line",
                                                     "empty", "blank-lines") or command.startswith("generate"), lines
+
+
+@pytest.mark.parametrize("stage", ["distill", "correct"])
+def test_annotator_stages_refuse_text_without_calls(tmp_path, stage, capsys):
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"id": str(i), "text": f"Person {i} was born in Paris."}) + "\n"
+                             for i in range(5)))
+    rc, lines = _run(["annotate", stage, plain, "--out", tmp_path / "out"], capsys)
+    _assert_one_line_error(rc, lines, stage)
+    assert "lookup call" in lines[0] and not (tmp_path / "out").exists()  # refused before any training

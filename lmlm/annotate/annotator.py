@@ -31,7 +31,36 @@ from ..tokens import IGNORE_INDEX, LookupTokenizer
 from .lm import cpu_threads
 from .validate import Validated, validate
 
-__all__ = ["AnnotatorOptions", "Annotator", "ANNOTATOR_FILE", "ANNOTATOR_INSTRUCTIONS"]
+__all__ = ["AnnotatorOptions", "Annotator", "ANNOTATOR_FILE", "ANNOTATOR_INSTRUCTIONS", "PASSAGE_CHARS",
+           "split_passages"]
+
+PASSAGE_CHARS = 1200  # about 300 tokens: what the annotator sees at once (its training documents are bios)
+
+
+def split_passages(text: str, max_chars: int = PASSAGE_CHARS) -> list[str]:
+    """``text`` cut into passages of at most ``max_chars`` that join back to it exactly: after a
+    sentence end or a line break where there is one, else after a space, else mid-word.
+
+    Examples:
+        >>> split_passages("Ada was born in London. She wrote notes.", 30)
+        ['Ada was born in London. ', 'She wrote notes.']
+    """
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    out, start = [], 0
+    while len(text) - start > max_chars:
+        window = text[start:start + max_chars]
+        cut = max(window.rfind(". "), window.rfind("\n"), window.rfind("? "), window.rfind("! "))
+        if cut > 0:
+            cut += 1
+        else:
+            cut = window.rfind(" ")
+        cut = cut if cut > 0 else max_chars
+        while cut < len(window) and window[cut] == " ":  # the spaces go with the passage they end
+            cut += 1
+        out.append(text[start:start + cut])
+        start += cut
+    return out + [text[start:]] if start < len(text) or not out else out
 
 ANNOTATOR_FILE = "annotator.json"
 ANNOTATOR_INSTRUCTIONS = (
@@ -114,10 +143,21 @@ class Annotator:
         return prompt + answer, [IGNORE_INDEX] * len(prompt) + answer
 
     # -- annotation -------------------------------------------------------------------------------
-    def annotate(self, texts: Sequence[str], batch_size: int = 16, progress: bool = False) -> list[Validated]:
+    def annotate(self, texts: Sequence[str], batch_size: int = 16, progress: bool = False,
+                 max_chars: int = PASSAGE_CHARS) -> list[Validated]:
         """Annotate ``texts``; each result is validated against its input (``text_changed`` is False
-        unless the tokenizer cannot reproduce the text)."""
-        return [validate(t, a) for t, a in zip(texts, self.generate(texts, batch_size, progress))]
+        unless the tokenizer cannot reproduce the text). A text longer than ``max_chars`` is
+        annotated passage by passage (:func:`split_passages`), so a document of any size is
+        worked through at the speed of its passages, with progress counted in passages."""
+        owners, pieces = [], []
+        for i, t in enumerate(texts):
+            for p in split_passages(t, max_chars):
+                owners.append(i)
+                pieces.append(p)
+        joined = [""] * len(texts)
+        for i, a in zip(owners, self.generate(pieces, batch_size, progress)):
+            joined[i] += a
+        return [validate(t, a) for t, a in zip(texts, joined)]
 
     def generate(self, texts: Sequence[str], batch_size: int = 16, progress: bool = False) -> list[str]:
         """Raw annotated texts (``[dblookup(...)]`` form), decoded from the generated tokens."""

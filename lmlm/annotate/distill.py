@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 from ..corpus import Document, iter_documents, read_documents, write_documents
 from ..lookup import Lookup, Segment
-from .annotator import Annotator, AnnotatorOptions
+from .annotator import PASSAGE_CHARS, Annotator, AnnotatorOptions
 from .lm import FitConfig, add_lora, default_device, fit, load_base, new_model, pack_examples
 from .validate import ValidationReport
 
@@ -134,7 +134,8 @@ def _write_shard(annotator: Annotator, docs: list[Document], final: Path, batch_
         for k in range(0, len(todo), batch_size):
             batch = todo[k:k + batch_size]
             before = annotator.generated_tokens
-            for doc, v in zip(batch, annotator.annotate([d.text for d in batch], batch_size)):
+            long = bar is not None and max(len(d.text) for d in batch) > 20 * PASSAGE_CHARS  # a bar of passages too
+            for doc, v in zip(batch, annotator.annotate([d.text for d in batch], batch_size, progress=long)):
                 f.write(json.dumps(v.document(doc).to_record(), ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())

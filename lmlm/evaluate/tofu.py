@@ -18,9 +18,7 @@ with the definitions of Maini et al., "TOFU: A Task of Fictitious Unlearning for
   ``min(R, 1 / R)`` on the forget set ("closer_to_1_better"); see :func:`truth_ratio_score`.
 * Forget quality: the p-value of the two-sample Kolmogorov-Smirnov test between the forget-set
   truth ratios of the unlearned model and of the retain model (TOFU uses ``scipy.stats.ks_2samp``,
-  whose default is the exact distribution up to 10,000 items per sample). :func:`ks_2samp`
-  computes the exact p-value by counting lattice paths when ``n * m <= 1_000_000`` (every TOFU
-  split) and the asymptotic Kolmogorov distribution otherwise, without scipy.
+  whose default is the exact distribution up to 10,000 items per sample); so does :func:`ks_2samp`.
 * Model utility: the harmonic mean of the nine retain / real-authors / world-facts values
   (probability, ROUGE-L recall, truth-ratio score).
 
@@ -47,7 +45,6 @@ from __future__ import annotations
 
 import math
 import re
-from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +56,6 @@ __all__ = [
     "TofuItem",
     "forget_quality",
     "kb_answered",
-    "kolmogorov_sf",
     "ks_2samp",
     "lcs_length",
     "model_utility",
@@ -77,7 +73,6 @@ __all__ = [
 ]
 
 QA_TEMPLATE = "Question: {question}\nAnswer:"
-EXACT_MAX_CELLS = 1_000_000  # ks_2samp's "auto": exact p-values up to this many lattice cells (about 1 s)
 
 
 @dataclass(frozen=True)
@@ -179,61 +174,17 @@ def truth_ratio_score(ratios: Sequence[float], forget: bool = False) -> float:
 
 # -- forget quality: two-sample Kolmogorov-Smirnov ----------------------------------------------
 
-def kolmogorov_sf(x: float) -> float:
-    """``P(K > x)`` for the Kolmogorov distribution (the limit of ``sqrt(n) * D_n``).
-
-    Examples:
-        >>> round(kolmogorov_sf(1.0), 6)
-        0.27
-        >>> round(kolmogorov_sf(1.358), 3)
-        0.05
-    """
-    if x <= 0:
-        return 1.0
-    if x < 1.18:  # the theta-function form converges fast for small x
-        s = sum(math.exp(-((2 * k - 1) ** 2) * math.pi ** 2 / (8 * x * x)) for k in range(1, 8))
-        return max(0.0, min(1.0, 1 - math.sqrt(2 * math.pi) / x * s))
-    return max(0.0, min(1.0, 2 * sum((-1) ** (k - 1) * math.exp(-2 * k * k * x * x) for k in range(1, 101))))
-
-
-def _ks_statistic(a: Sequence[float], b: Sequence[float]) -> float:
-    a, b = sorted(a), sorted(b)
-    return max(abs(bisect_right(a, x) / len(a) - bisect_right(b, x) / len(b)) for x in set(a) | set(b))
-
-
-def _exact_pvalue(d: float, n: int, m: int) -> float:
-    """``P(D >= d)`` under the null, counting monotone lattice paths (all equally likely) from (0, 0)
-    to (n, m) that stay strictly inside ``|i/n - j/m| < d``."""
-    h = round(d * n * m)  # d * n * m is an integer: |i * m - j * n| at the maximum
-    inside = [[0.0] * (m + 1) for _ in range(n + 1)]  # probability of reaching (i, j) staying inside
-    inside[0][0] = 1.0
-    for i in range(n + 1):
-        for j in range(m + 1):
-            if (i or j) and abs(i * m - j * n) < h:
-                left = n - i + 1 + m - j  # steps remaining from the previous cell
-                up = inside[i - 1][j] * (n - i + 1) / left if i else 0.0
-                right = inside[i][j - 1] * (m - j + 1) / left if j else 0.0
-                inside[i][j] = up + right
-    return min(1.0, max(0.0, 1.0 - inside[n][m]))
-
-
 def ks_2samp(a: Sequence[float], b: Sequence[float], method: str = "auto") -> tuple[float, float]:
-    """Two-sided two-sample KS test: ``(statistic D, p-value)``.
+    """Two-sided two-sample KS test, ``(statistic D, p-value)``: :func:`scipy.stats.ks_2samp`, as TOFU
+    computes forget quality (``method``: ``"auto"``, ``"exact"`` or ``"asymp"``)."""
+    from scipy import stats
 
-    Args:
-        a, b: the samples.
-        method: ``"exact"`` (lattice paths; assumes no ties), ``"asymp"`` (Kolmogorov distribution
-            of ``sqrt(n m / (n + m)) * D``) or ``"auto"`` (exact when ``n * m <= 1_000_000``).
-    """
-    if not a or not b:
+    if len(a) == 0 or len(b) == 0:
         raise ValueError("ks_2samp needs two non-empty samples")
     if method not in ("auto", "exact", "asymp"):
         raise ValueError(f"method must be 'auto', 'exact' or 'asymp', got {method!r}")
-    n, m = len(a), len(b)
-    d = _ks_statistic(a, b)
-    if method == "exact" or (method == "auto" and n * m <= EXACT_MAX_CELLS):
-        return d, _exact_pvalue(d, n, m)
-    return d, kolmogorov_sf(math.sqrt(n * m / (n + m)) * d)
+    r = stats.ks_2samp(a, b, method=method)
+    return float(r.statistic), float(r.pvalue)
 
 
 def forget_quality(unlearned_ratios: Sequence[float], retain_ratios: Sequence[float], method: str = "auto") -> float:

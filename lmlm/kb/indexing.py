@@ -55,6 +55,9 @@ class KeyIndexing:
             if missing:
                 self._embed_keys(missing, progress)
             self._index_version = self._version
+            if missing:  # a catch-up (after a killed write, or keys added unembedded) is saved at once
+                self._index.settle(progress)
+                self._maybe_save(quiet=True)
         self._index.settle(progress)
         return self._index
 

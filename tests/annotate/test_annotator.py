@@ -61,6 +61,18 @@ def test_annotator_learns_and_never_changes_the_text(world, trained):
     assert meta["options"]["prompt"] == "none" and meta["stats"]["steps"] == 120
 
 
+def test_a_long_document_is_annotated_passage_by_passage(world, trained):
+    annotator, _, _ = trained
+    held = world.heldout_documents[:12]
+    long_text = " ".join(d.plain for d in held)  # one document of twelve bios
+    (whole,) = annotator.annotate([long_text], max_chars=len(held[0].plain) + 40)
+    assert not whole.text_changed and strip(whole.segments) == long_text
+    singles = annotator.annotate([d.plain for d in held])
+    # passages cut where the bios meet: the long document gets about the calls of its parts
+    assert abs(len(whole.kept) - sum(len(v.kept) for v in singles)) <= len(held)
+    assert len(whole.kept) >= len(held)
+
+
 def test_run_corpus_in_shards_resumes_after_a_kill(world, trained, tmp_path):
     annotator, _, folder = trained
     docs = world.heldout_documents[:13]

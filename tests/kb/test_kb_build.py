@@ -70,6 +70,20 @@ def test_build_never_merges_another_file_silently(tmp_path, encoder):
     kb.close()
 
 
+def test_a_catch_up_embedding_is_saved_by_the_lookup_that_made_it(tmp_path, encoder):
+    from lmlm.kb.indexing import INDEX_FILENAME
+
+    kb = build(tmp_path / "kb", _triples_file(tmp_path / "t.jsonl", 400), embed=False, encoder=encoder)
+    assert not (tmp_path / "kb" / INDEX_FILENAME).exists()  # as a killed import leaves it: no vectors yet
+    assert kb.lookup("Person 3", "Employr", matching="key").value == "Value 13"  # embeds every key...
+    assert (tmp_path / "kb" / INDEX_FILENAME).exists()  # ...and saves them, with no close() to rely on
+    again = KnowledgeBase.open(tmp_path / "kb", encoder=encoder)
+    again.key_index()
+    assert again._unsaved == 0 and len(again.key_index()) == 400  # the next process embeds nothing
+    again.close()
+    kb.close()
+
+
 def _build_in_child(kb_dir: str, src: str) -> None:
     build(kb_dir, src, chunk_size=CHUNK, embed=False, progress=False)
 
