@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lmlm.checkpoint import load_checkpoint
-from lmlm.lookup import Text, parse, strip
+from lmlm.lookup import parse, strip
 from lmlm.tokens import CALL, IGNORE_INDEX, ORG, VALUE, LookupTokenizer, train_bpe
 from lmlm.corpus import read_documents
 from lmlm.train import TrainConfig, _Batches, encode_documents, evaluate_loss, learning_rate, main, pack, train

@@ -4,7 +4,7 @@ Writes (once, kept in ``--out``) an N-triplet file in the authors' layout: one J
 ``entities``, ``relationships``, ``return_values`` and ``triplets``, one triplet per line, names with
 the release's escaped quotes (``O\\'Hara``). N/10 synthetic people with ten relations each; about
 60 bytes of file per triplet. Then imports it into a fresh KB with
-:func:`lmlm.kb.authors.import_authors_json` (store only; embedding is ``lmlm bench kb``'s subject)
+:func:`lmlm.kb.build.import_authors_json` (store only; embedding is ``lmlm bench kb``'s subject)
 and reports triplets/s (per second of wall time and of this process's CPU time: the first is what
 a user waits, the second what other work on a shared machine changes least), peak memory and the
 store's size. Peak memory is the process's maximum resident set: run the bench at two sizes to see
@@ -87,7 +87,8 @@ def write_authors_file(path: str | Path, n: int) -> Path:
 
 def run_authors_bench(n: int, out: Path, chunk_size: int = 100_000, progress: bool = True) -> dict:
     """Write (once) and import an ``n``-triplet authors' file under ``out``; returns the JSON-ready report."""
-    from ..kb.authors import import_authors_json, scan_authors_json
+    from ..kb.authors import scan_authors_json
+    from ..kb.build import import_authors_json
 
     src = out / f"authors-{n}.json"
     if not src.exists():

@@ -44,12 +44,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional
 
 import typer
 
 from . import bench_app
-from .generate_paper import PAPER_MODELS
+from .generate_paper import PAPER_MODELS, _device_name, plain_generate
 
 __all__ = ["BENCH_WORLD", "BENCH_TRAIN", "build_bench_model", "bench_prompts", "run_generate_bench"]
 
@@ -189,34 +189,6 @@ def run_generate_bench(model_dir: Path, kb_dir: Path, *, new_tokens: int = 256, 
 def _plain(gen, prompts: list[str], new_tokens: int, batch: int) -> int:
     """Plain Hugging Face ``generate`` with the lookup tokens suppressed; returns the tokens generated."""
     return sum(map(len, plain_generate(gen, prompts, new_tokens, batch)))
-
-
-def plain_generate(gen, prompts: Sequence[str], new_tokens: int, batch: int) -> list[list[int]]:
-    """Plain Hugging Face ``generate`` with the lookup tokens suppressed, greedy, ``batch`` prompts at a
-    time (left-padded); returns each prompt's ``new_tokens`` new ids."""
-    import torch
-
-    tok, model, out_ids = gen.tok, gen.model, []
-    with torch.inference_mode():
-        for k in range(0, len(prompts), batch):
-            rows = [gen.prompt_ids(p) for p in prompts[k:k + batch]]
-            width = max(map(len, rows))
-            x = torch.tensor([[tok.eos_id] * (width - len(r)) + r for r in rows], device=model.device)
-            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=model.device)
-            out = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                                 suppress_tokens=list(tok.call_ids), eos_token_id=[], pad_token_id=tok.eos_id)
-            out_ids += out[:, width:].tolist()
-    return out_ids
-
-
-def _device_name(device) -> str:
-    import platform
-
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 @bench_app.command("generate")

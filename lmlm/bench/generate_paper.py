@@ -48,6 +48,34 @@ LOOKUP_PERIOD = 26  # one call forced every 26 tokens: about 10 per 256
 PAPER_OPTIONS = dict(logit_bias=None, max_lookups=64, constrained=True)  # see the module docstring
 
 
+def plain_generate(gen, prompts: Sequence[str], new_tokens: int, batch: int) -> list[list[int]]:
+    """Plain Hugging Face ``generate`` with the lookup tokens suppressed, greedy, ``batch`` prompts at a
+    time (left-padded); returns each prompt's ``new_tokens`` new ids."""
+    import torch
+
+    tok, model, out_ids = gen.tok, gen.model, []
+    with torch.inference_mode():
+        for k in range(0, len(prompts), batch):
+            rows = [gen.prompt_ids(p) for p in prompts[k:k + batch]]
+            width = max(map(len, rows))
+            x = torch.tensor([[tok.eos_id] * (width - len(r)) + r for r in rows], device=model.device)
+            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=model.device)
+            out = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                                 suppress_tokens=list(tok.call_ids), eos_token_id=[], pad_token_id=tok.eos_id)
+            out_ids += out[:, width:].tolist()
+    return out_ids
+
+
+def _device_name(device) -> str:
+    import platform
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
 def paper_inputs(cache: Path, wiki: Path, log: Callable[[str], None] = print) -> tuple[Path, list[str]]:
     """The KB (infobox facts of the dump ``wiki``) and the articles' plain texts, built once in ``cache``."""
     from ..annotate.wikipedia import annotate_dump
@@ -130,7 +158,6 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
 
     from ..generate import LookupGenerator
     from ..generate.reencode import reencode_generate
-    from .generate import _device_name, plain_generate
 
     gen = LookupGenerator(model, tok, kb, cuda_graphs=cuda_graphs, **PAPER_OPTIONS)
     new, n_batch = shape["new_tokens"], shape["n_batch"]

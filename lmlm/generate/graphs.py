@@ -25,12 +25,17 @@ from collections import OrderedDict
 
 import torch
 
-__all__ = ["StaticDecoder", "static_decoder"]
+__all__ = ["StaticDecoder", "static_decoder", "positions"]
 
 SLOT_ROUNDING = 256  # cache lengths are rounded up to a multiple of this, so graphs are reused
 _KEEP = 4  # recorded decoders kept per model (least recently used dropped)
 _DECODERS: "weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict]" = weakref.WeakKeyDictionary()
 _FAILED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded rows: real tokens count from 0, padding sits at 0 (as ``generate``)."""
+    return (mask.long().cumsum(-1) - 1).clamp_(min=0)
 
 
 def static_decoder(model, batch: int, length: int) -> "StaticDecoder | None":
@@ -111,7 +116,6 @@ class StaticDecoder:
         self.used = 0
         real = attention_mask.bool()
         self.mask[:, 0, 0, :real.shape[1]].masked_fill_(real, 0)
-        from .loop import positions
 
         return self._eager(input_ids, positions(attention_mask))
 

@@ -30,7 +30,7 @@ def load_model(path: str | Path, tokens: str | LookupTokens | None = None, devic
 def open_kb(path: str | Path):
     """A KB folder, or an authors' JSON database (imported on first use into ``NAME.kb`` beside it)."""
     from ..kb import KnowledgeBase
-    from ..kb.authors import open_authors_json
+    from ..kb.build import open_authors_json
 
     path = Path(path)
     if path.is_file() and path.suffix == ".json":

@@ -27,6 +27,8 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
+from .graphs import positions
+
 __all__ = ["decode", "LOOP_KWARGS", "positions", "growing_cache"]
 
 # model.generate keywords the loop handles itself; any other sends a call through Hugging Face
@@ -172,11 +174,6 @@ def growing_cache(capacity: int):
     if GrowingLayer is not None and getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
         cache.layer_class_to_replicate = partial(GrowingLayer, capacity)  # layers are made at their first update
     return cache
-
-
-def positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids of left-padded rows: real tokens count from 0, padding sits at 0 (as ``generate``)."""
-    return (mask.long().cumsum(-1) - 1).clamp_(min=0)
 
 
 def _sample(scores: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,8 @@ Examples:
     'London'
 """
 
-from .authors import import_authors_json, open_authors_json, read_authors_json
+from .authors import read_authors_json
+from .build import import_authors_json, open_authors_json
 from .base import INDEX_FILENAME, MAX_SOURCES, KnowledgeBase
 from .build import build
 from .encoder import DEFAULT_MODEL, Encoder, encode, get_encoder

@@ -24,20 +24,16 @@ Examples:
 from __future__ import annotations
 
 import functools
-import json
 import re
-import shutil
 from pathlib import Path
 from typing import Iterator
 
-from .base import KnowledgeBase
 from .records import Triple
 
-__all__ = ["AUTHORS_FIELDS", "read_authors_json", "iter_authors_json", "scan_authors_json", "import_authors_json",
-           "open_authors_json"]
+__all__ = ["AUTHORS_FIELDS", "read_authors_json", "iter_authors_json", "scan_authors_json", "AUTHORS_MARKER"]
 
 AUTHORS_FIELDS = ("entities", "relationships", "return_values", "triplets")
-_MARKER = "authors_source.json"  # written into a KB folder built by open_authors_json
+AUTHORS_MARKER = "authors_source.json"  # written into a KB folder built by lmlm.kb.build.open_authors_json
 _ESCAPED_QUOTE = re.compile(r"\\(['\"])")
 _SCALARS = frozenset({"string", "number", "boolean", "null"})
 _ITEM, _FIELD = "triplets.item", "triplets.item.item"
@@ -130,51 +126,3 @@ def read_authors_json(path: str | Path) -> tuple[list[Triple], int]:
     good, bad = scan_authors_json(path)
     triples = list(iter_authors_json(path))
     return triples, bad + good - len(triples)
-
-
-def import_authors_json(path: str | Path, kb: KnowledgeBase | str | Path, who: str = "lmlm",
-                        chunk_size: int = 100_000, progress: bool | None = None) -> KnowledgeBase:
-    """Add the triplets of an authors' database file to ``kb`` (a KB, or a folder to create or resume).
-
-    Streamed by chunks of ``chunk_size`` triplets, one version each; the same call after an
-    interruption adds only what is missing. ``progress``: a progress bar (default: for large files).
-    """
-    from .build import add_file
-
-    path = Path(path)
-    good, bad = scan_authors_json(path)
-    if not isinstance(kb, KnowledgeBase):
-        kb = KnowledgeBase.create(kb, exist_ok=True)
-    add_file(kb, path, "authors", chunk_size=chunk_size, who=who, progress=progress,
-             why=f"import of {path.name} ({good} triplets, {bad} malformed skipped)")
-    return kb
-
-
-def open_authors_json(path: str | Path, kb_dir: str | Path | None = None, progress: bool | None = None,
-                      chunk_size: int = 100_000) -> KnowledgeBase:
-    """A KB holding an authors' database file, imported once into ``kb_dir`` and reused after.
-
-    ``kb_dir`` defaults to ``NAME.kb`` beside the file; it is rebuilt when the file changes (size or
-    modification time), and an import cut short is finished by the next call. A folder that holds
-    something else is never touched.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no database file at {path}")
-    kb_dir = Path(kb_dir) if kb_dir is not None else path.with_name(path.stem + ".kb")
-    stat = path.stat()
-    stamp = {"file": path.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    partial = {**stamp, "partial": True}  # written before the import, replaced by ``stamp`` after it
-    marker = kb_dir / _MARKER
-    seen = json.loads(marker.read_text()) if marker.exists() else None
-    if seen == stamp:
-        return KnowledgeBase.open(kb_dir)
-    if seen is not None and seen != partial:
-        shutil.rmtree(kb_dir)  # built by us from an older copy of the file
-    elif seen is None and kb_dir.exists() and any(kb_dir.iterdir()):
-        raise FileExistsError(f"{kb_dir} exists and was not built from {path.name}; pass another kb_dir")
-    kb = KnowledgeBase.open(kb_dir) if seen == partial else KnowledgeBase.create(kb_dir)
-    marker.write_text(json.dumps(partial) + "\n")
-    import_authors_json(path, kb, progress=progress, chunk_size=chunk_size)
-    marker.write_text(json.dumps(stamp) + "\n")
-    return kb

@@ -39,7 +39,8 @@ from .formats import Fact, fact_of
 from .index import AnnConfig, VectorKeyIndex, read_header
 from .indexing import INDEX_FILENAME, PROGRESS_MIN, KeyIndexing
 from .keys import KEY_SEP, key_text, normalize_key, normalize_text, normalize_value
-from .records import Change, DiffEntry, Match, Triple, TripleRecord, VersionRecord, as_triple
+from .records import (Change, DiffEntry, Match, Triple, TripleRecord, VersionRecord, as_triple, check_who,
+                      required)
 from .resolve import MATCHINGS, EntityLookup
 from .store import DB_FILENAME, Best, KBNotFound, NotAKnowledgeBase, SQLiteStore
 
@@ -67,6 +68,7 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
     """
 
     threshold: float = 0.6
+    _view_class: type  # KnowledgeBaseView, registered by lmlm.kb.view (imported with the package)
 
     def __init__(self, path: Path, store: SQLiteStore, encoder: Encoder | None = None,
                  ann: AnnConfig | None = None):
@@ -356,7 +358,7 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
             format (str, optional): ``jsonl``, ``parquet``, ``corpus`` or ``authors``; by default
                 told from the file (see :func:`lmlm.kb.formats.detect_format`).
         """
-        from .build import add_file
+        from .ingest import add_file
 
         self._writable()
         add_file(self, path, format, chunk_size=chunk_size, who=who, why=why or "import", progress=progress,
@@ -499,9 +501,7 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
 
     def checkout(self, version: int) -> "KnowledgeBaseView":
         """A read-only view of the KB as it was at ``version``: lookup, search, triples, export."""
-        from .view import KnowledgeBaseView
-
-        return KnowledgeBaseView(self, version)
+        return self._view_class(self, version)
 
     def triples(self) -> Iterator[TripleRecord]:
         """The active triples in id order, streamed from a snapshot."""
@@ -551,17 +551,7 @@ def _index_folder(url: str, index_dir: str | Path | None) -> Path:
     return folder
 
 
-def _required(norm: str, name: str, raw: str) -> str:
-    if not norm:
-        raise ValueError(f"{name} is empty (after normalisation): {raw!r}")
-    return norm
-
-
-def _check_who(who: str, why: str) -> None:
-    if not isinstance(who, str) or not who.strip():
-        raise ValueError(f"who must be a non-empty string, got {who!r}")
-    if not isinstance(why, str):
-        raise TypeError(f"why must be a string, got {type(why).__name__}")
+_required, _check_who = required, check_who  # the names the package used
 
 
 def _forget_item(item, n: int) -> tuple[str, object]:

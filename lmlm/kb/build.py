@@ -16,40 +16,18 @@ Examples:
 
 from __future__ import annotations
 
-from itertools import islice
+import json
+import shutil
 from pathlib import Path
 
-from . import formats
-from .base import PROGRESS_MIN, KnowledgeBase, _check_who
+from .authors import AUTHORS_MARKER, scan_authors_json
+from .base import PROGRESS_MIN, KnowledgeBase
+from .ingest import add_file, fingerprint
 from .store import KBError
 from .encoder import Encoder
 from .index import AnnConfig
 
-__all__ = ["build", "add_file", "fingerprint"]
-
-_PROBE = 1 << 20
-
-
-def fingerprint(path: str | Path) -> str:
-    """Who a file (or a ``datasets`` folder) is, cheaply: its size and a SHA-256 of its first and last
-    megabyte, so a multi-GB file is recognised in milliseconds, under any name or time stamp."""
-    import hashlib
-
-    path = Path(path)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    h = hashlib.sha256()
-    for f in files:
-        size = f.stat().st_size
-        h.update(f"{f.relative_to(path) if path.is_dir() else ''}:{size}:".encode())
-        with open(f, "rb") as fh:
-            h.update(fh.read(_PROBE))
-            if size > 2 * _PROBE:
-                fh.seek(size - _PROBE)
-                h.update(fh.read(_PROBE))
-            elif size > _PROBE:
-                h.update(fh.read())
-    return h.hexdigest()[:32]
-
+__all__ = ["build", "add_file", "fingerprint", "import_authors_json", "open_authors_json"]
 
 def build(path: str | Path, source: str | Path, format: str | None = None, chunk_size: int = 100_000,
           who: str = "lmlm", why: str = "build", embed: bool = True, encoder: Encoder | str | None = None,
@@ -82,34 +60,49 @@ def build(path: str | Path, source: str | Path, format: str | None = None, chunk
     return kb
 
 
-def add_file(kb: KnowledgeBase, source: str | Path, format: str | None = None, chunk_size: int = 100_000,
-             who: str = "lmlm", why: str = "build", progress: bool | None = None, batch_size: int = 1000) -> int:
-    """Add the facts of ``source`` to ``kb`` by chunks, resumably; returns how many facts the file holds.
+# -- the authors' released database -------------------------------------------------------------
 
-    Each chunk is one version whose transaction also records how far the file got (see the module),
-    so running the same call again after a crash skips what is in and adds the rest, nothing twice.
-    Facts are streamed from the file and written straight to the store: memory stays flat however
-    large the file (the KB's in-memory key table catches up at its next lookup, or at ``kb.embed()``).
+def import_authors_json(path: str | Path, kb: KnowledgeBase | str | Path, who: str = "lmlm",
+                        chunk_size: int = 100_000, progress: bool | None = None) -> KnowledgeBase:
+    """Add the triplets of an authors' database file to ``kb`` (a KB, or a folder to create or resume).
+
+    Streamed by chunks of ``chunk_size`` triplets, one version each; the same call after an
+    interruption adds only what is missing. ``progress``: a progress bar (default: for large files).
     """
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    _check_who(who, why)
-    from tqdm.auto import tqdm
+    path = Path(path)
+    good, bad = scan_authors_json(path)
+    if not isinstance(kb, KnowledgeBase):
+        kb = KnowledgeBase.create(kb, exist_ok=True)
+    add_file(kb, path, "authors", chunk_size=chunk_size, who=who, progress=progress,
+             why=f"import of {path.name} ({good} triplets, {bad} malformed skipped)")
+    return kb
 
-    source = Path(source)
-    facts, total = formats.read(source, format)
-    mark = f"build:{fingerprint(source)}"
-    done = int(kb.store.meta().get(mark, 0))
-    show = (total or 0) >= PROGRESS_MIN if progress is None else progress
-    it = islice(facts, done, None)  # a resumed build reads past what is already in
-    with tqdm(total=total, initial=done, desc=f"adding {source.name}", unit="triple", disable=not show,
-              dynamic_ncols=True) as bar:
-        while chunk := list(islice(it, chunk_size)):
-            end = done + len(chunk)
-            kb.store.write_facts(chunk, "import", who, f"{why}: {source.name} facts {done + 1}-{end}",
-                                 batch_size=batch_size, meta={mark: str(end)})
-            done = end
-            bar.update(len(chunk))
-    if done == 0:
-        raise ValueError(f"{source}: no facts in it (triples, an annotated corpus or the authors' JSON)")
-    return done
+
+def open_authors_json(path: str | Path, kb_dir: str | Path | None = None, progress: bool | None = None,
+                      chunk_size: int = 100_000) -> KnowledgeBase:
+    """A KB holding an authors' database file, imported once into ``kb_dir`` and reused after.
+
+    ``kb_dir`` defaults to ``NAME.kb`` beside the file; it is rebuilt when the file changes (size or
+    modification time), and an import cut short is finished by the next call. A folder that holds
+    something else is never touched.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no database file at {path}")
+    kb_dir = Path(kb_dir) if kb_dir is not None else path.with_name(path.stem + ".kb")
+    stat = path.stat()
+    stamp = {"file": path.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    partial = {**stamp, "partial": True}  # written before the import, replaced by ``stamp`` after it
+    marker = kb_dir / AUTHORS_MARKER
+    seen = json.loads(marker.read_text()) if marker.exists() else None
+    if seen == stamp:
+        return KnowledgeBase.open(kb_dir)
+    if seen is not None and seen != partial:
+        shutil.rmtree(kb_dir)  # built by us from an older copy of the file
+    elif seen is None and kb_dir.exists() and any(kb_dir.iterdir()):
+        raise FileExistsError(f"{kb_dir} exists and was not built from {path.name}; pass another kb_dir")
+    kb = KnowledgeBase.open(kb_dir) if seen == partial else KnowledgeBase.create(kb_dir)
+    marker.write_text(json.dumps(partial) + "\n")
+    import_authors_json(path, kb, progress=progress, chunk_size=chunk_size)
+    marker.write_text(json.dumps(stamp) + "\n")
+    return kb

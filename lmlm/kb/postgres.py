@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from .store import FORMAT, KBError, KBNotFound, NotAKnowledgeBase, SQLiteStore, _now, register_store
+from .store import FORMAT, KBError, KBNotFound, NotAKnowledgeBase, SQLiteStore, _now
 
 __all__ = ["PG_MIGRATIONS", "PostgresStore", "is_url", "as_url", "index_cache_dir", "redact"]
 
@@ -131,7 +131,6 @@ def _translate(sql: str) -> str:
     return out
 
 
-@register_store("postgresql")
 class PostgresStore(SQLiteStore):
     """The store of one KB in a PostgreSQL database (``folder`` is the URL, password hidden)."""
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Iterator, NamedTuple
 
 from .keys import clean_field, normalize_text
 
-__all__ = ["Triple", "Match", "Miss", "TripleRecord", "VersionRecord", "Change", "DiffEntry", "as_triple"]
+__all__ = ["Triple", "Match", "Miss", "TripleRecord", "VersionRecord", "Change", "DiffEntry", "as_triple",
+           "KBError", "NotAKnowledgeBase", "KBNotFound", "Best", "check_who", "required"]
 
 
 @dataclass(frozen=True)
@@ -192,3 +194,75 @@ class DiffEntry:
     def to_dict(self) -> dict:
         return {"op": self.op, "id": self.triple_id, "entity": self.entity, "relation": self.relation,
                 "value": self.value, "count_before": self.count_before, "count_after": self.count_after}
+
+
+# -- errors, and what the stores return ---------------------------------------------------------
+
+class KBError(Exception):
+    """A knowledge base cannot do what was asked (wrong schema, missing fact, ...)."""
+
+
+class NotAKnowledgeBase(KBError, ValueError):
+    """The path exists but does not hold a knowledge base."""
+
+
+class KBNotFound(KBError, FileNotFoundError):
+    """Nothing exists at the path given for a knowledge base."""
+
+
+
+class Best(NamedTuple):
+    """The best-supported active triple of one key, and how many active values the key has."""
+
+    key_id: int
+    key_norm: str
+    triple_id: int
+    entity: str
+    relation: str
+    value: str
+    count: int
+    created_version: int
+    n_active: int
+
+    @classmethod
+    def per_key(cls, rows) -> list["Best"]:
+        """Rows ``(key_id, key_norm, triple_id, entity, relation, value, count, created_version)``
+        ordered by key, best first: the first of each key, with the key's row count as ``n_active``."""
+        out: list[Best] = []
+        for r in rows:
+            if out and out[-1].key_id == r[0]:
+                out[-1] = out[-1]._replace(n_active=out[-1].n_active + 1)
+            else:
+                out.append(cls(*r, n_active=1))
+        return out
+
+
+
+
+def _group_records(rows: Iterable[tuple]) -> Iterator[TripleRecord]:
+    """Rows (id, entity, relation, value, count, created, deleted, doc_id, position), ordered by id -> records."""
+    rec, srcs = None, []
+    for r in rows:
+        if rec is not None and r[0] != rec[0]:
+            yield TripleRecord(*rec, sources=tuple(srcs))
+            srcs = []
+        rec = r[:7]
+        if r[7] is not None:
+            srcs.append((r[7], r[8]))
+    if rec is not None:
+        yield TripleRecord(*rec, sources=tuple(srcs))
+
+
+def required(norm: str, name: str, raw: str) -> str:
+    """``norm``, or a ValueError saying the ``name`` was empty once normalised."""
+    if not norm:
+        raise ValueError(f"{name} is empty (after normalisation): {raw!r}")
+    return norm
+
+
+def check_who(who: str, why: str) -> None:
+    """Every write says who made it (a non-empty string) and why (a string)."""
+    if not isinstance(who, str) or not who.strip():
+        raise ValueError(f"who must be a non-empty string, got {who!r}")
+    if not isinstance(why, str):
+        raise TypeError(f"why must be a string, got {type(why).__name__}")

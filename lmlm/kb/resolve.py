@@ -102,7 +102,7 @@ class EntityLookup:
         deleting an entity's last fact deletes its aliases.
         """
         self._writable()
-        from .base import _check_who
+        from .records import check_who as _check_who
 
         _check_who(who, why)
         from .keys import clean_field
@@ -117,7 +117,7 @@ class EntityLookup:
     def delete_alias(self, alias: str, entity: str | None = None, who: str = "lmlm", why: str = "") -> int:
         """Delete the alias ``alias`` (of ``entity`` only, if given) as one version; returns how many."""
         self._writable()
-        from .base import _check_who, _required
+        from .records import check_who as _check_who, required as _required
 
         _check_who(who, why)
         an = _required(normalize_text(alias), "alias", alias)

@@ -23,28 +23,16 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from .keys import KEY_SEP, normalize_text, normalize_value
-from .records import Change, TripleRecord, VersionRecord
+from .records import Best, Change, KBError, KBNotFound, NotAKnowledgeBase, TripleRecord, VersionRecord, _group_records
 from .store_aliases import StoredAliases
 from .versions import PastVersions
 
-__all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "STORES", "register_store", "Fact", "Best",
+__all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "Fact", "Best",
            "SQLiteStore", "KBError", "NotAKnowledgeBase", "KBNotFound"]
 
 DB_FILENAME = "kb.sqlite"
 FORMAT = "lmlm-kb"
 _IN_CHUNK = 500  # ids per "IN (...)" clause, below SQLite's variable limit
-
-
-class KBError(Exception):
-    """A knowledge base cannot do what was asked (wrong schema, missing fact, ...)."""
-
-
-class NotAKnowledgeBase(KBError, ValueError):
-    """The path exists but does not hold a knowledge base."""
-
-
-class KBNotFound(KBError, FileNotFoundError):
-    """Nothing exists at the path given for a knowledge base."""
 
 
 MIGRATIONS: list[str] = [
@@ -115,43 +103,6 @@ class Fact(NamedTuple):
     sources: tuple[tuple[str, int | None], ...] = ()
 
 
-class Best(NamedTuple):
-    """The best-supported active triple of one key, and how many active values the key has."""
-
-    key_id: int
-    key_norm: str
-    triple_id: int
-    entity: str
-    relation: str
-    value: str
-    count: int
-    created_version: int
-    n_active: int
-
-    @classmethod
-    def per_key(cls, rows) -> list["Best"]:
-        """Rows ``(key_id, key_norm, triple_id, entity, relation, value, count, created_version)``
-        ordered by key, best first: the first of each key, with the key's row count as ``n_active``."""
-        out: list[Best] = []
-        for r in rows:
-            if out and out[-1].key_id == r[0]:
-                out[-1] = out[-1]._replace(n_active=out[-1].n_active + 1)
-            else:
-                out.append(cls(*r, n_active=1))
-        return out
-
-
-STORES: dict[str, type] = {}
-
-
-def register_store(name: str) -> Callable[[type], type]:
-    """Class decorator: make a store available under ``name`` (``sqlite`` is built in)."""
-    def deco(cls: type) -> type:
-        STORES[name] = cls
-        return cls
-    return deco
-
-
 class _NoChange(Exception):
     """Raised inside a write transaction that changed nothing, to roll it back without a version."""
 
@@ -169,7 +120,6 @@ def _marks(n: int) -> str:
     return ",".join("?" * n)
 
 
-@register_store("sqlite")
 class SQLiteStore(PastVersions, StoredAliases):
     """The SQLite store of one KB folder. One connection, WAL mode; safe to share between threads."""
 
@@ -574,15 +524,3 @@ class SQLiteStore(PastVersions, StoredAliases):
         }
 
 
-def _group_records(rows: Iterable[tuple]) -> Iterator[TripleRecord]:
-    """Rows (id, entity, relation, value, count, created, deleted, doc_id, position), ordered by id -> records."""
-    rec, srcs = None, []
-    for r in rows:
-        if rec is not None and r[0] != rec[0]:
-            yield TripleRecord(*rec, sources=tuple(srcs))
-            srcs = []
-        rec = r[:7]
-        if r[7] is not None:
-            srcs.append((r[7], r[8]))
-    if rec is not None:
-        yield TripleRecord(*rec, sources=tuple(srcs))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Iterator
 
-from .records import DiffEntry, TripleRecord
+from .records import Best, DiffEntry, KBError, TripleRecord, _group_records
 
 __all__ = ["PastVersions"]
 
@@ -28,7 +28,6 @@ class PastVersions:
 
     def check_version(self, version: int) -> int:
         """``version`` as an int if it exists (0 is the empty KB), else a KBError naming the range."""
-        from .store import KBError
 
         current = self.version()
         if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= current:
@@ -38,7 +37,6 @@ class PastVersions:
 
     def best_at(self, version: int) -> list:
         """Like ``best()`` for every key, as of ``version``: the best-supported triple then, per key."""
-        from .store import Best
 
         v = self.check_version(version)
         rows = self._x(
@@ -51,7 +49,6 @@ class PastVersions:
     def records_at(self, version: int, key_norm: str | None = None) -> Iterator[TripleRecord]:
         """The triples active at ``version`` (under ``key_norm`` only, if given) in id order, with
         their counts and sources then."""
-        from .store import _group_records
 
         v = self.check_version(version)
         only, params = ("", ()) if key_norm is None else (" AND t.key_norm = ?", (key_norm,))

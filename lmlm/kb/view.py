@@ -115,3 +115,6 @@ class KnowledgeBaseView(KnowledgeBase):
             return {"path": str(self.path), "version": self._version, "read_only": True,
                     **self.store.counts_at(self._version), "encoder": self.encoder_name,
                     "threshold": self.threshold, "current_version": self._parent.version}
+
+
+KnowledgeBase._view_class = KnowledgeBaseView  # what KnowledgeBase.checkout returns

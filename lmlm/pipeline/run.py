@@ -30,7 +30,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ..corpus import Document, corpus_stats, iter_documents, read_documents, write_documents
+from ..corpus import Document, corpus_stats, read_documents, write_documents
 from .recipe import Recipe, RecipeError, recipe_json
 
 __all__ = ["run_pipeline", "STAGES"]

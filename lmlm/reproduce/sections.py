@@ -156,7 +156,7 @@ def rag_section(stages: dict) -> list[str]:
         vals = metrics_of(stages, "rag", name)
         lines.append(f"| {names.get(name, name)} | " + " | ".join(pct(v) for v in vals)
                      + f" | {pct(res.get('oracle_passage_trex'))} | {' / '.join(map(str, q['gpt2_medium_rag']))} |")
-    lines += [f"| LMLM | " + " | ".join(pct(v) for v in metrics_of(stages, "lmlm")) + f" | – | {' / '.join(map(str, q['lmlm']))} |",
+    lines += ["| LMLM | " + " | ".join(pct(v) for v in metrics_of(stages, "lmlm")) + f" | – | {' / '.join(map(str, q['lmlm']))} |",
               "", f"The answer-bearing passage control uses the {r.get('oracle_items')} T-REx items for which a "
               "training passage names both subject and answer.", "", "![rag](figures/rag.png)", ""]
     return lines

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from lmlm.bench.authors import write_authors_file
-from lmlm.kb import KnowledgeBase
-from lmlm.kb.authors import iter_authors_json, open_authors_json, scan_authors_json
+from lmlm.kb.authors import iter_authors_json, scan_authors_json
+from lmlm.kb.build import open_authors_json
 
 N, CHUNK = 6000, 500
 

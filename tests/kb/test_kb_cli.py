@@ -42,7 +42,7 @@ def test_kb_commands_end_to_end(tmp_path, encoder):
     assert "deleted 2 facts; version 5" in _ok(["kb", "delete", kb, "--forget", forget, "--why", "request"])
     assert json.loads(_ok(["kb", "lookup", kb, "Alan Turing", "Occupation"]))["miss"]["reason"] == "no_entity"
     assert json.loads(_ok(["kb", "lookup", kb, "Alan Turing", "Occupation", "--matching", "key",
-                           "--threshold", "1.01"]))["miss"]["reason"] == "below_threshold"
+                           "--threshold", "1.0"]))["miss"]["reason"] == "below_threshold"
     assert json.loads(_ok(["kb", "lookup", kb, "Alan Turing", "Occupation", "--at", "4"]))["version"] == 4
     log = json.loads(_ok(["kb", "log", kb, "--json"]))
     assert [(v["version"], v["op"]) for v in log] == [(5, "delete"), (4, "edit"), (3, "add"), (2, "import"),
