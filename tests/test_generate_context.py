@@ -87,3 +87,13 @@ def test_generation_trace_says_why_a_deleted_person_missed(world, tmp_path):
             assert t.found and t.matched_entity != gone and t.via == "key"
     ok = LookupGenerator(world.model, world.tok, kb).generate(prompts[1:], max_new_tokens=24, force_lookup=True)[0]
     assert ok.trace[0].found and ok.trace[0].via in ("exact", "context", "fuzzy", "alias")
+
+
+def test_a_name_the_model_only_queried_does_not_ground_the_next_call(world):
+    tok = world.tok
+    ids = [tok.doc_id, *tok.encode_text("Chad Lee was born in"), tok.start_id, *tok.encode_field("Chad Peterson"),
+           tok.sep_id, *tok.encode_field("Birth City"), tok.retrieve_id, *tok.encode_field("Lima"), tok.end_id,
+           *tok.encode_text(". He works as a")]
+    text = Answerer(tok, None).context_text(ids)
+    assert "Chad Lee" in text and "Lima" in text  # the text, and the value the KB gave (a next hop may name it)
+    assert "Peterson" not in text and "Birth City" not in text  # not what the model wrote into the call

@@ -133,14 +133,22 @@ class Answerer:
             self.cache[key if ans.context_free or ctx is None else (*key, ctx)] = ans
 
     def context_text(self, ids: Sequence[int]) -> str:
-        """The text of the ids before a call: call markers and separators become spaces."""
-        stops = set(self.tok.call_ids) | {self.tok.eos_id, self.tok.doc_id}
-        pieces, run = [], []
+        """The text of the ids before a call: call markers and separators become spaces, and the
+        entity and relation the model wrote into earlier calls are left out (a name the model only
+        queried is not a name the text gave: a missed "Chad Peterson" call in a text about Chad Lee
+        must not ground the next one); the values the KB returned stay (they name the next hop)."""
+        tok = self.tok
+        stops = set(tok.call_ids) | {tok.eos_id, tok.doc_id}
+        pieces, run, in_key = [], [], False
         for t in list(ids) + [-1]:
             if t in stops or t == -1:
-                if run:
-                    pieces.append(self.tok.hf.decode(run, skip_special_tokens=False))
+                if run and not in_key:
+                    pieces.append(tok.hf.decode(run, skip_special_tokens=False))
                 run = []
+                if t == tok.start_id:
+                    in_key = True
+                elif t in (tok.retrieve_id, tok.end_id, tok.doc_id):
+                    in_key = False
             else:
                 run.append(t)
         return " ".join(pieces)

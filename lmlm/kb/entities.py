@@ -294,6 +294,15 @@ class EntityIndex:
             i += step
         return list(found)
 
+    def _gone_named_by(self, context: str, query: tuple[str, ...]) -> str | None:
+        """A deleted entity the text names whose name holds every word of the query, if any."""
+        text = f" {' '.join(fuzzy_tokens(normalize_text(context)))} "
+        for n, shown in self.gone.items():
+            words = fuzzy_tokens(n)
+            if len(n) > 3 and f" {' '.join(words)} " in text and _refers(query, tuple(words)):
+                return shown
+        return None
+
     def _names_gone(self, context: str) -> bool:
         """Whether the text names a deleted entity (or a deleted alias), word for word."""
         text = f" {' '.join(fuzzy_tokens(normalize_text(context)))} "
@@ -334,6 +343,10 @@ class EntityIndex:
             name = self.display[res.entity]
             return Resolved(reason="no_entity", candidates=((name, round(res.score, 3)),), context_free=False,
                             detail=f"{name!r} fits {entity!r}, but the text so far never names {name!r}")
+        if res.entity is not None and res.entity not in ctx and res.via != "exact" and (
+                gone := self._gone_named_by(context, qt)):  # "Jackson" after "Jackson Marshall" (deleted)
+            return Resolved(reason="no_entity", candidates=((gone, 1.0),), context_free=False,
+                            detail=f"{entity!r} refers to {gone!r}, named in the text and deleted")
         return res
 
     def _resolve(self, entity: str, qn: str, qt: tuple[str, ...], ctx: list[str] | None, fuzzy: bool) -> Resolved:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from lmlm.kb import KnowledgeBase, Triple
-from lmlm.kb.entities import fuzzy_tokens, name_score
+from lmlm.kb.entities import EntityIndex, fuzzy_tokens, name_score
 from lmlm.worlds.bios import BiosWorld
 
 PEOPLE = {"Joshua Frazier": "Boston", "Timothy Frazier": "Denver", "Timothy Donovan": "Austin",
@@ -143,3 +143,20 @@ def test_the_entity_threshold_is_calibrated_on_the_biography_world(tmp_path, enc
     wrong = [(p, m.entity) for p, m in zip(sample, got) if m and m.entity != p]
     assert not wrong
     assert sum(1 for m in got if m) >= 0.9 * len(sample)
+
+
+def test_a_namesake_of_the_person_the_text_names_is_never_answered():
+    idx = EntityIndex()
+    idx.add_key("larry davis", "birth city", "Larry Davis")
+    idx.add_key("jackson jackson", "birth city", "Jackson Jackson")
+    idx.add_gone("jackson marshall", "Jackson Marshall", "jackson marshall")
+    # the text is about someone the KB never held, who shares a first name with a KB entity
+    miss = idx.resolve("Larry Davis", context="Larry Huerta-Rogers was born in")
+    assert miss.entity is None and miss.reason == "no_entity" and "never names 'Larry Davis'" in miss.detail
+    # a short name of a deleted person named in the text is not answered by a longer KB name
+    miss = idx.resolve("Jackson", context="Jackson Marshall was born in")
+    assert miss.entity is None and "refers to 'Jackson Marshall'" in miss.detail
+    # with a text that names no one (or the entity itself) the exact name is answered
+    assert idx.resolve("Larry Davis", context="The new mayor was born in").entity == "larry davis"
+    assert idx.resolve("Larry Davis", context="Larry Davis was born in").entity == "larry davis"
+    assert idx.resolve("Larry Davis").entity == "larry davis"
