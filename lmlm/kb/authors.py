@@ -1,4 +1,5 @@
-"""The authors' released database format, read into a :class:`KnowledgeBase` as a stream.
+"""The authors' released database format, read as a stream (a reader only: the KB side is
+:func:`lmlm.kb.build.import_authors_json` and :func:`lmlm.kb.build.open_authors_json`).
 
 The LMLM authors release each database as one JSON object with four lists: ``entities``,
 ``relationships``, ``return_values`` and ``triplets`` (each triplet an ``[entity, relation, value]``
@@ -8,7 +9,7 @@ quotes escaped during annotation (``Destiny\\'s Child``); it is removed here.
 The paper's database holds 54.6M triplets, far more than one ``json.load`` can hold in memory, so
 the file is read with a streaming JSON parser (``ijson``): one pass checks the four lists and counts
 the triplets (for the progress bar), a second adds them by chunks through
-:func:`lmlm.kb.build.add_file`, each chunk one version that also records how far the import got.
+:func:`lmlm.kb.ingest.add_file`, each chunk one version that also records how far the import got.
 Memory stays flat whatever the file's size, and an interrupted import run again goes on from its
 last chunk without adding anything twice.
 
@@ -16,6 +17,7 @@ Exercised by ``lmlm generate --kb DATABASE.json``, ``lmlm kb import DATABASE.jso
 ``lmlm bench authors``.
 
 Examples:
+    >>> from lmlm.kb import import_authors_json
     >>> kb = import_authors_json("squad-eval100-Annotator_database.json", "squad-kb")
     >>> kb.lookup("Beyoncé", "Spouse").value
     'Jay Z'
@@ -121,7 +123,7 @@ def _triple(item, source: str) -> Triple | None:
 def read_authors_json(path: str | Path) -> tuple[list[Triple], int]:
     """The triples of an authors' database file, and how many triplets were skipped as malformed.
 
-    Holds every triple in memory: for large files use :func:`import_authors_json`, which streams.
+    Holds every triple in memory: for large files use :func:`lmlm.kb.build.import_authors_json`, which streams.
     """
     good, bad = scan_authors_json(path)
     triples = list(iter_authors_json(path))

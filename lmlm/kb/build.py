@@ -1,6 +1,7 @@
 """Building a knowledge base from a large file, resumably: ``lmlm kb build``.
 
-The file's facts go in by chunks (:func:`add_file`, also used to import the authors' database),
+The file's facts go in by chunks (:func:`lmlm.kb.ingest.add_file`, shared with ``lmlm kb import``
+and the authors' database import below),
 each chunk one version (op ``import``) whose transaction also records how far the build got (meta
 entry ``build:<fingerprint>``, the file's size and a hash of its first and last megabytes). A killed
 build leaves the KB at its last complete chunk; running the same build again skips what is in and
