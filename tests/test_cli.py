@@ -66,7 +66,7 @@ def test_world_and_kb_commands(tmp_path):
     res = runner.invoke(app, ["kb", "lookup", str(kb), row["entity"], row["relation"]])
     assert json.loads(res.output)["miss"]["reason"] == "no_entity"  # deleted: no one else answers
     res = runner.invoke(app, ["kb", "lookup", str(kb), row["entity"], row["relation"], "--matching", "key",
-                              "--threshold", "1.01"])
+                              "--threshold", "1.0"])
     assert json.loads(res.output)["miss"]["reason"] == "below_threshold"
     res = runner.invoke(app, ["kb", "alias", "list", str(kb), "--entity", row["entity"], "--json"])
     assert json.loads(res.output) == []  # its aliases went with it

@@ -58,16 +58,19 @@ def detect_format(path: str | Path) -> str:
     if path.suffix == ".json":
         return "authors"
     if path.is_file():
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    try:
-                        first = json.loads(line)
-                    except ValueError:
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        try:
+                            first = json.loads(line)
+                        except ValueError:
+                            break
+                        if isinstance(first, dict) and ("annotated" in first or "text" in first):
+                            return "corpus"
                         break
-                    if isinstance(first, dict) and ("annotated" in first or "text" in first):
-                        return "corpus"
-                    break
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     return "jsonl"
 
 

@@ -200,6 +200,9 @@ def test_write_errors_are_4xx(client, auth):
     lone_surrogate = json.dumps({"triples": [{"entity": "A", "relation": "B", "value": "\ud800"}]}).encode()
     assert client.post("/api/kb/triples", content=lone_surrogate,
                        headers={**auth, "content-type": "application/json"}).status_code == 422
+    escape = client.post("/api/kb/triples", headers=auth,
+                         json={"triples": [{"entity": "Eve\u001b[2J", "relation": "Birth City", "value": "Oslo"}]})
+    assert escape.status_code == 422 and "control character U+001B" in escape.text  # refused at the door
     r = client.post("/api/kb/delete", headers=auth, json={"entity": "Nobody At All"})
     assert r.json() == {"version": 1, "changed": 0}
 
