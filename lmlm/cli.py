@@ -509,7 +509,10 @@ def kb_import(path: Path, triples: Path, format: Optional[str] = typer.Option(No
     kb = _open_kb(path)
     before = kb.version
     after = _kb_call(kb.import_file, triples, format, who=who, why=why)
-    console.print(f"version {after}" if after != before else
+    info = getattr(kb, "last_import", None) or {}
+    lock = (f"; {info['chunks']} chunk(s), the longest held the write lock {info['longest_lock_seconds']:.2f} s"
+            if info.get("chunks") else "")
+    console.print(f"version {after}{lock}" if after != before else
                   f"version {after}: nothing new ({triples.name} is in already, or every fact of it was)")
 
 

@@ -8,6 +8,7 @@ under another name adds nothing.
 
 from __future__ import annotations
 
+import time
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,6 +54,8 @@ def add_file(kb: KnowledgeBase, source: str | Path, format: str | None = None, c
     so running the same call again after a crash skips what is in and adds the rest, nothing twice.
     Facts are streamed from the file and written straight to the store: memory stays flat however
     large the file (the KB's in-memory key table catches up at its next lookup, or at ``kb.embed()``).
+    Other writers wait at most one chunk: ``kb.last_import`` says how many chunks this call wrote and
+    the longest time one of them held the write lock (``longest_lock_seconds``).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -65,14 +68,20 @@ def add_file(kb: KnowledgeBase, source: str | Path, format: str | None = None, c
     done = int(kb.store.meta().get(mark, 0))
     show = (total or 0) >= PROGRESS_MIN if progress is None else progress
     it = islice(facts, done, None)  # a resumed build reads past what is already in
+    chunks, longest = 0, 0.0
     with tqdm(total=total, initial=done, desc=f"adding {source.name}", unit="triple", disable=not show,
               dynamic_ncols=True) as bar:
         while chunk := list(islice(it, chunk_size)):
             end = done + len(chunk)
+            t = time.perf_counter()
             kb.store.write_facts(chunk, "import", who, f"{why}: {source.name} facts {done + 1}-{end}",
                                  batch_size=batch_size, meta={mark: str(end)})
+            chunks, longest = chunks + 1, max(longest, time.perf_counter() - t)
             done = end
             bar.update(len(chunk))
+            bar.set_postfix(lock_s=f"{longest:.2f}")
+    kb.last_import = {"source": str(source), "facts": done, "chunks": chunks,
+                      "longest_lock_seconds": round(longest, 3)}
     if done == 0:
         raise ValueError(f"{source}: no facts in it (triples, an annotated corpus or the authors' JSON)")
     return done

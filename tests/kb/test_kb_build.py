@@ -48,6 +48,7 @@ def test_import_is_chunked_resumable_and_idempotent(tmp_path, encoder):
                            for i in range(1200)))
     kb = KnowledgeBase.create(tmp_path / "kb", encoder=encoder)
     assert kb.import_file(src, chunk_size=500, embed=False) == 3  # other writers get in between chunks
+    assert kb.last_import["chunks"] == 3 and 0 < kb.last_import["longest_lock_seconds"] < 60
     assert kb.import_file(src, chunk_size=500, embed=False) == 3
     copy = tmp_path / "renamed.jsonl"
     copy.write_bytes(src.read_bytes())
