@@ -29,38 +29,12 @@ import torch
 from ..lookup import Segment, render, strip
 from ..tokens import IGNORE_INDEX, LookupTokenizer
 from .lm import cpu_threads
+from .passages import cover_passages
 from .validate import Validated, validate
 
-__all__ = ["AnnotatorOptions", "Annotator", "ANNOTATOR_FILE", "ANNOTATOR_INSTRUCTIONS", "PASSAGE_CHARS",
-           "split_passages"]
+__all__ = ["AnnotatorOptions", "Annotator", "ANNOTATOR_FILE", "ANNOTATOR_INSTRUCTIONS", "PASSAGE_CHARS"]
 
 PASSAGE_CHARS = 1200  # about 300 tokens: what the annotator sees at once (its training documents are bios)
-
-
-def split_passages(text: str, max_chars: int = PASSAGE_CHARS) -> list[str]:
-    """``text`` cut into passages of at most ``max_chars`` that join back to it exactly: after a
-    sentence end or a line break where there is one, else after a space, else mid-word.
-
-    Examples:
-        >>> split_passages("Ada was born in London. She wrote notes.", 30)
-        ['Ada was born in London. ', 'She wrote notes.']
-    """
-    if max_chars < 1:
-        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
-    out, start = [], 0
-    while len(text) - start > max_chars:
-        window = text[start:start + max_chars]
-        cut = max(window.rfind(". "), window.rfind("\n"), window.rfind("? "), window.rfind("! "))
-        if cut > 0:
-            cut += 1
-        else:
-            cut = window.rfind(" ")
-        cut = cut if cut > 0 else max_chars
-        while cut < len(window) and window[cut] == " ":  # the spaces go with the passage they end
-            cut += 1
-        out.append(text[start:start + cut])
-        start += cut
-    return out + [text[start:]] if start < len(text) or not out else out
 
 ANNOTATOR_FILE = "annotator.json"
 ANNOTATOR_INSTRUCTIONS = (
@@ -147,11 +121,11 @@ class Annotator:
                  max_chars: int = PASSAGE_CHARS) -> list[Validated]:
         """Annotate ``texts``; each result is validated against its input (``text_changed`` is False
         unless the tokenizer cannot reproduce the text). A text longer than ``max_chars`` is
-        annotated passage by passage (:func:`split_passages`), so a document of any size is
-        worked through at the speed of its passages, with progress counted in passages."""
+        annotated passage by passage (:func:`lmlm.annotate.passages.cover_passages`), so a document
+        of any size is worked through at the speed of its passages, with progress counted in passages."""
         owners, pieces = [], []
         for i, t in enumerate(texts):
-            for p in split_passages(t, max_chars):
+            for p in cover_passages(t, max_chars):
                 owners.append(i)
                 pieces.append(p)
         joined = [""] * len(texts)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import torch
 from transformers import StoppingCriteria
@@ -20,9 +20,6 @@ from transformers.generation.streamers import BaseStreamer
 
 from .answers import Answerer
 from .trace import GenerationResult, LookupTrace, _trace_entry, call_spans, open_call
-
-if TYPE_CHECKING:
-    from .base import LookupGenerator
 
 __all__ = ["StreamEvent", "stream"]
 
@@ -69,7 +66,7 @@ class _Cancel(StoppingCriteria):
 class _Decoder:
     """Turns one row's tokens, one at a time, into stream events."""
 
-    def __init__(self, gen: "LookupGenerator", ids: list[int], answers: Answerer, prefix: list[int] = ()):
+    def __init__(self, gen, ids: list[int], answers: Answerer, prefix: list[int] = ()):  # gen: a LookupGenerator
         self.tok, self.answers, self.prefix = gen.tok, answers, list(prefix)
         self.max_field, self.tree = gen.options["max_field_tokens"], gen.trie
         self.stops = set(gen._stop_ids())
@@ -109,7 +106,7 @@ class _Decoder:
                                                self.prefix))
 
 
-def stream(gen: "LookupGenerator", prompt: str, **kwargs) -> Iterator[StreamEvent]:
+def stream(gen, prompt: str, **kwargs) -> Iterator[StreamEvent]:
     """See :meth:`LookupGenerator.stream`."""
     if kwargs.get("num_beams", 1) > 1:
         raise ValueError("streaming does not support beam search")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numbers
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 import threading
 
 import numpy as np
@@ -43,9 +43,6 @@ from .records import (Change, DiffEntry, Match, Triple, TripleRecord, VersionRec
                       required)
 from .resolve import MATCHINGS, EntityLookup
 from .store import DB_FILENAME, Best, KBNotFound, NotAKnowledgeBase, SQLiteStore
-
-if TYPE_CHECKING:
-    from .view import KnowledgeBaseView
 
 __all__ = ["KnowledgeBase", "INDEX_FILENAME", "MAX_SOURCES", "PROGRESS_MIN", "MATCHINGS"]
 
@@ -499,8 +496,9 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
         with self._lock:
             return self.store.diff(a, b)
 
-    def checkout(self, version: int) -> "KnowledgeBaseView":
-        """A read-only view of the KB as it was at ``version``: lookup, search, triples, export."""
+    def checkout(self, version: int) -> "KnowledgeBase":
+        """A read-only view of the KB as it was at ``version`` (a :class:`~lmlm.kb.view.KnowledgeBaseView`):
+        lookup, search, triples, export."""
         return self._view_class(self, version)
 
     def triples(self) -> Iterator[TripleRecord]:

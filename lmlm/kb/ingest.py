@@ -11,14 +11,10 @@ from __future__ import annotations
 import time
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from . import formats
 from .indexing import PROGRESS_MIN
 from .records import check_who
-
-if TYPE_CHECKING:
-    from .base import KnowledgeBase
 
 __all__ = ["add_file", "fingerprint"]
 
@@ -46,9 +42,9 @@ def fingerprint(path: str | Path) -> str:
     return h.hexdigest()[:32]
 
 
-def add_file(kb: KnowledgeBase, source: str | Path, format: str | None = None, chunk_size: int = 100_000,
+def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int = 100_000,
              who: str = "lmlm", why: str = "build", progress: bool | None = None, batch_size: int = 1000) -> int:
-    """Add the facts of ``source`` to ``kb`` by chunks, resumably; returns how many facts the file holds.
+    """Add the facts of ``source`` to ``kb`` (a :class:`~lmlm.kb.base.KnowledgeBase`) by chunks, resumably; returns how many facts the file holds.
 
     Each chunk is one version whose transaction also records how far the file got (see the module),
     so running the same call again after a crash skips what is in and adds the rest, nothing twice.

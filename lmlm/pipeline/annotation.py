@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import socket
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
+from ..annotate.passages import split_passages
 from ..corpus import Document, iter_documents, read_documents, write_documents
 from ..lookup import Lookup
 from .recipe import LLMSpec
@@ -35,44 +35,6 @@ __all__ = ["split_passages", "passages_of", "call_layer", "merge_layers", "run_l
 METHOD_NAMES = {"infobox": "infobox", "given": "given", "llm_seed": "llm seed (SmolLM2, corrected)",
                 "llm_distilled": "llm distilled annotator"}
 _PRIORITY = ("infobox", "given", "llm_seed", "llm_distilled")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])")
-
-
-def split_passages(text: str, max_chars: int = 400, min_chars: int = 40) -> list[tuple[int, int]]:
-    """``(start, end)`` of each passage of ``text``: its paragraphs, long ones cut at sentence ends so
-    each passage has at most ``max_chars`` characters where the sentences allow; passages shorter
-    than ``min_chars`` (headings) are left out.
-
-    Examples:
-        >>> split_passages("Title\\nAda was born in 1815. She died in 1852.", max_chars=25, min_chars=10)
-        [(6, 27), (28, 45)]
-    """
-    out = []
-    pos = 0
-    for para in text.split("\n"):
-        start, end = pos, pos + len(para)
-        pos = end + 1
-        cuts = [start] + [start + m.end() for m in _SENTENCE_END.finditer(para)] + [end]
-        a = cuts[0]
-        for k in range(1, len(cuts)):
-            b = cuts[k]
-            nxt = cuts[k + 1] if k + 1 < len(cuts) else None
-            if nxt is None or nxt - a > max_chars:
-                s, e = _trim(text, a, b)
-                if e - s >= min_chars:
-                    out.append((s, e))
-                a = b
-    return out
-
-
-def _trim(text: str, a: int, b: int) -> tuple[int, int]:
-    while a < b and text[a].isspace():
-        a += 1
-    while b > a and text[b - 1].isspace():
-        b -= 1
-    return a, b
-
-
 def passages_of(documents: list[Document], max_chars: int) -> list[Document]:
     """The passages of ``documents`` as documents (``meta``: ``doc`` and ``start``, the offset in it)."""
     return [Document(f"{d.id}@{s}", d.text[s:e], d.text[s:e], source=d.id, split=d.split,
@@ -126,6 +88,7 @@ def merge_layers(documents: list[Document], layers: dict[str, Layer]) -> list[Do
 # -- the LLM path ----------------------------------------------------------------------------------
 
 def _done(folder: Path) -> dict | None:
+    """The done.json of a finished stage (its summary), or None: what makes every stage resumable."""
     marker = folder / "done.json"
     return json.loads(marker.read_text()) if marker.exists() else None
 

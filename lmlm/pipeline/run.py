@@ -32,6 +32,7 @@ from rich.console import Console
 
 from ..corpus import Document, corpus_stats, read_documents, write_documents
 from .recipe import Recipe, RecipeError, recipe_json
+from .annotation import _done, _finish  # one stage marker for both modules
 
 __all__ = ["run_pipeline", "STAGES"]
 
@@ -41,19 +42,6 @@ console = Console(stderr=True)
 
 def _log(msg: str) -> None:
     console.print(msg, highlight=False)
-
-
-def _done(folder: Path) -> dict | None:
-    marker = folder / "done.json"
-    return json.loads(marker.read_text()) if marker.exists() else None
-
-
-def _finish(folder: Path, info: dict) -> dict:
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / "done.json.tmp"
-    tmp.write_text(json.dumps(info, indent=2, default=str) + "\n")
-    tmp.replace(folder / "done.json")
-    return info
 
 
 def _is_dump(path: Path) -> bool:
@@ -204,7 +192,7 @@ def _chunks(docs: list[Document], max_chars: int) -> list[Document]:
     whose facts it states (an article's calls name the article's entity, which a block from its middle
     would not show). LMLM and Standard train on the same chunks; 0 keeps whole documents."""
     from ..annotate.validate import calls_with_offsets, insert_calls
-    from .annotation import split_passages
+    from ..annotate.passages import split_passages
 
     if not max_chars:
         return docs

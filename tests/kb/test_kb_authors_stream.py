@@ -3,12 +3,10 @@ and an import killed part way finished by the next call without adding anything 
 
 import json
 import multiprocessing as mp
-import os
-import signal
 import sqlite3
-import time
 
 import pytest
+from kb_kill import kill_after_versions
 
 from lmlm.bench.authors import write_authors_file
 from lmlm.kb.authors import iter_authors_json, scan_authors_json
@@ -61,20 +59,7 @@ def test_killed_import_is_finished_by_the_next_call_without_duplicates(tmp_path)
     kb_dir = tmp_path / "db.kb"
     child = mp.get_context("spawn").Process(target=_import_in_child, args=(str(src), str(kb_dir)))
     child.start()
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:  # two chunks in, then kill inside a later one
-            try:
-                with sqlite3.connect(f"file:{kb_dir / 'kb.sqlite'}?mode=ro", uri=True, timeout=1) as c:
-                    if (c.execute("SELECT max(version) FROM versions").fetchone()[0] or 0) >= 2:
-                        break
-            except sqlite3.Error:
-                pass
-            time.sleep(0.02)
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.join(30)
-    assert child.exitcode == -signal.SIGKILL
+    kill_after_versions(child, kb_dir)  # two chunks in, then kill inside a later one
     with sqlite3.connect(kb_dir / "kb.sqlite") as c:
         cut = c.execute("SELECT count(*) FROM triples").fetchone()[0]
     assert CHUNK <= cut < N and cut % CHUNK == 0, "the kill should land mid-import, between whole chunks"

@@ -2,12 +2,10 @@
 
 import json
 import multiprocessing as mp
-import os
-import signal
 import sqlite3
-import time
 
 import pytest
+from kb_kill import kill_after_versions
 
 from lmlm.kb import KnowledgeBase, Triple, build
 from lmlm.kb.store import KBError
@@ -95,20 +93,7 @@ def test_sigkill_mid_build_leaves_the_last_good_version_and_resume_completes(tmp
     kb_dir = tmp_path / "kb"
     child = mp.get_context("spawn").Process(target=_build_in_child, args=(str(kb_dir), str(src)))
     child.start()
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:  # wait until two chunks are in, then kill inside a later one
-            try:
-                with sqlite3.connect(f"file:{kb_dir / 'kb.sqlite'}?mode=ro", uri=True, timeout=1) as c:
-                    if (c.execute("SELECT max(version) FROM versions").fetchone()[0] or 0) >= 2:
-                        break
-            except sqlite3.Error:
-                pass
-            time.sleep(0.02)
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.join(30)
-    assert child.exitcode == -signal.SIGKILL
+    kill_after_versions(child, kb_dir)  # two chunks in, then kill inside a later one
 
     kb = KnowledgeBase.open(kb_dir, encoder=encoder)
     v = kb.version
