@@ -2,7 +2,13 @@
 
 No LLM is involved. Each article's infobox fields become ``(article title, Field Name, value)``
 triples; wherever a value is mentioned in the article's plain text after the article first names
-its entity, a lookup call is inserted right before that mention, as the paper places its calls.
+its entity, a lookup call is inserted right before that mention, as the paper places its calls:
+at the value's first mention in each passage of about :data:`PASSAGE_CHARS` characters (paragraphs,
+long ones cut at sentence ends), because a model reading a later passage no longer holds the
+earlier mention in its context and must recall the fact again. A value that is a name of the
+entity itself (``Common Name: Albania`` in *Albania*) is a fact but never a call: looking up the
+name of the entity the text is about retrieves nothing the text has not said. The back matter
+(references, external links, see also) gets no call.
 Every triple goes to the KB (with the article as its source); only mentioned ones become calls.
 Other names of each entity go to ``aliases.jsonl``: the titles of the redirects to its article and
 its infobox's ``name`` and ``birth_name`` (``lmlm kb build --aliases`` reads them).
@@ -25,6 +31,7 @@ from typing import Iterator
 
 from ..corpus import Document, write_documents
 from ..lookup import Lookup, Text, plain_text, render
+from .passages import split_passages
 
 __all__ = ["WikiPage", "Infobox", "iter_pages", "parse_infobox", "article_text", "annotate_article",
            "annotate_dump", "relation_name"]
@@ -60,6 +67,7 @@ _ABBREVIATIONS = {"lang": "Language", "elev": "Elevation", "us": "US", "pop": "P
 _SHORT_WORDS = {"of", "in", "on", "at", "to", "by", "us", "id", "db"}  # two-letter pieces a key may hold
 _WORD = re.compile(r"\w", re.UNICODE)
 MAX_VALUE_CHARS = 80
+PASSAGE_CHARS = 1000  # about what a 256-token training window holds: a value gets a call once per passage
 
 
 @dataclass(frozen=True)
@@ -308,6 +316,14 @@ def _aliases(title: str, box: Infobox | None, raw_name: str | None) -> list[str]
     return [n for n in dict.fromkeys(names) if n]
 
 
+def _birth_names(box: Infobox | None) -> list[str]:
+    return [v for r, v in (box.facts if box else []) if r == "Birth Name"]
+
+
+def _name_form(name: str) -> str:
+    return re.sub(r"\s+", " ", name).strip().casefold()
+
+
 def _value_forms(value: str) -> list[str]:
     """Ways a value may be written in text: a ``Month D, YYYY`` date also as ``D Month YYYY``."""
     forms = [value]
@@ -317,9 +333,20 @@ def _value_forms(value: str) -> list[str]:
     return forms
 
 
+_BACK_MATTER = re.compile(r"^(References|External links|See also|Further reading|Notes|Bibliography|Sources|"
+                          r"Citations|Footnotes|Notes and references)\s*$", re.MULTILINE)
+
+
+def _back_matter(text: str) -> int:
+    """Where the article's back matter (references, external links, see also) begins: no call goes there."""
+    m = _BACK_MATTER.search(text)
+    return m.start() if m else len(text)
+
+
 def _inside_longer_name(text: str, start: int, end: int) -> bool:
-    """True when a mention is part of a longer capitalized name (``Euro`` in ``CERH Euro Cup``)."""
-    if re.match(r" [A-Z]", text[end:end + 2]):
+    """True when a mention is part of a longer capitalized name (``Euro`` in ``CERH Euro Cup``,
+    ``Tirana`` in ``Tirana–Elbasan Highway``)."""
+    if re.match(r"[ \-\u2010-\u2015][A-Z]", text[end:end + 2]) or re.search(r"\w[\-\u2010-\u2015]$", text[max(0, start - 2):start]):
         return True
     m = re.search(r"(\S+) $", text[max(0, start - 40):start])
     if m and m.group(1)[:1].isupper():
@@ -328,13 +355,13 @@ def _inside_longer_name(text: str, start: int, end: int) -> bool:
     return False
 
 
-def _find_mention(text: str, value: str, start: int) -> tuple[int, int] | None:
-    """The first trustworthy mention of ``value`` at or after ``start``, as ``(start, end)``."""
+def _find_mention(text: str, value: str, start: int, stop: int | None = None) -> tuple[int, int] | None:
+    """The first trustworthy mention of ``value`` in ``text[start:stop]``, as ``(start, end)``."""
     if len(value) < 3 or re.fullmatch(r"[\d\s.,%]+", value) or re.fullmatch(r"[a-z]+", value):
         return None  # bare numbers and single common words ("right") match text by chance
     best = None
     for form in _value_forms(value):
-        for m in re.finditer(r"(?<!\w)" + re.escape(form) + r"(?!\w)", text[start:]):
+        for m in re.finditer(r"(?<!\w)" + re.escape(form) + r"(?!\w)", text[start:stop]):
             a, b = start + m.start(), start + m.end()
             if not _inside_longer_name(text, a, b):
                 if best is None or a < best[0]:
@@ -347,7 +374,8 @@ def annotate_article(page: WikiPage) -> dict:
     """Annotate one article: ``{"doc_id", "title", "segments", "triples", "infobox", "entity_found"}``.
 
     ``triples`` are ``(entity, relation, value, position)``, with ``position`` the character offset
-    of the call in the plain text, or ``None`` for facts the text never mentions after the entity.
+    of the fact's first call in the plain text, or ``None`` for facts the text never mentions after
+    the entity.
     """
     import mwparserfromhell as mw
 
@@ -369,10 +397,16 @@ def annotate_article(page: WikiPage) -> dict:
         entity_end = first + 1
     calls: list[tuple[int, int, str, str]] = []  # (start, end, relation, value)
     if box is not None and entity_end is not None:
-        for relation, value in box.facts:
-            span = _find_mention(text, value, entity_end)
-            if span is not None:
-                calls.append((span[0], span[1], relation, value))
+        own = {_name_form(n) for n in _aliases(page.title, box, raw_name) + _birth_names(box)}
+        facts = [(r, v) for r, v in box.facts if _name_form(v) not in own]
+        body_end = _back_matter(text)
+        for a, b in split_passages(text[:body_end], PASSAGE_CHARS, min_chars=1):
+            if b <= entity_end:
+                continue
+            for relation, value in facts:
+                span = _find_mention(text, value, max(a, entity_end), b)
+                if span is not None:
+                    calls.append((span[0], span[1], relation, value))
     # one call per mention: the earliest fact wins a position; calls never overlap a previous mention
     calls.sort(key=lambda c: (c[0], -(c[1] - c[0])))
     kept, last_end = [], -1
@@ -396,9 +430,11 @@ def annotate_article(page: WikiPage) -> dict:
     plain, positions = plain_text(segments)
     if plain != text:  # the text must come back unchanged
         raise AssertionError(f"{doc_id}: annotation changed the article text")
-    mentioned = {(r, v): p for (_, _, r, v), p in zip(kept, positions)}
+    mentioned: dict[tuple[str, str], int] = {}
+    for (_, _, r, v), p in zip(kept, positions):
+        mentioned.setdefault((r, v), p)  # the first mention
     triples = [(entity, r, v, mentioned.get((r, v))) for r, v in (box.facts if box else [])]
-    names = [raw_name] + [v for r, v in (box.facts if box else []) if r == "Birth Name"]
+    names = [raw_name] + _birth_names(box)
     aliases = [n for n in dict.fromkeys(names) if n and n != entity]
     return {"doc_id": doc_id, "title": page.title, "segments": segments, "plain": text, "triples": triples,
             "aliases": aliases, "infobox": box.template if box else None, "entity_found": entity_end is not None}

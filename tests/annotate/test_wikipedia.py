@@ -127,3 +127,26 @@ def test_real_excerpt_yields_an_annotated_corpus(tmp_path):
     for line in (tmp_path / "wiki" / "documents.jsonl").read_text().splitlines():
         d = json.loads(line)
         assert plain_text(parse(d["annotated"], form="dblookup", strict=True).segments)[0] == d["text"]
+
+
+def test_a_fact_is_called_again_in_each_passage_but_never_for_the_entitys_own_name_or_the_back_matter():
+    filler = "This sentence is about something else entirely and only fills the paragraph up. " * 14
+    page = ADA.replace("[[Category:Mathematicians]]", (
+        f"{filler}\nLater in life William King managed the estates while Ada wrote letters. William King "
+        "outlived her.\nThe Ada Lovelace Day is named after Augusta Ada Byron, whose name appears here.\n"
+        "The William King–Noel Estate is a place, not the spouse.\n\nReferences\n\nA book by William King.\n"
+        "[[Category:Mathematicians]]"))
+    art = annotate_article(WikiPage("1", "Ada Lovelace", page))
+    plain, positions = plain_text(art["segments"])
+    calls = [(c.relation, c.value, p) for c, p in zip((s for s in art["segments"] if isinstance(s, Lookup)),
+                                                       positions)]
+    spouse = [p for r, _, p in calls if r == "Spouse"]
+    # the first paragraph's mention, then once more in the far paragraph (its second mention there is not)
+    assert len(spouse) == 2 and plain[spouse[1]:].startswith("William King managed")
+    # the birth name is a name of Ada herself: a triple, never a call
+    assert ("Birth Name", "Augusta Ada Byron", None) in [(r, v, p) for _, r, v, p in art["triples"]]
+    assert not any(r == "Birth Name" for r, _, _ in calls)
+    # part of a longer name joined by a dash, and the references section, get no call
+    assert not any(plain[p:].startswith(("William King–Noel", "William King.")) for _, _, p in calls)
+    # the triple's position is the first mention
+    assert dict(((r, v), p) for _, r, v, p in art["triples"])[("Spouse", "William King")] == spouse[0]
