@@ -23,7 +23,7 @@ from typing import Any, Literal, Mapping
 
 __all__ = [
     "ModelConfig", "MODEL_PRESETS", "build_model", "count_parameters", "preset_table", "to_hf_config",
-    "context_length",
+    "context_length", "cache_kwargs", "output_cache",
 ]
 
 Family = Literal["gpt2", "llama"]
@@ -259,3 +259,28 @@ def preset_table(tokenizers: Mapping[str, Any], presets: list[str] | None = None
                 paper_total=round(paper[0] * 1e6) if paper else None,
                 paper_non_embedding=round(paper[1] * 1e6) if paper else None))
     return rows
+
+
+_CACHE_ARG: dict[type, str] = {}
+
+
+def cache_kwargs(model, cache) -> dict[str, Any]:
+    """``{name: cache}`` for a forward call of ``model``: newer ``transformers`` name the KV cache
+    ``cache`` (``past_key_values`` is deprecated there), older ones only know ``past_key_values``."""
+    cls = type(model)
+    name = _CACHE_ARG.get(cls)
+    if name is None:
+        import inspect
+
+        try:
+            params = inspect.signature(cls.forward).parameters
+        except (TypeError, ValueError):
+            params = {}
+        name = _CACHE_ARG[cls] = "cache" if "cache" in params else "past_key_values"
+    return {name: cache}
+
+
+def output_cache(out):
+    """The KV cache a forward call returned, under either name."""
+    cache = getattr(out, "cache", None) if not isinstance(out, tuple) else None
+    return cache if cache is not None else out.past_key_values

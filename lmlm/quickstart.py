@@ -128,6 +128,16 @@ def _misses(results, limit: int = 10) -> dict:
          "candidates": [list(c) for c in t.candidates[:3]]} for t in misses[:limit]]}
 
 
+def _wrong_answers(items, hits, results, limit: int = 10) -> dict:
+    """The items a system got wrong, split by what its lookups did: no lookup answered (the KB missed
+    or none was written), or one answered and the text after it still missed the gold value."""
+    wrong = [(it, r) for it, r, h in zip(items, results, hits) if not h]
+    answered = [(it, r) for it, r in wrong if any(t.found for t in r.trace)]
+    return {"n": len(wrong), "lookup_answered": len(answered), "no_answer": len(wrong) - len(answered),
+            "examples": [{"prompt": it.prompt[-80:], "gold": it.gold, "text": r.text[:160]}
+                         for it, r in (answered[:limit // 2] + [x for x in wrong if x not in answered][:limit // 2])]}
+
+
 def stated_split(hits: dict[str, list[bool]], stated: list[bool]) -> dict:
     """Precision of each system over the items whose fact a training document states and over those
     only the KB holds (no Standard model could learn these): ``{"stated": {system: p}, "kb_only": ...}``."""
@@ -329,11 +339,13 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
 
     added_items = _cloze_items(world, [world.cloze(p.name, r) for p in added for r in p.facts])
     kb.add_aliases(world.aliases("added"), who="quickstart", why="other names of the people added")
-    ak = _precision(lmlm, added_items, True, cfg, keep=2)
+    ak = _precision(lmlm, added_items, True, cfg, keep=2, results=True)
+    ak_res = ak.pop("results")
     ak_paper = _precision(paper, added_items, True, cfg)
     ak_std = _precision(standard, added_items, False, cfg)
     added_knowledge = {"lmlm": ak["precision"], "lmlm_paper": ak_paper["precision"], "standard": ak_std["precision"],
-                       "n": len(added_items), "people": len(added)}
+                       "n": len(added_items), "people": len(added), "misses": _misses(ak_res),
+                       "wrong_answers": _wrong_answers(added_items, ak["hits"], ak_res)}
 
     # edits: change a value in the KB; the model should say the new one
     edits = [e for e in world.edits(cfg.n_edits, seed=cfg.seed) if e.person not in forget_set]

@@ -27,6 +27,7 @@ from typing import Sequence
 import torch
 
 from ..lookup import Segment, render, strip
+from ..models import cache_kwargs, output_cache
 from ..tokens import IGNORE_INDEX, LookupTokenizer
 from .lm import cpu_threads
 from .passages import cover_passages
@@ -165,14 +166,14 @@ class Annotator:
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-        cache, nxt = out.past_key_values, pos[:, -1:] + 1
+        cache, nxt = output_cache(out), pos[:, -1:] + 1
         while not all(r.done for r in rows):
             logits = out.logits[:, -1].float().cpu()  # (B, vocab)
             step = torch.tensor([[r.step(logits[b]) if not r.done else pad] for b, r in enumerate(rows)], device=device)
             mask = torch.cat([mask, torch.ones_like(step)], dim=1)
-            out = self.model(input_ids=step, attention_mask=mask, position_ids=nxt, past_key_values=cache,
+            out = self.model(input_ids=step, attention_mask=mask, position_ids=nxt, **cache_kwargs(self.model, cache),
                              use_cache=True)
-            cache, nxt = out.past_key_values, nxt + 1
+            cache, nxt = output_cache(out), nxt + 1
         self.generated_tokens += sum(len(r.out) for r in rows)
         return [r.out for r in rows]
 

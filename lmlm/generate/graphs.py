@@ -25,6 +25,8 @@ from collections import OrderedDict
 
 import torch
 
+from ..models import cache_kwargs
+
 __all__ = ["StaticDecoder", "static_decoder", "positions"]
 
 SLOT_ROUNDING = 256  # cache lengths are rounded up to a multiple of this, so graphs are reused
@@ -102,7 +104,8 @@ class StaticDecoder:
             self.logits = self._step()
 
     def _step(self) -> torch.Tensor:
-        out = self.model(input_ids=self.token, past_key_values=self.cache, use_cache=True, cache_position=self.slot,
+        out = self.model(input_ids=self.token, **cache_kwargs(self.model, self.cache), use_cache=True,
+                         cache_position=self.slot,
                          position_ids=self.position, attention_mask=self.mask, logits_to_keep=1)
         return out.logits[:, -1]
 
@@ -141,7 +144,7 @@ class StaticDecoder:
         slots = torch.arange(self.length, device=feed.device)
         later = slots[None, :] > (start + torch.arange(n, device=feed.device))[:, None]  # (n, length)
         mask = self.mask.expand(-1, -1, n, -1).masked_fill(later, self.neg)
-        out = self.model(input_ids=feed, past_key_values=self.cache, use_cache=True,
+        out = self.model(input_ids=feed, **cache_kwargs(self.model, self.cache), use_cache=True,
                          cache_position=torch.arange(start, start + n, device=feed.device),
                          position_ids=positions, attention_mask=mask, logits_to_keep=1)
         self.used += n

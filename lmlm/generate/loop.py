@@ -27,6 +27,7 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
+from ..models import cache_kwargs
 from .graphs import positions
 
 __all__ = ["decode", "LOOP_KWARGS", "positions", "growing_cache"]
@@ -162,7 +163,7 @@ def _forward(model, feed: torch.Tensor, mask: torch.Tensor | None, cache) -> tor
     kwargs = {}
     if mask is not None:  # left padding: positions count real tokens only, as in generate
         kwargs = dict(attention_mask=mask, position_ids=positions(mask)[:, -feed.shape[1]:])
-    out = model(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=1, **kwargs)
+    out = model(input_ids=feed, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1, **kwargs)
     return out.logits[:, -1]
 
 
