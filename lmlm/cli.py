@@ -173,6 +173,8 @@ def generate(prompt: List[str] = typer.Argument(..., help="one or more prompts")
                                           "below the threshold), 'skip' (none; the model goes on) or any text"),
              max_lookups: int = typer.Option(16, help="lookups per continuation"),
              logit_bias: str = typer.Option("5,2,2,2", help="added to the start, sep, retrieve and end scores"),
+             copy_bias: float = typer.Option(0.0, min=0.0, help="added to the next token of an answered value while "
+                                             "the text after the call states it (0: the model's own choice)"),
              sample: bool = typer.Option(False, help="sample instead of greedy decoding"),
              temperature: float = typer.Option(1.0), top_p: float = typer.Option(1.0), top_k: int = typer.Option(0),
              repetition_penalty: float = typer.Option(1.0), num_beams: int = typer.Option(1, min=1, help="beam search"),
@@ -198,7 +200,7 @@ def generate(prompt: List[str] = typer.Argument(..., help="one or more prompts")
         base = None if no_db else open_kb(kb_path)
         policy = fallback if fallback in ("nearest", "skip") else "text"
         gen = LookupGenerator(m, tok, base, use_db=not no_db, constrained=constrained, logit_bias=bias,
-                              max_lookups=max_lookups, on_miss=policy, matching=matching,
+                              max_lookups=max_lookups, on_miss=policy, matching=matching, copy_bias=copy_bias,
                               fallback="unknown" if policy != "text" else fallback)
     except (KBError, ValueError, OSError) as e:
         _fail(str(e))

@@ -128,6 +128,9 @@ def _misses(results, limit: int = 10) -> dict:
          "candidates": [list(c) for c in t.candidates[:3]]} for t in misses[:limit]]}
 
 
+COPY_BIAS = 5.0  # the added-knowledge row with `lmlm generate --copy-bias 5`: the value's tokens favoured after the call
+
+
 def _wrong_answers(items, hits, results, limit: int = 10) -> dict:
     """The items a system got wrong, split by what its lookups did: no lookup answered (the KB missed
     or none was written), or one answered and the text after it still missed the gold value."""
@@ -342,8 +345,10 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     ak = _precision(lmlm, added_items, True, cfg, keep=2, results=True)
     ak_res = ak.pop("results")
     ak_paper = _precision(paper, added_items, True, cfg)
+    ak_copy = _precision(LookupGenerator(lmlm_model, tok, kb, copy_bias=COPY_BIAS), added_items, True, cfg)
     ak_std = _precision(standard, added_items, False, cfg)
-    added_knowledge = {"lmlm": ak["precision"], "lmlm_paper": ak_paper["precision"], "standard": ak_std["precision"],
+    added_knowledge = {"lmlm": ak["precision"], "lmlm_paper": ak_paper["precision"],
+                       "lmlm_copy_bias": ak_copy["precision"], "copy_bias": COPY_BIAS, "standard": ak_std["precision"],
                        "n": len(added_items), "people": len(added), "misses": _misses(ak_res),
                        "wrong_answers": _wrong_answers(added_items, ak["hits"], ak_res)}
 

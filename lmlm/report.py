@@ -184,6 +184,21 @@ def wrong_entity_lines(report: dict) -> list[str]:
             f"Why the entity-aware cloze lookups missed: {misses}.", ""]
 
 
+def _added_lines(ak: dict) -> list[str]:
+    """Why the added-knowledge items missed, and the same items with the copy bias."""
+    lines = []
+    wa = ak.get("wrong_answers")
+    if wa:
+        misses = ", ".join(f"{k} {v}" for k, v in sorted(ak.get("misses", {}).get("by_reason", {}).items())) or "none"
+        lines.append(f"Added knowledge: {wa['n']} of {ak['n']} items missed: {wa['no_answer']} where no lookup was "
+                     f"answered (lookup misses by reason: {misses}), {wa['lookup_answered']} where the KB answered "
+                     "and the text after the call did not state the value.")
+    if ak.get("lmlm_copy_bias") is not None:
+        lines.append(f"With `lmlm generate --copy-bias {ak['copy_bias']:g}` (the answered value's next token favoured "
+                     f"while the text states it) the LMLM states {_fmt(ak['lmlm_copy_bias'])} of them.")
+    return lines
+
+
 def write_report(report: dict, out: str | Path) -> Path:
     """Write ``out/report.md`` and its figures from a quickstart report dict."""
     out = Path(out)
@@ -240,7 +255,7 @@ def write_report(report: dict, out: str | Path) -> Path:
               f"| retain set, after delete | {u['retain_prompts']} | {_fmt(u['retain_after'])} | – |",
               "",
               f"Deleting {u['facts_deleted']} facts of {u['people']} people took {u['seconds']:.3f} s.",
-              "", "![knowledge changes](figures/knowledge_changes.png)", ""] + wrong_entity_lines(report) + [
+              ""] + _added_lines(ak) + ["", "![knowledge changes](figures/knowledge_changes.png)", ""] + wrong_entity_lines(report) + [
               "## Held-out perplexity (paper, appendix A.3)", "",
               "Dynamic perplexity is computed with a KB that holds the facts of every held-out document (the "
               "trained people's and the added people's), as the paper's database covers its validation text.", "",

@@ -74,7 +74,7 @@ def test_text_lines_and_json_arrays(tmp_path):
 
 
 def test_parquet_and_datasets_folders(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets  # in the [test] extra
     docs = [Document.from_annotated(f"d{i}", ANNOTATED, source="test", split="train") for i in range(3)]
     assert write_documents(tmp_path / "docs.parquet", docs) == 3
     assert read_documents(tmp_path / "docs.parquet") == docs

@@ -313,3 +313,41 @@ def test_a_prompt_beyond_the_context_is_refused_and_generation_stops_at_its_end(
     with pytest.warns(UserWarning, match="context of 256 positions"):  # GPT-2's positions end at 256
         (r,) = gen.generate([near], max_new_tokens=200, ignore_eos=True)
     assert 0 < len(r.token_ids) <= 256 - n
+
+
+def test_copy_bias_favours_the_answered_value_only_while_the_text_states_it(world, tmp_path):
+    from lmlm.kb import KnowledgeBase, Triple, get_encoder
+
+    tok = world.tok
+    kb = KnowledgeBase.create(tmp_path / "kb", encoder=get_encoder())
+    kb.add([Triple("Ada Lovelace", "Birth City", "Port Jamesville")], who="t")
+    with pytest.raises(ValueError, match="copy_bias"):
+        LookupLogitsProcessor(tok, kb, copy_bias=-1.0)
+
+    def after_call(entity: str) -> tuple[LookupLogitsProcessor, torch.Tensor, list[int]]:
+        """A processor that has decoded a call about ``entity`` up to its <|db_end|>, step by step."""
+        proc = LookupLogitsProcessor(tok, kb, logit_bias=None, copy_bias=4.0)
+        ids = [tok.doc_id, *tok.encode_text(f"{entity} was born in"), tok.start_id, *tok.encode_field(entity),
+               tok.sep_id, *tok.encode_field("Birth City"), tok.retrieve_id]
+        while True:  # the grammar forces the value and <|db_end|>
+            scores = proc(torch.tensor([ids]), torch.zeros(1, len(tok)))
+            ids.append(int(scores[0].argmax()))
+            if ids[-1] == tok.end_id:
+                return proc, torch.tensor([ids]), ids
+
+    proc, ids, row = after_call("Ada Lovelace")
+    value = tok.encode_field("Port Jamesville")
+    assert row[-1 - len(value):-1] == value
+    for k in range(len(value)):  # each next token of the value, and nothing else, gets the bias
+        scores = proc(ids, torch.zeros(1, len(tok)))
+        assert scores[0, value[k]] == 4.0 and int((scores[0] == 4.0).sum()) == 1
+        ids = torch.cat([ids, torch.tensor([[value[k]]])], dim=1)
+    assert not (proc(ids, torch.zeros(1, len(tok))) == 4.0).any()  # the value is stated: the model goes on
+    # a row that wrote something else has left the value
+    proc, ids, _ = after_call("Ada Lovelace")
+    other = next(t for t in range(len(tok)) if t != value[0] and t not in tok.call_ids)
+    assert not (proc(torch.cat([ids, torch.tensor([[other]])], dim=1), torch.zeros(1, len(tok))) == 4.0).any()
+    # a miss forces the fallback text, which is never copied
+    proc, ids, _ = after_call("Nobody Known")
+    assert not (proc(ids, torch.zeros(1, len(tok))) == 4.0).any()
+    kb.close()

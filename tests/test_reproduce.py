@@ -17,7 +17,6 @@ from lmlm.evaluate.tofu import read_tofu
 from lmlm.evaluate.trex import read_trex
 from lmlm.reproduce import STAGES, reproduce
 
-pytest.importorskip("bm25s")
 
 
 def _same(a, b) -> bool:

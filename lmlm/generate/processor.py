@@ -11,7 +11,7 @@ Exercised by ``lmlm generate``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 import torch
@@ -47,6 +47,7 @@ class _Rows:
     start: list[int]  # the last <|db_start|>'s position
     calls: list[int]  # <|db_start|> at or after count_from
     keys: dict[tuple[int, int], tuple[Key, tuple[int, ...]]]  # (row, <|db_retrieve|> pos) -> query, context
+    copies: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (row, <|db_end|> pos) -> value ids
 
 
 class LookupLogitsProcessor(LogitsProcessor):
@@ -80,6 +81,10 @@ class LookupLogitsProcessor(LogitsProcessor):
         force_at (`Sequence[Sequence[int]]`, optional): per batch item, offsets from ``count_from``
             at which a call must begin (a call already open then delays it to right after its end).
         matching (`str`, optional): ``"entity"`` or ``"key"``; ``None``: the KB's own (see ``Answerer``).
+        copy_bias (`float`, defaults to 0): added, after an answered call's ``<|db_end|>``, to the
+            score of the value's next token while the text is stating the value (its tokens so far
+            are the value's first ones); 0 leaves the model alone. A small model may drift off a
+            value it has never seen ("University of Port Jamesville" -> "... Port Emilyside").
 
     Shapes: ``input_ids`` `(batch_size, sequence_length)`, ``scores`` `(batch_size, vocab_size)`;
     returns a new `(batch_size, vocab_size)` tensor. With beam search ``batch_size`` is items times
@@ -97,13 +102,15 @@ class LookupLogitsProcessor(LogitsProcessor):
                  max_field_tokens: int = 24, fallback: str | None = "unknown", on_miss: str = "text",
                  use_db: bool = True, count_from: int = 0, query_only: bool = False, cache: dict | None = None,
                  constraint=None, force_at: Sequence[Sequence[int]] | None = None, matching: str | None = None,
-                 use_context: bool = True):
+                 use_context: bool = True, copy_bias: float = 0.0):
         if logit_bias is not None and len(tuple(logit_bias)) != 4:
             raise ValueError(f"logit_bias must be None or four floats (start, sep, retrieve, end), got {logit_bias!r}")
         if not isinstance(max_lookups, int) or max_lookups < 0:
             raise ValueError(f"max_lookups must be an int >= 0, got {max_lookups!r}")
         if not isinstance(max_field_tokens, int) or max_field_tokens < 1:
             raise ValueError(f"max_field_tokens must be an int >= 1, got {max_field_tokens!r}")
+        if not (isinstance(copy_bias, (int, float)) and 0.0 <= float(copy_bias) < float("inf")):
+            raise ValueError(f"copy_bias must be a finite number >= 0, got {copy_bias!r}")
         if force_at is not None and any(p < 0 for ps in force_at for p in ps):
             raise ValueError(f"force_at offsets must be >= 0, got {force_at!r}")
         self.tok, self.kb = tokenizer, kb
@@ -115,6 +122,7 @@ class LookupLogitsProcessor(LogitsProcessor):
         self.count_from = count_from
         self.constraint = constraint
         self.force_at = None if force_at is None else [sorted(set(ps)) for ps in force_at]
+        self.copy_bias = float(copy_bias)
         self.stop_ids = sorted({tokenizer.eos_id, tokenizer.doc_id})
         self._tables: tuple[torch.Tensor, ...] | None = None  # marker kind per id, ban per state, bias
         self._codes = torch.zeros(0, dtype=torch.long)
@@ -208,10 +216,46 @@ class LookupLogitsProcessor(LogitsProcessor):
             keep = scores[b, ids]
             scores[b] = _NEG_INF
             scores[b, ids] = keep
+        if self.copy_bias:
+            for b, t in self._copy_targets(input_ids).items():
+                scores[b, t] += self.copy_bias
         for b, t in forced.items():
             scores[b] = _NEG_INF
             scores[b, t] = 0.0
         return scores
+
+    def _copy_targets(self, input_ids: torch.LongTensor) -> dict[int, int]:
+        """Rows that are stating an answered value after its ``<|db_end|>``: the value's next token.
+
+        The text after a call states the value as the call's value field spells it (the field's ids
+        are the text's, a leading space included), so while a row's tokens after ``<|db_end|>`` are a
+        prefix of the value's, its next token is where the copy goes on. A miss (the fallback text) is
+        never copied; a row that wrote something else has left the value, and is left alone.
+        """
+        rows, out = self._rows, {}
+        T = input_ids.shape[1]
+        for b, (pos, kind) in enumerate(zip(rows.last, rows.kind)):
+            if kind != 4 or T - 1 - pos > 2 * self.max_field_tokens:
+                continue
+            value = rows.copies.get((b, pos))
+            if value is None:
+                value = rows.copies[(b, pos)] = self._answered_value(input_ids[b].tolist(), pos)
+            done = T - 1 - pos
+            if done < len(value) and (done == 0 or input_ids[b, pos + 1:].tolist() == value[:done]):
+                out[b] = value[done]
+        return out
+
+    def _answered_value(self, row: list[int], end: int) -> list[int]:
+        """The value ids of the call closed at ``end`` when the KB answered it, else ``[]``."""
+        ret = next((p for p in range(end - 1, max(end - 2 * self.max_field_tokens - 2, 0), -1)
+                    if row[p] == self.tok.retrieve_id), None)
+        if ret is None:
+            return []
+        ans = self.answers.get(query_key(row, ret, self.tok, 2 * self.max_field_tokens + 2),
+                               call_context(row, call_start(row, ret, self.tok), self.tok))
+        if ans is None or ans.match is None:
+            return []
+        return list(ans.continuation[:-1])
 
     def plan(self, input_ids: torch.LongTensor) -> Plan:
         """Each row's state, the token forced on rows that have one, and prefix-tree allowances.

@@ -16,7 +16,11 @@ entity first, in this order, and says why when it cannot:
    a near-miss of a name about someone the text never named is a miss; an exact name or alias is
    answered unless the text names someone else (a KB entity, a deleted one, or anyone sharing a
    word of the name: "Larry Davis" in a text about "Larry Huerta-Rogers") and never it: the model
-   copying another person's name into a text about them;
+   copying another person's name into a text about them. Such a name, or one the KB does not know,
+   in a text that names exactly one entity, with a word of that entity's name and a word written
+   nowhere in the text ("James Girard" or "Jackson Carter" in a text about "Jackson Girard"), is the
+   model garbling the name of the person it is writing about, and names them (never the name of a
+   deleted entity, never where the text names one);
 5. **fuzzy**: the names whose words align with the query's words one by one (typos within a word,
    diacritics, word order, a dropped initial), scored by the weakest aligned pair of words, taken
    at :data:`ENTITY_THRESHOLD` or above with :data:`ENTITY_MARGIN` over the next entity. A name
@@ -341,13 +345,32 @@ class EntityIndex:
         if res.entity is not None and res.entity not in ctx and not _refers(qt, words) and (
                 res.via == "fuzzy" or bool(ctx) or _namesake(qt, words) or self._names_gone(context)):
             name = self.display[res.entity]
-            return Resolved(reason="no_entity", candidates=((name, round(res.score, 3)),), context_free=False,
-                            detail=f"{name!r} fits {entity!r}, but the text so far never names {name!r}")
+            res = Resolved(reason="no_entity", candidates=((name, round(res.score, 3)),), context_free=False,
+                           detail=f"{name!r} fits {entity!r}, but the text so far never names {name!r}")
         if res.entity is not None and res.entity not in ctx and res.via != "exact" and (
                 gone := self._gone_named_by(context, qt)):  # "Jackson" after "Jackson Marshall" (deleted)
             return Resolved(reason="no_entity", candidates=((gone, 1.0),), context_free=False,
                             detail=f"{entity!r} refers to {gone!r}, named in the text and deleted")
+        if res.reason == "no_entity" and len(ctx) == 1 and self._garbled(qn, qt, ctx[0], words, context):
+            name = self.display[ctx[0]]
+            return Resolved(ctx[0], "context", name_score(qt, fuzzy_tokens(ctx[0])), context_free=False,
+                            detail=f"{entity!r} is written nowhere in the text and shares a word with "
+                                   f"{name!r}, the one entity the text names")
         return res
+
+    def _garbled(self, qn: str, qt: tuple[str, ...], subject: str, words: tuple[str, ...], context: str) -> bool:
+        """Whether the query is the model garbling the name of ``subject``, the one entity the text
+        names: "James Girard" written for "Jackson Girard", or the name of another person it learned
+        ("Julie Mejia" in a text about "Julie Anderson"). The query is not the name of a deleted
+        entity (those always miss), it is not copied from the text (some word of it is written
+        nowhere there), it shares a word with the subject's name, and the text names no deleted
+        entity (whose name the model may be garbling instead)."""
+        if qn in self.gone and qn not in self.relations:
+            return False
+        if _refers(qt, words) or self._names_gone(context):
+            return False
+        return any(_token_sim(t, o) >= ENTITY_THRESHOLD for toks in self._entity_tokens(subject)
+                   for t in qt if len(t) > 1 for o in toks)
 
     def _resolve(self, entity: str, qn: str, qt: tuple[str, ...], ctx: list[str] | None, fuzzy: bool) -> Resolved:
         direct = [qn] if qn in self.relations else self._alias_owners(qn)

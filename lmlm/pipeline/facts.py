@@ -249,8 +249,9 @@ def evaluate_edits(folder: Path, edits: list[dict[str, str]], lmlm: Path, kb_pat
                         "new_after": match_first_content_words(a, e["new_value"]),
                         "old_after": match_first_content_words(a, e["old_value"]),
                         "lookups": [t.to_dict() if hasattr(t, "to_dict") else dict(vars(t)) for t in r.trace]})
+    version = kb.version
     kb.close()
     n = len(records)
     rate = (lambda k: sum(r[k] for r in records) / n if n else float("nan"))
     return {"n": n, "old_value_before": rate("old_before"), "new_value_after": rate("new_after"),
-            "old_value_after": rate("old_after"), "kb_version": None, "records": records}
+            "old_value_after": rate("old_after"), "kb_version": version, "records": records}

@@ -6,7 +6,7 @@
                         (``infobox.jsonl``, ``wikipedia/triples.jsonl``)
 ``OUT/annotate``        every method's calls merged (``documents.jsonl``), the KB's triples, the LLM path's
                         steps under ``llm/`` (seed, correct, annotator, run), ``report.json``
-``OUT/kb``              the knowledge base (``lmlm kb build`` on ``annotate/triples.jsonl``)
+``OUT/kb``              the knowledge base (``lmlm kb build`` on ``annotate/triples.jsonl``, with the dump's aliases)
 ``OUT/train-MODE``      the LMLM and the Standard model (``lmlm train``), ``OUT/data`` their documents
 ``OUT/eval``            cloze prompts (``cloze/*.jsonl``, LAMA T-REx format), one results JSON per model and
                         split, ``edits.json``
@@ -163,6 +163,11 @@ def stage_kb(recipe: Recipe, out: Path) -> dict:
         return info
     t = time.time()
     kb = build(folder, out / "annotate" / "triples.jsonl", who="lmlm pipeline", why=f"recipe {recipe.name}")
+    aliases = out / "corpus" / "wikipedia" / "aliases.jsonl"  # redirects and infobox names (`lmlm kb build --aliases`)
+    if aliases.exists() and not kb.aliases():  # a resumed stage does not add them twice
+        from ..kb.formats import read_aliases
+
+        kb.add_aliases(read_aliases(aliases), who="lmlm pipeline", why="Wikipedia redirects and infobox names")
     stats = {k: v for k, v in kb.stats().items() if isinstance(v, (int, float, str))}
     kb.close()
     return _finish(folder, {**stats, "seconds": time.time() - t})

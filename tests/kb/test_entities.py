@@ -160,3 +160,26 @@ def test_a_namesake_of_the_person_the_text_names_is_never_answered():
     assert idx.resolve("Larry Davis", context="The new mayor was born in").entity == "larry davis"
     assert idx.resolve("Larry Davis", context="Larry Davis was born in").entity == "larry davis"
     assert idx.resolve("Larry Davis").entity == "larry davis"
+
+
+def test_a_garbled_name_in_a_text_about_one_person_is_that_person():
+    idx = EntityIndex()
+    for name in ("Jackson Girard", "Julie Anderson", "Julie Mejia", "Timothy Frazier", "Paul Marshall"):
+        idx.add_key(name.lower(), "birth city", name)
+    idx.add_gone("joshua frazier", "Joshua Frazier", "joshua frazier")
+    # a first name swapped, or another learned person's name sharing a word: the one person the text names
+    got = idx.resolve("James Girard", context="Jackson Girard was born in")
+    assert got.entity == "jackson girard" and got.via == "context" and "written nowhere" in got.detail
+    assert idx.resolve("Julie Mejia", context="Julie Anderson majored in").entity == "julie anderson"
+    assert idx.resolve("Jackson Carter", context="Jackson Girard works in").entity == "jackson girard"
+    # no word shared: a miss
+    assert idx.resolve("Paul Marshall", context="Jackson Girard was born in").entity is None
+    # the name of a deleted person never turns into someone else's, nor does a name in a text naming one
+    assert idx.resolve("Joshua Frazier", context="Timothy Frazier was born in").reason == "no_entity"
+    assert idx.resolve("James Frazier", context="Joshua Frazier met Timothy Frazier, born in").entity is None
+    # a name the text writes is the model copying it, not garbling the subject's
+    assert idx.resolve("James Girard", context="James Girard met Jackson Girard. He was born in").entity is None
+    # two people named: which one is meant cannot be told
+    assert idx.resolve("James Girard", context="Jackson Girard met Julie Anderson. He was born in").entity is None
+    # no text: nothing to read the name against
+    assert idx.resolve("James Girard").entity is None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-psycopg = pytest.importorskip("psycopg")
+import psycopg  # in the [test] extra; the tests skip only where no PostgreSQL server can be started
 
 from lmlm.kb import KBError, KnowledgeBase, NotAKnowledgeBase, Triple  # noqa: E402
 from lmlm.kb.store import KBNotFound  # noqa: E402

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e '.[serve]'")
-pytest.importorskip("httpx")
-pytest.importorskip("uvicorn")
+import fastapi  # noqa: F401  (fastapi, httpx and uvicorn are in the [test] extra)
+import httpx  # noqa: F401
+import uvicorn  # noqa: F401
 
 TOKEN = "test-token-1234"  # as in conftest.py
 

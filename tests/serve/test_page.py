@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e '.[serve]'")
-pytest.importorskip("uvicorn", reason="the serve extra is not installed: pip install -e '.[serve]'")
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install playwright")
+import fastapi  # noqa: F401  (fastapi and uvicorn are in the [test] extra)
+import uvicorn  # noqa: F401
+from playwright import sync_api  # in the [test] extra; without Chromium the test skips
 
 TOKEN = "test-token-1234"  # as in conftest.py
 ARTIFACTS = Path(os.environ.get("LMLM_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "runs" / "test-artifacts"))
