@@ -20,7 +20,9 @@ entity first, in this order, and says why when it cannot:
    in a text that names exactly one entity, with a word of that entity's name and a word written
    nowhere in the text ("James Girard" or "Jackson Carter" in a text about "Jackson Girard"), is the
    model garbling the name of the person it is writing about, and names them (never the name of a
-   deleted entity, never where the text names one);
+   deleted entity, never where the text names one). A text that names a deleted entity answers no
+   query sharing a word of its name with it, unless the text names the queried entity ("Lisa
+   Hoàng" after "James Hoàng", deleted, is never Lisa Zhang);
 5. **fuzzy**: the names whose words align with the query's words one by one (typos within a word,
    diacritics, word order, a dropped initial), scored by the weakest aligned pair of words, taken
    at :data:`ENTITY_THRESHOLD` or above with :data:`ENTITY_MARGIN` over the next entity. A name
@@ -307,6 +309,18 @@ class EntityIndex:
                 return shown
         return None
 
+    def _gone_namesake(self, context: str, query: tuple[str, ...]) -> str | None:
+        """A deleted entity the text names that shares a word of its name with the query, if any."""
+        if not self.gone:
+            return None
+        text = f" {' '.join(fuzzy_tokens(normalize_text(context)))} "
+        for n, shown in self.gone.items():
+            words = fuzzy_tokens(n)
+            if len(n) > 3 and f" {' '.join(words)} " in text and any(
+                    len(t) > 1 and _token_sim(t, o) >= ENTITY_THRESHOLD for t in query for o in words):
+                return shown
+        return None
+
     def _names_gone(self, context: str) -> bool:
         """Whether the text names a deleted entity (or a deleted alias), word for word."""
         text = f" {' '.join(fuzzy_tokens(normalize_text(context)))} "
@@ -351,6 +365,10 @@ class EntityIndex:
                 gone := self._gone_named_by(context, qt)):  # "Jackson" after "Jackson Marshall" (deleted)
             return Resolved(reason="no_entity", candidates=((gone, 1.0),), context_free=False,
                             detail=f"{entity!r} refers to {gone!r}, named in the text and deleted")
+        if res.entity is not None and res.entity not in ctx and (gone := self._gone_namesake(context, qt)):
+            # "John Frazier" or "Lisa Hoàng" in a text about Joshua Frazier or James Hoàng, deleted
+            return Resolved(reason="no_entity", candidates=((gone, 1.0),), context_free=False,
+                            detail=f"{entity!r} shares a name with {gone!r}, named in the text and deleted")
         if res.reason == "no_entity" and len(ctx) == 1 and self._garbled(qn, qt, ctx[0], words, context):
             name = self.display[ctx[0]]
             return Resolved(ctx[0], "context", name_score(qt, fuzzy_tokens(ctx[0])), context_free=False,

@@ -164,7 +164,7 @@ def stage_kb(recipe: Recipe, out: Path) -> dict:
     t = time.time()
     kb = build(folder, out / "annotate" / "triples.jsonl", who="lmlm pipeline", why=f"recipe {recipe.name}")
     aliases = out / "corpus" / "wikipedia" / "aliases.jsonl"  # redirects and infobox names (`lmlm kb build --aliases`)
-    if aliases.exists() and not kb.aliases():  # a resumed stage does not add them twice
+    if aliases.exists() and aliases.stat().st_size and not kb.aliases():  # a resumed stage does not add them twice
         from ..kb.formats import read_aliases
 
         kb.add_aliases(read_aliases(aliases), who="lmlm pipeline", why="Wikipedia redirects and infobox names")

@@ -183,3 +183,17 @@ def test_a_garbled_name_in_a_text_about_one_person_is_that_person():
     assert idx.resolve("James Girard", context="Jackson Girard met Julie Anderson. He was born in").entity is None
     # no text: nothing to read the name against
     assert idx.resolve("James Girard").entity is None
+
+
+def test_a_text_naming_a_deleted_person_answers_none_of_their_namesakes():
+    idx = EntityIndex()
+    idx.add_key("lisa zhang", "birth city", "Lisa Zhang")
+    idx.add_key("nicole everett", "birth city", "Nicole Everett")
+    idx.add_gone("james hoàng", "James Hoàng", "james hoàng")
+    # "Lisa Hoàng" is close enough to "Lisa Zhang" for a fuzzy match, and every word of it is written in
+    # the text; but the text is about James Hoàng, deleted, and the query shares his name
+    miss = idx.resolve("Lisa Hoàng", context="James Hoàng was born in New Lisa on")
+    assert miss.entity is None and "named in the text and deleted" in miss.detail
+    assert idx.resolve("Lisa Hoàng").entity == "lisa zhang"  # no text: the fuzzy match stands
+    # a person the text names is answered, whatever it shares with the deleted one
+    assert idx.resolve("Nicole Everett", context="James Hoàng met Nicole Everett in").entity == "nicole everett"
