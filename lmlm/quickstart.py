@@ -136,9 +136,10 @@ def _wrong_answers(items, hits, results, limit: int = 10) -> dict:
     or none was written), or one answered and the text after it still missed the gold value."""
     wrong = [(it, r) for it, r, h in zip(items, results, hits) if not h]
     answered = [(it, r) for it, r in wrong if any(t.found for t in r.trace)]
-    return {"n": len(wrong), "lookup_answered": len(answered), "no_answer": len(wrong) - len(answered),
+    unanswered = [(it, r) for it, r in wrong if not any(t.found for t in r.trace)]
+    return {"n": len(wrong), "lookup_answered": len(answered), "no_answer": len(unanswered),
             "examples": [{"prompt": it.prompt[-80:], "gold": it.gold, "text": r.text[:160]}
-                         for it, r in (answered[:limit // 2] + [x for x in wrong if x not in answered][:limit // 2])]}
+                         for it, r in answered[:limit // 2] + unanswered[:limit // 2]]}
 
 
 def stated_split(hits: dict[str, list[bool]], stated: list[bool]) -> dict:

@@ -320,10 +320,6 @@ def _birth_names(box: Infobox | None) -> list[str]:
     return [v for r, v in (box.facts if box else []) if r == "Birth Name"]
 
 
-def _name_form(name: str) -> str:
-    return re.sub(r"\s+", " ", name).strip().casefold()
-
-
 def _value_forms(value: str) -> list[str]:
     """Ways a value may be written in text: a ``Month D, YYYY`` date also as ``D Month YYYY``."""
     forms = [value]
@@ -397,8 +393,10 @@ def annotate_article(page: WikiPage) -> dict:
         entity_end = first + 1
     calls: list[tuple[int, int, str, str]] = []  # (start, end, relation, value)
     if box is not None and entity_end is not None:
-        own = {_name_form(n) for n in _aliases(page.title, box, raw_name) + _birth_names(box)}
-        facts = [(r, v) for r, v in box.facts if _name_form(v) not in own]
+        from ..kb.keys import normalize_text
+
+        own = {normalize_text(n) for n in _aliases(page.title, box, raw_name) + _birth_names(box)}
+        facts = [(r, v) for r, v in box.facts if normalize_text(v) not in own]
         body_end = _back_matter(text)
         for a, b in split_passages(text[:body_end], PASSAGE_CHARS, min_chars=1):
             if b <= entity_end:

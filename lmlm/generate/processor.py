@@ -239,23 +239,30 @@ class LookupLogitsProcessor(LogitsProcessor):
                 continue
             value = rows.copies.get((b, pos))
             if value is None:
-                value = rows.copies[(b, pos)] = self._answered_value(input_ids[b].tolist(), pos)
+                value = rows.copies[(b, pos)] = self._answered_value(input_ids, b, pos)
             done = T - 1 - pos
             if done < len(value) and (done == 0 or input_ids[b, pos + 1:].tolist() == value[:done]):
                 out[b] = value[done]
         return out
 
-    def _answered_value(self, row: list[int], end: int) -> list[int]:
-        """The value ids of the call closed at ``end`` when the KB answered it, else ``[]``."""
-        ret = next((p for p in range(end - 1, max(end - 2 * self.max_field_tokens - 2, 0), -1)
-                    if row[p] == self.tok.retrieve_id), None)
-        if ret is None:
+    def _answered_value(self, input_ids: torch.LongTensor, b: int, end: int) -> list[int]:
+        """The value ids of row ``b``'s call closed at ``end`` when the KB answered it, else ``[]``."""
+        window = input_ids[b, max(end - 2 * self.max_field_tokens - 2, 0):end].tolist()
+        if self.tok.retrieve_id not in window:
             return []
-        ans = self.answers.get(query_key(row, ret, self.tok, 2 * self.max_field_tokens + 2),
-                               call_context(row, call_start(row, ret, self.tok), self.tok))
-        if ans is None or ans.match is None:
-            return []
-        return list(ans.continuation[:-1])
+        ret = end - 1 - window[::-1].index(self.tok.retrieve_id)  # the call's last <|db_retrieve|>
+        ans = self.answers.get(*self._query(input_ids, b, ret, self._rows.keys))
+        return list(ans.continuation[:-1]) if ans is not None and ans.match is not None else []
+
+    def _query(self, input_ids: torch.LongTensor, b: int, p: int,
+               known: dict[tuple[int, int], tuple[Key, tuple[int, ...]]]) -> tuple[Key, tuple[int, ...]]:
+        """Row ``b``'s query closed by ``<|db_retrieve|>`` at ``p`` and the context before its call,
+        read once per call while the rows keep their order."""
+        if (b, p) not in known:
+            row = input_ids[b].tolist()
+            known[(b, p)] = (query_key(row, p, self.tok, 2 * self.max_field_tokens + 2),
+                             call_context(row, call_start(row, p, self.tok), self.tok))
+        return known[(b, p)]
 
     def plan(self, input_ids: torch.LongTensor) -> Plan:
         """Each row's state, the token forced on rows that have one, and prefix-tree allowances.
@@ -333,14 +340,8 @@ class LookupLogitsProcessor(LogitsProcessor):
                       known: dict[tuple[int, int], tuple[Key, tuple[int, ...]]]) -> dict[int, int]:
         """The next forced token of each row in a value, answering new queries in one batch."""
         T = input_ids.shape[1]
-        keys, contexts = [], []
-        for b, p in rows:
-            if (b, p) not in known:  # read once per call while the rows keep their order
-                row = input_ids[b].tolist()
-                known[(b, p)] = (query_key(row, p, self.tok, 2 * self.max_field_tokens + 2),
-                                 call_context(row, call_start(row, p, self.tok), self.tok))
-            keys.append(known[(b, p)][0])
-            contexts.append(known[(b, p)][1])
+        queries = [self._query(input_ids, b, p, known) for b, p in rows]
+        keys, contexts = [q[0] for q in queries], [q[1] for q in queries]
         self.answers.resolve(keys, contexts)
         out = {}
         for (b, p), key, ctx in zip(rows, keys, contexts):

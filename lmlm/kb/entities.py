@@ -135,6 +135,11 @@ def _namesake(query: tuple[str, ...], words: tuple[str, ...]) -> bool:
     return any(len(t) > 1 and t in present for t in query)
 
 
+def _shares_word(query: tuple[str, ...], name: tuple[str, ...]) -> bool:
+    """Whether a word of the query (not an initial) is (a typo of) a word of the name."""
+    return any(len(t) > 1 and _token_sim(t, o) >= ENTITY_THRESHOLD for t in query for o in name)
+
+
 def _refers(query: tuple[str, ...], name: tuple[str, ...]) -> bool:
     """Whether every word of the query is (a typo of) a word of the name: "Jasmine Mejia" refers to
     "Jasmine Mejia-Morris", "Mejia-Morris" too; "Joshua Frazier" does not refer to "Timothy Frazier"."""
@@ -300,31 +305,17 @@ class EntityIndex:
             i += step
         return list(found)
 
-    def _gone_named_by(self, context: str, query: tuple[str, ...]) -> str | None:
-        """A deleted entity the text names whose name holds every word of the query, if any."""
-        text = f" {' '.join(fuzzy_tokens(normalize_text(context)))} "
-        for n, shown in self.gone.items():
-            words = fuzzy_tokens(n)
-            if len(n) > 3 and f" {' '.join(words)} " in text and _refers(query, tuple(words)):
-                return shown
-        return None
-
-    def _gone_namesake(self, context: str, query: tuple[str, ...]) -> str | None:
-        """A deleted entity the text names that shares a word of its name with the query, if any."""
+    def _gone_in(self, context: str) -> list[tuple[str, tuple[str, ...]]]:
+        """The deleted entities (or deleted aliases) the text names word for word: ``(name, its words)``."""
         if not self.gone:
-            return None
+            return []
         text = f" {' '.join(fuzzy_tokens(normalize_text(context)))} "
+        named = []
         for n, shown in self.gone.items():
             words = fuzzy_tokens(n)
-            if len(n) > 3 and f" {' '.join(words)} " in text and any(
-                    len(t) > 1 and _token_sim(t, o) >= ENTITY_THRESHOLD for t in query for o in words):
-                return shown
-        return None
-
-    def _names_gone(self, context: str) -> bool:
-        """Whether the text names a deleted entity (or a deleted alias), word for word."""
-        text = f" {' '.join(fuzzy_tokens(normalize_text(context)))} "
-        return any(len(n) > 3 and f" {' '.join(fuzzy_tokens(n))} " in text for n in self.gone)
+            if len(n) > 3 and f" {' '.join(words)} " in text:
+                named.append((shown, words))
+        return named
 
     def _extended(self, query: tuple[str, ...], exclude: set[str]) -> bool:
         """Whether some other name holds every word of the query (the query may be a short form of it)."""
@@ -355,40 +346,38 @@ class EntityIndex:
         # a fuzzy match must be grounded in the text; an exact name or alias asks for that entity itself
         # and is refused only when the text names someone else (an entity of the KB, or a deleted one)
         # and never this one: the model copying another person's name into a text about them
-        words = _words(context)
+        words, gone = _words(context), self._gone_in(context)
         if res.entity is not None and res.entity not in ctx and not _refers(qt, words) and (
-                res.via == "fuzzy" or bool(ctx) or _namesake(qt, words) or self._names_gone(context)):
+                res.via == "fuzzy" or bool(ctx) or _namesake(qt, words) or bool(gone)):
             name = self.display[res.entity]
             res = Resolved(reason="no_entity", candidates=((name, round(res.score, 3)),), context_free=False,
                            detail=f"{name!r} fits {entity!r}, but the text so far never names {name!r}")
         if res.entity is not None and res.entity not in ctx and res.via != "exact" and (
-                gone := self._gone_named_by(context, qt)):  # "Jackson" after "Jackson Marshall" (deleted)
-            return Resolved(reason="no_entity", candidates=((gone, 1.0),), context_free=False,
-                            detail=f"{entity!r} refers to {gone!r}, named in the text and deleted")
-        if res.entity is not None and res.entity not in ctx and (gone := self._gone_namesake(context, qt)):
+                named := next((n for n, w in gone if _refers(qt, w)), None)):  # "Jackson" after "Jackson Marshall"
+            return Resolved(reason="no_entity", candidates=((named, 1.0),), context_free=False,
+                            detail=f"{entity!r} refers to {named!r}, named in the text and deleted")
+        if res.entity is not None and res.entity not in ctx and (
+                named := next((n for n, w in gone if _shares_word(qt, w)), None)):
             # "John Frazier" or "Lisa Hoàng" in a text about Joshua Frazier or James Hoàng, deleted
-            return Resolved(reason="no_entity", candidates=((gone, 1.0),), context_free=False,
-                            detail=f"{entity!r} shares a name with {gone!r}, named in the text and deleted")
-        if res.reason == "no_entity" and len(ctx) == 1 and self._garbled(qn, qt, ctx[0], words, context):
+            return Resolved(reason="no_entity", candidates=((named, 1.0),), context_free=False,
+                            detail=f"{entity!r} shares a name with {named!r}, named in the text and deleted")
+        if res.reason == "no_entity" and len(ctx) == 1 and not gone and self._garbled(qn, qt, ctx[0], words):
             name = self.display[ctx[0]]
             return Resolved(ctx[0], "context", name_score(qt, fuzzy_tokens(ctx[0])), context_free=False,
                             detail=f"{entity!r} is written nowhere in the text and shares a word with "
                                    f"{name!r}, the one entity the text names")
         return res
 
-    def _garbled(self, qn: str, qt: tuple[str, ...], subject: str, words: tuple[str, ...], context: str) -> bool:
+    def _garbled(self, qn: str, qt: tuple[str, ...], subject: str, words: tuple[str, ...]) -> bool:
         """Whether the query is the model garbling the name of ``subject``, the one entity the text
         names: "James Girard" written for "Jackson Girard", or the name of another person it learned
         ("Julie Mejia" in a text about "Julie Anderson"). The query is not the name of a deleted
         entity (those always miss), it is not copied from the text (some word of it is written
-        nowhere there), it shares a word with the subject's name, and the text names no deleted
-        entity (whose name the model may be garbling instead)."""
-        if qn in self.gone and qn not in self.relations:
+        nowhere there) and it shares a word with the subject's name. (The caller has checked that
+        the text names no deleted entity, whose name the model may be garbling instead.)"""
+        if (qn in self.gone and qn not in self.relations) or _refers(qt, words):
             return False
-        if _refers(qt, words) or self._names_gone(context):
-            return False
-        return any(_token_sim(t, o) >= ENTITY_THRESHOLD for toks in self._entity_tokens(subject)
-                   for t in qt if len(t) > 1 for o in toks)
+        return any(_shares_word(qt, toks) for toks in self._entity_tokens(subject))
 
     def _resolve(self, entity: str, qn: str, qt: tuple[str, ...], ctx: list[str] | None, fuzzy: bool) -> Resolved:
         direct = [qn] if qn in self.relations else self._alias_owners(qn)

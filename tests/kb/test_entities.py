@@ -145,11 +145,18 @@ def test_the_entity_threshold_is_calibrated_on_the_biography_world(tmp_path, enc
     assert sum(1 for m in got if m) >= 0.9 * len(sample)
 
 
-def test_a_namesake_of_the_person_the_text_names_is_never_answered():
+def _index(names: list[str], deleted: list[str] = ()) -> EntityIndex:
+    """An entity index of ``names`` (a Birth City each) and the names of ``deleted`` entities."""
     idx = EntityIndex()
-    idx.add_key("larry davis", "birth city", "Larry Davis")
-    idx.add_key("jackson jackson", "birth city", "Jackson Jackson")
-    idx.add_gone("jackson marshall", "Jackson Marshall", "jackson marshall")
+    for name in names:
+        idx.add_key(name.lower(), "birth city", name)
+    for name in deleted:
+        idx.add_gone(name.lower(), name, name.lower())
+    return idx
+
+
+def test_a_namesake_of_the_person_the_text_names_is_never_answered():
+    idx = _index(["Larry Davis", "Jackson Jackson"], deleted=["Jackson Marshall"])
     # the text is about someone the KB never held, who shares a first name with a KB entity
     miss = idx.resolve("Larry Davis", context="Larry Huerta-Rogers was born in")
     assert miss.entity is None and miss.reason == "no_entity" and "never names 'Larry Davis'" in miss.detail
@@ -163,10 +170,8 @@ def test_a_namesake_of_the_person_the_text_names_is_never_answered():
 
 
 def test_a_garbled_name_in_a_text_about_one_person_is_that_person():
-    idx = EntityIndex()
-    for name in ("Jackson Girard", "Julie Anderson", "Julie Mejia", "Timothy Frazier", "Paul Marshall"):
-        idx.add_key(name.lower(), "birth city", name)
-    idx.add_gone("joshua frazier", "Joshua Frazier", "joshua frazier")
+    idx = _index(["Jackson Girard", "Julie Anderson", "Julie Mejia", "Timothy Frazier", "Paul Marshall"],
+                 deleted=["Joshua Frazier"])
     # a first name swapped, or another learned person's name sharing a word: the one person the text names
     got = idx.resolve("James Girard", context="Jackson Girard was born in")
     assert got.entity == "jackson girard" and got.via == "context" and "written nowhere" in got.detail
@@ -186,10 +191,7 @@ def test_a_garbled_name_in_a_text_about_one_person_is_that_person():
 
 
 def test_a_text_naming_a_deleted_person_answers_none_of_their_namesakes():
-    idx = EntityIndex()
-    idx.add_key("lisa zhang", "birth city", "Lisa Zhang")
-    idx.add_key("nicole everett", "birth city", "Nicole Everett")
-    idx.add_gone("james hoàng", "James Hoàng", "james hoàng")
+    idx = _index(["Lisa Zhang", "Nicole Everett"], deleted=["James Hoàng"])
     # "Lisa Hoàng" is close enough to "Lisa Zhang" for a fuzzy match, and every word of it is written in
     # the text; but the text is about James Hoàng, deleted, and the query shares his name
     miss = idx.resolve("Lisa Hoàng", context="James Hoàng was born in New Lisa on")
