@@ -23,7 +23,7 @@ from typing import Any, Literal, Mapping
 
 __all__ = [
     "ModelConfig", "MODEL_PRESETS", "build_model", "count_parameters", "preset_table", "to_hf_config",
-    "context_length", "cache_kwargs", "output_cache",
+    "context_length", "max_positions", "cache_kwargs", "output_cache",
 ]
 
 Family = Literal["gpt2", "llama"]
@@ -155,6 +155,11 @@ def context_length(model_or_config) -> tuple[int | None, bool]:
     return (int(n) if n else None), False
 
 
+def max_positions(model_or_config, default: int = 2048) -> int:
+    """:func:`context_length` as one number: the positions, or ``default`` when the config names none."""
+    return context_length(model_or_config)[0] or default
+
+
 def to_hf_config(config: ModelConfig, vocab_size: int, bos_token_id: int | None = None,
                  eos_token_id: int | None = None, pad_token_id: int | None = None):
     """The Hugging Face ``GPT2Config`` / ``LlamaConfig`` for ``config`` and a vocabulary size."""
@@ -227,6 +232,11 @@ def count_parameters(config: ModelConfig | str, vocab_size: int) -> dict[str, in
     total = sum(p.numel() for p in model.parameters())  # tied weights are counted once
     embedding = model.get_input_embeddings().weight.numel()
     return {"total": total, "non_embedding": total - embedding}
+
+
+TOKENIZER_VOCAB = {"gpt2": 50257 + 4, "llama2": 32000 + 4, "bpe": 4096}
+"""Vocabulary sizes with the four lookup tokens: the paper's GPT-2 and LLaMA-2 tokenizers, and the
+size of the BPE the small presets train on their corpus (``lmlm presets`` counts with these)."""
 
 
 def preset_table(tokenizers: Mapping[str, Any], presets: list[str] | None = None,

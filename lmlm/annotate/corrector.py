@@ -23,12 +23,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
+import numpy as np
+from scipy.stats import rankdata
 
 from ..corpus import Document, write_documents
 from ..lookup import Lookup, Segment, plain_text
+from ..scoring import token_logprobs
 from ..tokens import ENTITY, RELATION, labels_from_roles
-from .lm import FitConfig, add_lora, default_device, fit, load_base, new_model, pack_examples, token_nll
+from .lm import FitConfig, add_lora, cpu_threads, default_device, fit, load_base, new_model, pack_examples
 from .validate import calls_with_offsets, insert_calls
 
 __all__ = ["CorrectorConfig", "CallScore", "Correction", "train_corrector", "score_calls", "correct", "plot_losses"]
@@ -152,16 +154,12 @@ def score_calls(model, tok, documents: Sequence[Sequence[Segment]], seq_len: int
     """Score every call of ``documents`` by the corrector's loss on its entity and relation tokens."""
     encoded = [tok.encode(list(d)) for d in documents]
     chunks = [(d, *w) for d, e in enumerate(encoded) for w in _windows(len(e), seq_len)]
-    nll = [torch.zeros(len(e)) for e in encoded]
-    for i in range(0, len(chunks), batch_size):
-        part = chunks[i:i + batch_size]
-        width = max(end - start for _, start, end, _ in part)
-        ids = torch.full((len(part), width), tok.eos_id, dtype=torch.long)
-        for r, (d, start, end, _) in enumerate(part):
-            ids[r, :end - start] = torch.tensor(encoded[d].input_ids[start:end])
-        loss = token_nll(model, ids, batch_size)
-        for r, (d, start, end, first) in enumerate(part):
-            nll[d][first:end] = loss[r, first - start:end - start]
+    seqs = [encoded[d].input_ids[start:end] for d, start, end, _ in chunks]
+    with cpu_threads(model):
+        logps = token_logprobs(model, seqs, batch_size)
+    nll = [np.zeros(len(e)) for e in encoded]  # entry t: the loss of predicting token t (0 at t = 0)
+    for (d, start, end, first), lp in zip(chunks, logps):
+        nll[d][first:end] = np.r_[0.0, -lp][first - start:]
     scores = []
     for d, (doc, enc) in enumerate(zip(documents, encoded)):
         spans = _call_spans(enc.input_ids, enc.roles, tok.start_id)
@@ -173,12 +171,8 @@ def score_calls(model, tok, documents: Sequence[Sequence[Segment]], seq_len: int
 
 
 def _ranks(values: Sequence[float]) -> list[float]:
-    """Each value's share of values below it (0 = lowest, near 1 = highest)."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    out = [0.0] * len(values)
-    for k, i in enumerate(order):
-        out[i] = k / max(len(values), 1)
-    return out
+    """Each value's share of values below it (0 = lowest, near 1 = highest; ties in order of appearance)."""
+    return ((rankdata(values, method="ordinal") - 1) / max(len(values), 1)).tolist()
 
 
 def _assign_scores(scores: list[CallScore], how: str) -> None:

@@ -5,7 +5,7 @@
   the four lookup tokens added, optionally wrapped in a PEFT LoRA adapter (:func:`add_lora`) whose
   new token rows are trained too;
 * :func:`fit`: a plain training loop over packed ``(ids, labels)`` examples that logs the loss and
-  tokens/s; :func:`token_nll`: per-token loss for scoring.
+  tokens/s (its loss from :func:`lmlm.scoring.target_logprobs`).
 
 Exercised by ``lmlm annotate correct`` and ``lmlm annotate distill``.
 """
@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ..lookup import PAPER_TOKENS, Segment, strip
+from ..scoring import target_logprobs
 from ..tokens import IGNORE_INDEX, LookupTokenizer
 
-__all__ = ["FitConfig", "new_model", "load_base", "add_lora", "pack_examples", "fit", "token_nll",
+__all__ = ["FitConfig", "new_model", "load_base", "add_lora", "pack_examples", "fit",
            "default_device", "lora_targets", "cpu_threads"]
 
 SMALL_MODEL = 20_000_000  # parameters: below this, CPU work runs on one thread
@@ -210,8 +210,7 @@ def _fit(model, ids, labels, cfg: FitConfig, progress, log_path, on_step) -> dic
             x, y = ids[idx[k:k + mb]].to(device), labels[idx[k:k + mb]].to(device)
             with amp:
                 logits = model(input_ids=x).logits  # (B, T, vocab)
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), y[:, 1:].flatten(),
-                                   ignore_index=IGNORE_INDEX, reduction="sum") / max(n_trained, 1)
+            loss = -target_logprobs(logits[:, :-1], y[:, 1:]).sum() / max(n_trained, 1)
             loss.backward()
             total += float(loss.detach())
         if cfg.grad_clip:
@@ -237,20 +236,6 @@ def _fit(model, ids, labels, cfg: FitConfig, progress, log_path, on_step) -> dic
     seconds = time.perf_counter() - t0
     return {"steps": len(losses), "seconds": seconds, "tokens": tokens, "tokens_per_second": tokens / seconds,
             "first_loss": losses[0], "final_loss": losses[-1], "losses": losses}
-
-
-@torch.no_grad()
-def token_nll(model, ids: torch.Tensor, batch_size: int = 16) -> torch.Tensor:
-    """``(N, T)`` next-token loss: entry ``[n, t]`` is the loss of predicting ``ids[n, t]`` (0 at t=0)."""
-    device = next(model.parameters()).device
-    out = []
-    with cpu_threads(model):
-        for i in range(0, len(ids), batch_size):
-            x = ids[i:i + batch_size].to(device)
-            logits = model(input_ids=x).logits.float()  # (B, T, vocab)
-            nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), x[:, 1:], reduction="none")
-            out.append(torch.cat([torch.zeros_like(nll[:, :1]), nll], dim=1).cpu())
-    return torch.cat(out)
 
 
 class _null:

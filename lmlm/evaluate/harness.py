@@ -74,9 +74,9 @@ class HarnessAdapter:
 
     def loglikelihood_rolling(self, requests: Sequence) -> list[float]:
         """Log-probability of each whole string ``args = (text,)``, in windows of the model's context."""
-        from .nlu import _max_length
+        from ..models import max_positions
 
-        window = _max_length(self.model) - 1
+        window = max_positions(self.model) - 1
         pairs, owner = [], []
         for k, r in enumerate(requests):
             ids = [self.tok.doc_id, *self.tok.encode_text(_args(r)[0])]

@@ -30,13 +30,12 @@ Examples:
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from ..models import max_positions
+from ..scoring import token_logprobs
 from ..tokens import LookupTokenizer
 from .base import Protocol, mean
 
@@ -112,12 +111,6 @@ def split_pair(tok: LookupTokenizer, context: str, continuation: str) -> tuple[l
     return [tok.doc_id, *ctx], whole[len(ctx):]
 
 
-def _max_length(model) -> int:
-    c = model.config
-    return getattr(c, "n_positions", None) or getattr(c, "max_position_embeddings", None) or 2048
-
-
-@torch.no_grad()
 def score_continuations(model, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
                         banned: Sequence[int] = (), batch_size: int = 16) -> list[Score]:
     """Log-probability of each continuation's ids given its context's ids.
@@ -129,10 +122,7 @@ def score_continuations(model, pairs: Sequence[tuple[Sequence[int], Sequence[int
         banned: token ids whose logits are set to -inf (the lookup tokens).
         batch_size: rows per forward pass (right padded).
     """
-    model.eval()
-    max_len = _max_length(model)
-    device = next(model.parameters()).device
-    out: list[Score | None] = [None] * len(pairs)
+    max_len = max_positions(model)
     seqs = []
     for ctx, cont in pairs:
         if not ctx or not cont:
@@ -140,27 +130,12 @@ def score_continuations(model, pairs: Sequence[tuple[Sequence[int], Sequence[int
         if len(cont) >= max_len:
             raise ValueError(f"a continuation of {len(cont)} tokens does not fit the model's {max_len}")
         seqs.append((list(ctx) + list(cont))[-max_len:])
-    order = sorted(range(len(pairs)), key=lambda i: -len(seqs[i]))
-    ban = torch.tensor(sorted(set(banned)), dtype=torch.long, device=device)
-    for b in range(0, len(order), batch_size):
-        idx = order[b:b + batch_size]
-        width = max(len(seqs[i]) for i in idx)
-        ids = torch.zeros(len(idx), width, dtype=torch.long)
-        mask = torch.zeros(len(idx), width, dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, :len(seqs[i])] = torch.tensor(seqs[i])
-            mask[r, :len(seqs[i])] = 1
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()  # (B, T, V)
-        if len(ban):
-            logits[..., ban] = -math.inf
-        logp = torch.log_softmax(logits, dim=-1)
-        for r, i in enumerate(idx):
-            n, k = len(seqs[i]), len(pairs[i][1])
-            target = ids[r, n - k:n].to(device)
-            rows = logp[r, n - k - 1:n - 1]  # (k, V): position t predicts token t + 1
-            lp = rows.gather(-1, target[:, None])[:, 0]
-            out[i] = Score(float(lp.sum()), k, bool((rows.argmax(-1) == target).all()))
-    return out  # type: ignore[return-value]
+    scored = token_logprobs(model, seqs, batch_size, max_len, banned=banned, greedy=True)
+    out = []
+    for (lp, hit), (_, cont) in zip(scored, pairs):
+        k = len(cont)  # the last k scores are the continuation's
+        out.append(Score(float(lp[-k:].sum()), k, bool(hit[-k:].all())))
+    return out
 
 
 def choice_scores(model, tok: LookupTokenizer, items: Sequence[MCItem], *, batch_size: int = 16,

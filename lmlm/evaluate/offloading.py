@@ -72,7 +72,7 @@ def fact_loss_differences(lmlm_model, standard_model, tok: LookupTokenizer, docu
         ``{(entity, relation): mean loss difference in nats}``.
     """
     from ..lookup import lookups, strip
-    from .perplexity import token_logprobs
+    from ..scoring import token_logprobs
 
     encs = [tok.encode(d) for d in documents]
     plains = [tok.encode_plain(strip(d)) for d in documents]

@@ -21,42 +21,13 @@ import math
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from ..lookup import Lookup, Segment
+from ..scoring import token_logprobs
 from ..tokens import CALL, ORG, ROLE_NAMES, VALUE, Encoded, LookupTokenizer
 
-__all__ = ["token_logprobs", "static_perplexity", "dynamic_perplexity", "standard_perplexity", "role_losses",
+__all__ = ["static_perplexity", "dynamic_perplexity", "standard_perplexity", "role_losses",
            "same_entity"]
-
-
-@torch.no_grad()
-def token_logprobs(model, sequences: Sequence[Sequence[int]], batch_size: int = 16,
-                   max_length: int | None = None) -> list[np.ndarray]:
-    """Log-probability of every token given its prefix; entry ``t`` scores ``ids[t + 1]``.
-
-    Sequences longer than the model's context are truncated to it. Right padding with an
-    attention mask keeps every real token's score exact.
-    """
-    model.eval()
-    ctx = max_length or getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
-    device = next(model.parameters()).device
-    out: list[np.ndarray] = [None] * len(sequences)  # type: ignore[list-item]
-    order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
-    for b in range(0, len(order), batch_size):
-        idx = order[b:b + batch_size]
-        seqs = [list(sequences[i])[:ctx] for i in idx]
-        width = max(len(s) for s in seqs)
-        ids = torch.zeros(len(seqs), width, dtype=torch.long)
-        mask = torch.zeros(len(seqs), width, dtype=torch.long)
-        for r, s in enumerate(seqs):
-            ids[r, :len(s)] = torch.tensor(s)
-            mask[r, :len(s)] = 1
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()  # (B, T, V)
-        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None].to(device))[..., 0]
-        for r, (i, s) in enumerate(zip(idx, seqs)):
-            out[i] = logp[r, :len(s) - 1].cpu().numpy()
-    return out
 
 
 def _ppl(nll_sum: float, count: int) -> float:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
+from ..models import max_positions
 from .base import Protocol
 
 __all__ = ["RAG", "RAG_TEMPLATE", "BM25Retriever", "RagGenerator", "corpus_passages", "rag_training_documents"]
@@ -109,13 +110,9 @@ class RagGenerator:
         self.tok = generator.tok
         self.last_passages: list[list[str]] = []
 
-    def _context_length(self) -> int:
-        c = self.generator.model.config
-        return getattr(c, "n_positions", None) or getattr(c, "max_position_embeddings", None) or 2048
-
     def build_prompt(self, query: str, passages: Sequence[str], max_new_tokens: int) -> tuple[str, list[str]]:
         """The RAG prompt for ``query`` and the passages that fit the context."""
-        budget = self._context_length() - max_new_tokens - 1  # 1: the document separator
+        budget = max_positions(self.generator.model) - max_new_tokens - 1  # 1: the document separator
         kept = list(passages)
         while True:
             prompt = self.template.format(documents="\n".join(kept), query=query)

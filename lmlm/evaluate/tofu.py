@@ -236,7 +236,7 @@ def _annotated_scores(model, tok, contexts: Sequence[str], answers: Sequence[str
     tokens (values and ``<|db_end|>`` excluded), the calls answered by ``kb``."""
     from ..lookup import Text, parse
     from ..tokens import VALUE
-    from .perplexity import token_logprobs
+    from ..scoring import token_logprobs
 
     answered = kb_answered([parse(" " + a.strip(), form="dblookup").segments for a in answers], kb)
     seqs, scored = [], []
@@ -341,7 +341,7 @@ def value_truth_ratios(model, tok, items: Sequence[TofuItem], *, kb=None, templa
     value, in some answer, lies past the model's context are left out.
     """
     from ..lookup import Text, parse
-    from .perplexity import token_logprobs
+    from ..scoring import token_logprobs
 
     seqs, where = [], []
     for k, it in enumerate(items):

@@ -40,6 +40,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..scoring import target_logprobs
+from ..tokens import IGNORE_INDEX
 from .base import Protocol
 from .tofu import QA_TEMPLATE, TofuItem, forget_quality, model_utility, read_tofu, tofu_eval, value_truth_ratios
 
@@ -133,7 +135,7 @@ def qa_batch(tok, items: Sequence[TofuItem], template: str = QA_TEMPLATE) -> tup
     pairs = [split_pair(tok, template.format(question=it.question), " " + it.answer.strip()) for it in items]
     width = max(len(c) + len(a) for c, a in pairs)
     ids = torch.full((len(pairs), width), tok.eos_id)
-    labels = torch.full((len(pairs), width), -100)
+    labels = torch.full((len(pairs), width), IGNORE_INDEX)
     mask = torch.zeros((len(pairs), width), dtype=torch.long)
     for r, (c, a) in enumerate(pairs):
         n = len(c) + len(a)
@@ -145,11 +147,9 @@ def qa_batch(tok, items: Sequence[TofuItem], template: str = QA_TEMPLATE) -> tup
 
 def sequence_logprobs(model, ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: summed log-probability of the labelled tokens ``(batch,)`` and their count ``(batch,)``."""
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()  # (B, T-1, V)
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # (B, T-1, V)
     target = labels[:, 1:]
-    keep = target != -100
-    lp = -F.cross_entropy(logits.transpose(1, 2), target.clamp(min=0), reduction="none")  # (B, T-1)
-    return (lp * keep).sum(1), keep.sum(1)
+    return target_logprobs(logits, target).sum(1), (target != IGNORE_INDEX).sum(1)
 
 
 def npo_loss(logp: torch.Tensor, ref_logp: torch.Tensor, beta: float) -> torch.Tensor:

@@ -80,10 +80,6 @@ class Run:
 
         return KnowledgeBase.open(self.bios / "kb")
 
-    def context_length(self, model) -> int:
-        c = model.config
-        return getattr(c, "n_positions", None) or c.max_position_embeddings
-
     def close(self) -> None:
         if "kb" in self.__dict__:
             self.kb.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..models import max_positions
 from .context import Run, console, read_json, write_json
 
 __all__ = ["offloading_stage", "ratio_name"]
@@ -67,7 +68,7 @@ def _evaluate(run: Run, model, ratio: float, keys: set, items, nlu_items) -> dic
     from ..generate import LookupGenerator
 
     tok, world = run.tok, run.world
-    ctx = run.context_length(model)
+    ctx = max_positions(model)
     held = [d for d in world.heldout_documents if world.person(d.person).split == "train"]
     held = offload_documents((d.segments for d in held), keys)
     # room for queries the model writes longer than the reference's (dynamic perplexity)

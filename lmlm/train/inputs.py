@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..models import max_positions
 from ..tokens import LookupTokenizer
 from .config import TrainConfig, TrainConfigError
 from .data import Packed, as_segments, encode_documents, pack
@@ -72,7 +73,7 @@ def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: Look
     if kind == "shards" and len(tokenizer) != len(shards_tok):
         raise TrainConfigError(f"{data}: shards of a {len(shards_tok)}-token vocabulary, but the model's tokenizer "
                                f"has {len(tokenizer)}: prepare the shards with the model's tokenizer")
-    context = _context_length(model)
+    context = max_positions(model, default=1 << 30)
     if config.seq_len is None:
         config = config.replace(seq_len=min(DEFAULT_SEQ_LEN, context))
     if config.seq_len > context:
@@ -212,16 +213,11 @@ def _fresh_tokenizer(config: TrainConfig, documents, accelerator) -> LookupToken
         return load_tokenizer(tok_dir)
 
 
-def _context_length(model) -> int:
-    cfg = model.config
-    return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 1 << 30
-
-
 def _hf_summary(model) -> dict[str, Any]:
     cfg = model.config
     return {"model_type": cfg.model_type, "hidden_size": getattr(cfg, "hidden_size", None) or cfg.n_embd,
             "n_layer": getattr(cfg, "num_hidden_layers", None) or cfg.n_layer,
-            "vocab_size": model.get_input_embeddings().num_embeddings, "context_length": _context_length(model)}
+            "vocab_size": model.get_input_embeddings().num_embeddings, "context_length": max_positions(model, default=1 << 30)}
 
 
 def _parameters(model) -> dict[str, int]:

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 
+from ..scoring import target_logprobs
 from ..tokens import IGNORE_INDEX, ROLE_NAMES, LookupTokenizer
 from .config import TrainConfig, TrainConfigError
 from .data import Batches, Packed, shift_left
@@ -58,8 +58,7 @@ class TrainResult:
 def _loss_sum(model, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Sum of next-token cross-entropy over targets != -100. ``targets`` is already shifted."""
     logits = model(input_ids=input_ids, use_cache=False).logits  # (B, T, vocab)
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
-                           reduction="sum")
+    return -target_logprobs(logits, targets).sum()
 
 
 @torch.no_grad()
@@ -77,9 +76,8 @@ def evaluate_loss(model, packed: Packed, batch_size: int = 16) -> dict[str, floa
     real_next = shift_left(packed.real(), False)
     nll = []
     for i in range(0, len(packed), batch_size):
-        logits = model(input_ids=packed.input_ids[i:i + batch_size].to(device)).logits.float()  # (B, T, vocab)
-        nll.append(F.cross_entropy(logits.transpose(1, 2), next_ids[i:i + batch_size].to(device),
-                                   ignore_index=IGNORE_INDEX, reduction="none").cpu())
+        logits = model(input_ids=packed.input_ids[i:i + batch_size].to(device)).logits  # (B, T, vocab)
+        nll.append(-target_logprobs(logits, next_ids[i:i + batch_size].to(device)).cpu())
     nll = torch.cat(nll).double()  # (num_blocks, seq_len)
     model.train(was_training)
     masks = {"loss": targets != IGNORE_INDEX}

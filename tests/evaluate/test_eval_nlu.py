@@ -22,7 +22,7 @@ from lmlm.evaluate.nlu import (
     score_continuations,
     split_pair,
 )
-from lmlm.evaluate.perplexity import token_logprobs
+from lmlm.scoring import token_logprobs
 
 
 class BigramLM(torch.nn.Module):

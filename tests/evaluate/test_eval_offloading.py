@@ -13,7 +13,7 @@ from lmlm.evaluate.offloading import (
     offloaded_keys,
     ranked_facts,
 )
-from lmlm.evaluate.perplexity import token_logprobs
+from lmlm.scoring import token_logprobs
 from lmlm.lookup import Lookup, Text, lookups, strip
 from lmlm.tokens import CALL, ORG
 

@@ -109,7 +109,7 @@ def test_annotated_scoring_skips_values_and_uses_the_kb(world):
     enc = world.tok.encode(segs)
     first = 1 + len(world.tok.encode_text("Question: " + it.question + "\nAnswer:"))
     keep = [k for k in range(first, len(enc)) if enc.roles[k] != VALUE and enc.input_ids[k] != world.tok.end_id]
-    from lmlm.evaluate.perplexity import token_logprobs
+    from lmlm.scoring import token_logprobs
     lp = token_logprobs(world.model, [enc.input_ids])[0]
     assert stats[0]["prob"] == pytest.approx(math.exp(sum(lp[k - 1] for k in keep) / len(keep)), rel=1e-5)
     # with the fact deleted the call returns "unknown": a different likelihood of the same answer
@@ -144,7 +144,7 @@ def test_value_span():
 def _value_logprob(world, context: str, prefix: str, value: str, rest: str) -> tuple[float, int]:
     """By hand: the log-probability of ``value``'s tokens, the tokens of the text with the value past
     those of the text before it (byte-level BPE splits before a space)."""
-    from lmlm.evaluate.perplexity import token_logprobs
+    from lmlm.scoring import token_logprobs
 
     tok = world.tok
     head = [tok.doc_id, *tok.encode_text(context + prefix)]
@@ -168,7 +168,7 @@ def test_value_truth_ratios_by_hand(world):
     annotated = value_truth_ratios(world.model, world.tok, items, kb=kb)
     it, (n, c, _) = items[0], world.people[0]
     tok = world.tok
-    from lmlm.evaluate.perplexity import token_logprobs
+    from lmlm.scoring import token_logprobs
 
     def after_call(value: str) -> tuple[float, int]:
         segs = [Text("Question: " + it.question + "\nAnswer: ")] + kb_answered(

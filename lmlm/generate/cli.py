@@ -1,0 +1,112 @@
+"""``lmlm generate``: lookup-interleaved generation from a checkpoint and its KB (:class:`lmlm.generate.LookupGenerator`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from ..cli_errors import fail as _fail
+
+console = Console()
+err = Console(stderr=True)
+
+
+# -- training and generation -------------------------------------------------------------------------
+
+def generate_command(prompt: List[str] = typer.Argument(..., help="one or more prompts"),
+             model: Path = typer.Option(..., help="checkpoint: ours, or a Hugging Face folder (the authors': "
+                                        "add --tokens released)"),
+             kb: Optional[Path] = typer.Option(None, help="KB folder, or the authors' database JSON "
+                                               "(default: the checkpoint's KB)"),
+             tokens: Optional[str] = typer.Option(None, help="lookup tokens: 'paper' or 'released' "
+                                                  "(default: the checkpoint's)"),
+             max_new_tokens: int = typer.Option(64),
+             no_db: bool = typer.Option(False, help="ablation: no database, lookup tokens banned"),
+             force_lookup: bool = typer.Option(False, help="open a lookup at the end of the prompt"),
+             constrained: bool = typer.Option(False, help="write only queries the KB holds (prefix tree of its keys)"),
+             matching: str = typer.Option("entity", help="KB lookup: 'entity' (entity first, then relation) or "
+                                                         "'key' (the paper's single-key cosine)"),
+             fallback: str = typer.Option("unknown", help="value of a lookup without a match: 'nearest' (best key "
+                                          "below the threshold), 'skip' (none; the model goes on) or any text"),
+             max_lookups: int = typer.Option(16, help="lookups per continuation"),
+             logit_bias: str = typer.Option("5,2,2,2", help="added to the start, sep, retrieve and end scores"),
+             copy_bias: float = typer.Option(0.0, min=0.0, help="added to the next token of an answered value while "
+                                             "the text after the call states it (0: the model's own choice)"),
+             sample: bool = typer.Option(False, help="sample instead of greedy decoding"),
+             temperature: float = typer.Option(1.0), top_p: float = typer.Option(1.0), top_k: int = typer.Option(0),
+             repetition_penalty: float = typer.Option(1.0), num_beams: int = typer.Option(1, min=1, help="beam search"),
+             stop: List[str] = typer.Option(None, help="stop at this text (repeatable)"),
+             seed: Optional[int] = typer.Option(None),
+             stream: bool = typer.Option(False, help="print the continuation as it is generated"),
+             as_json: bool = typer.Option(False, "--json", help="print results with traces as JSON")):
+    """Generate with lookups; the looked-up facts are highlighted."""
+    from ..generate import LookupGenerator
+    from rich.markup import escape
+
+    from ..checkpoint import kb_of
+    from ..generate.loading import load_model, open_kb
+    from ..kb import KBError
+    from ..lookup import Lookup
+
+    try:
+        m, tok, meta = load_model(model, tokens=tokens)
+        bias = tuple(float(b) for b in logit_bias.split(","))
+        kb_path = kb or kb_of(meta, model)
+        if not no_db and kb_path is None:
+            _fail("no knowledge base: pass --kb or --no-db")
+        base = None if no_db else open_kb(kb_path)
+        policy = fallback if fallback in ("nearest", "skip") else "text"
+        gen = LookupGenerator(m, tok, base, use_db=not no_db, constrained=constrained, logit_bias=bias,
+                              max_lookups=max_lookups, on_miss=policy, matching=matching, copy_bias=copy_bias,
+                              fallback="unknown" if policy != "text" else fallback)
+    except (KBError, ValueError, OSError) as e:
+        _fail(str(e))
+    options = dict(max_new_tokens=max_new_tokens, force_lookup=force_lookup, do_sample=sample, temperature=temperature,
+                   top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty, num_beams=num_beams,
+                   stop_strings=stop or None, seed=seed)
+
+    def show_lookup(entity: str, relation: str, value: str) -> None:
+        console.print(f"[reverse cyan]⟦{escape(entity)} · {escape(relation)} → {escape(value)}⟧[/]", end="")
+
+    def show_trace(r) -> None:
+        for t in r.trace:
+            where = f"triple {t.triple_id}, KB v{t.kb_version}, sources {list(t.sources)[:3]}" if t.found \
+                else f"no match: {t.miss_reason}: {t.miss_detail}" if t.miss_reason else "no match"
+            score = f"{t.score:.2f}" if t.score is not None else "-"
+            note = f"; [red]{escape(t.problem)}[/red]" if t.problem else ""
+            query = escape(repr((t.query_entity, t.query_relation)))
+            info = escape(f"[{t.status}, score {score}; {where}]")
+            console.print(f"  [dim]lookup {query} -> {escape(repr(t.value))} {info}[/]{note}", highlight=False)
+
+    try:
+        if stream and not as_json:
+            for p in prompt:
+                console.print(f"[bold]{escape(p)}[/]", end="")
+                for event in gen.stream(p, **options):
+                    if event.lookup is not None:
+                        show_lookup(event.lookup.query_entity, event.lookup.query_relation, event.lookup.value)
+                    elif event.result is not None:
+                        console.print()
+                        show_trace(event.result)
+                    else:
+                        console.print(event.text, end="", markup=False, highlight=False)
+            return
+        results = gen.generate(prompt, **options)
+    except ValueError as e:  # options that do not go together
+        _fail(str(e))
+    if as_json:
+        print(json.dumps([r.to_dict() for r in results], indent=2, default=str))
+        return
+    for r in results:
+        console.print(f"[bold]{escape(r.prompt)}[/]", end="")
+        for seg in r.segments:
+            if isinstance(seg, Lookup):
+                show_lookup(seg.entity, seg.relation, seg.value)
+            else:
+                console.print(seg.text, end="", markup=False, highlight=False)
+        console.print()
+        show_trace(r)

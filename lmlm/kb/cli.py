@@ -1,0 +1,285 @@
+"""``lmlm kb``: build, query and edit a knowledge base (:class:`lmlm.kb.KnowledgeBase`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from ..cli_errors import fail as _fail
+
+app = typer.Typer(no_args_is_help=True, help="Build, query and edit a knowledge base.")
+alias_app = typer.Typer(no_args_is_help=True, help="Other names of entities (short names, redirects, 'Last, First').")
+app.add_typer(alias_app, name="alias")
+console = Console()
+err = Console(stderr=True)
+
+
+# -- knowledge base --------------------------------------------------------------------------------
+
+_FORMATS = "jsonl, parquet, corpus (annotated documents) or authors (their database JSON); default: from the file"
+
+
+def _open_kb(path: Path, at: Optional[int] = None):
+    from ..kb import KBError, KnowledgeBase
+
+    try:
+        kb = KnowledgeBase.open(path)
+        return kb if at is None else kb.checkout(at)
+    except KBError as e:
+        _fail(str(e))
+
+
+def _kb_call(fn, *args, **kwargs):
+    """Run a KB call, turning the errors a user can fix into one red line."""
+    from ..kb import KBError
+
+    try:
+        return fn(*args, **kwargs)
+    except (KBError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, ImportError) as e:
+        _fail(str(e))
+
+
+@app.command("build")
+def kb_build(path: Path = typer.Argument(..., help="KB folder: created, or resumed after a build was cut short"),
+             triples: Path = typer.Option(..., help="triples (JSONL or Parquet), an annotated corpus, "
+                                                     "or the authors' JSON"),
+             format: Optional[str] = typer.Option(None, help=_FORMATS),
+             chunk_size: int = typer.Option(100_000, help="facts per version; a crash loses at most one chunk"),
+             embed: bool = typer.Option(True, help="embed every key now (--no-embed: on the first fuzzy lookup)"),
+             aliases: Optional[Path] = typer.Option(None, help="also add these aliases (JSONL with alias, entity; "
+                                                                "e.g. the aliases.jsonl of lmlm world)"),
+             append: bool = typer.Option(False, "--append", help="build on a KB that holds facts from other data"),
+             who: str = typer.Option("lmlm"), why: str = typer.Option("build")):
+    """Create a KB from a file, resumably: after a crash, run the same command again to go on."""
+    from ..kb import build
+    from ..kb.formats import read_aliases
+
+    pairs = _kb_call(read_aliases, aliases) if aliases is not None else None
+    kb = _kb_call(build, path, triples, format=format, chunk_size=chunk_size, who=who, why=why, embed=embed,
+                  append=append)
+    if pairs:
+        _kb_call(kb.add_aliases, pairs, who=who, why=f"{why}: aliases from {aliases.name}")
+    console.print_json(json.dumps(kb.stats(), default=str))
+
+
+@app.command("add")
+def kb_add(path: Path, entity: str, relation: str, value: str, source: Optional[str] = typer.Option(None),
+           who: str = typer.Option("lmlm"), why: str = typer.Option("")):
+    """Add one fact (a fact already there gains support)."""
+    from ..kb import Triple
+
+    kb = _open_kb(path)
+    version = _kb_call(lambda: kb.add([Triple(entity, relation, value, source=source)], who=who, why=why))
+    console.print(f"version {version}")
+
+
+@app.command("edit")
+def kb_edit(path: Path, entity: str, relation: str, value: str, who: str = typer.Option("lmlm"),
+            why: str = typer.Option("")):
+    """Give a fact a new value (the old one stays in the history)."""
+    kb = _open_kb(path)
+    console.print(f"version {_kb_call(kb.edit, entity, relation, value, who=who, why=why)}")
+
+
+def _read_forget_set(path: Path) -> list:
+    items = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                items.append(json.loads(line))
+            except ValueError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON line: {e}") from None
+    if not items:
+        raise ValueError(f"{path}: the forget set is empty (one {{id}}, {{source}} or {{entity, relation}} per line)")
+    return items
+
+
+@app.command("delete")
+def kb_delete(path: Path, triple_id: List[int] = typer.Option(None, "--id"), entity: Optional[str] = None,
+              relation: Optional[str] = None, source: Optional[str] = None,
+              forget: Optional[Path] = typer.Option(None, help="JSONL forget set: one {id}, {source} or "
+                                                              "{entity, relation[, value]} per line"),
+              who: str = typer.Option("lmlm"), why: str = typer.Option("")):
+    """Delete facts by id, entity, relation, source document or a forget set; unreachable at once."""
+    if not (triple_id or entity or relation or source or forget):
+        _fail("say what to delete: --id, --entity, --relation, --source or --forget FILE")
+    if forget and (triple_id or entity or relation or source):
+        _fail("--forget deletes the listed facts alone; give the other filters in a separate call")
+    kb = _open_kb(path)
+    if forget:
+        if not forget.is_file():
+            _fail(f"no forget set at {forget}")
+        n = _kb_call(lambda: kb.forget(_read_forget_set(forget), who=who, why=why))
+    else:
+        n = _kb_call(kb.delete, triple_ids=triple_id or None, entity=entity, relation=relation, source=source,
+                     who=who, why=why)
+    console.print(f"deleted {n} facts; version {kb.version}")
+
+
+@app.command("lookup")
+def kb_lookup(path: Path, entity: str, relation: str,
+              threshold: Optional[float] = typer.Option(None, min=0.0, max=1.0, help="minimum similarity (relation "
+                                                        "under entity matching, the whole key under key)"),
+              at: Optional[int] = typer.Option(None, help="read the KB as it was at this version"),
+              context: Optional[str] = typer.Option(None, help="the text before the call (names it may refer to)"),
+              matching: str = typer.Option("entity", help="'entity' (entity first, then relation) or 'key' "
+                                                          "(the paper's single-key cosine)"),
+              all_values: bool = typer.Option(False, "--all", help="also list every value of the matched key")):
+    """Look one key up as the generator would; a miss says which step failed ({"miss": ...})."""
+    if matching not in ("entity", "key"):
+        _fail(f"--matching must be 'entity' or 'key', got {matching!r}")
+    kb = _open_kb(path, at)
+    m = _kb_call(kb.explain, entity, relation, context=context, threshold=threshold, matching=matching)
+    if not m:
+        print(json.dumps({"miss": m.to_dict()}, default=str, indent=2, ensure_ascii=False))
+        return
+    out = m.to_dict()
+    if all_values:
+        out = {**out, "values": [r.to_dict() for r in kb.values(m.entity, m.relation)]}
+    print(json.dumps(out, default=str, indent=2, ensure_ascii=False))
+
+
+@alias_app.command("add")
+def kb_alias_add(path: Path, alias: Optional[str] = typer.Argument(None, help="another name"),
+                 entity: Optional[str] = typer.Argument(None, help="the entity it names"),
+                 file: Optional[Path] = typer.Option(None, "--file", help="JSONL of {alias, entity} lines instead"),
+                 who: str = typer.Option("lmlm"), why: str = typer.Option("")):
+    """Record another name of an entity (or every pair of --file) as one version."""
+    from ..kb.formats import read_aliases
+
+    if file is None and (alias is None or entity is None):
+        _fail("give ALIAS and ENTITY, or --file aliases.jsonl")
+    if file is not None and alias is not None:
+        _fail("give ALIAS and ENTITY or --file, not both")
+    pairs = _kb_call(read_aliases, file) if file is not None else [(alias, entity)]
+    kb = _open_kb(path)
+    before = kb.stats()["aliases"]
+    version = _kb_call(kb.add_aliases, pairs, who=who, why=why)
+    console.print(f"{kb.stats()['aliases'] - before} aliases added; version {version}")
+
+
+@alias_app.command("list")
+def kb_alias_list(path: Path, entity: Optional[str] = typer.Option(None, help="only this entity's aliases"),
+                  as_json: bool = typer.Option(False, "--json")):
+    """The active aliases, oldest first."""
+    rows = _open_kb(path).aliases(entity)
+    if as_json:
+        print(json.dumps([{"alias": a.alias, "entity": a.entity} for a in rows], indent=2, ensure_ascii=False))
+        return
+    for a in rows:
+        console.print(f"{a.alias} → {a.entity}", highlight=False, markup=False)
+    err.print(f"{len(rows)} aliases")
+
+
+@alias_app.command("delete")
+def kb_alias_delete(path: Path, alias: str, entity: Optional[str] = typer.Option(None, help="only as an alias of "
+                                                                                         "this entity"),
+                    who: str = typer.Option("lmlm"), why: str = typer.Option("")):
+    """Delete an alias (of every entity it names, or of --entity only)."""
+    kb = _open_kb(path)
+    n = _kb_call(kb.delete_alias, alias, entity, who=who, why=why)
+    if not n:
+        _fail(f"no alias {alias!r}" + (f" of {entity!r}" if entity else "") + f" in {path}")
+    console.print(f"deleted {n} aliases; version {kb.version}")
+
+
+def _show(text) -> str:
+    """A stored string as the terminal should see it: control characters escaped, no Rich markup."""
+    from rich.markup import escape
+
+    from ..kb.keys import printable
+
+    return escape(printable(str(text)))
+
+
+@app.command("search")
+def kb_search(path: Path, entity: str, relation: str, k: int = typer.Option(5, "-k", "--k"),
+              at: Optional[int] = typer.Option(None, help="read the KB as it was at this version"),
+              as_json: bool = typer.Option(False, "--json")):
+    """Top-k candidate keys with their cosine scores (why did a lookup match, or not?)."""
+    kb = _open_kb(path, at)
+    hits = _kb_call(kb.search, entity, relation, k=k)
+    if as_json:
+        print(json.dumps([m.__dict__ for m in hits], default=str, indent=2))
+        return
+    for m in hits:
+        mark = "=" if m.exact else ("✓" if m.score >= kb.threshold else " ")
+        console.print(f"{m.score:.3f} {mark} {_show(m.entity)} · {_show(m.relation)} → {_show(m.value)}  "
+                      f"(triple {m.triple_id}, seen {m.support}x, {m.alternatives} other values)", highlight=False)
+
+
+@app.command("stats")
+def kb_stats(path: Path, at: Optional[int] = typer.Option(None, help="counts as of this version")):
+    """Counts, the current version and the index kind."""
+    console.print_json(json.dumps(_open_kb(path, at).stats(), default=str))
+
+
+@app.command("log")
+def kb_log(path: Path, limit: int = 20, as_json: bool = typer.Option(False, "--json")):
+    """The latest versions: who changed what and why."""
+    log = _open_kb(path).log(limit)
+    if as_json:
+        print(json.dumps([v.__dict__ for v in log], indent=2))
+        return
+    for v in log:
+        console.print(f"v{v.version:<5} {v.time}  {v.op:<7} {v.n_changed:>8} triples  {_show(v.who)}: {_show(v.why)}",
+                      highlight=False)
+
+
+@app.command("diff")
+def kb_diff(path: Path, v1: int, v2: int, as_json: bool = typer.Option(False, "--json"),
+            limit: int = typer.Option(50, help="lines to print (all with --json)")):
+    """What changed between two versions: added, removed and re-supported triples."""
+    entries = _kb_call(_open_kb(path).diff, v1, v2)
+    if as_json:
+        print(json.dumps([e.to_dict() for e in entries], indent=2, ensure_ascii=False))
+        return
+    sign = {"added": "[green]+[/]", "removed": "[red]-[/]", "support": "[yellow]~[/]"}
+    for e in entries[:limit]:
+        counts = f"{e.count_before} → {e.count_after}" if e.op == "support" else e.count_before or e.count_after
+        console.print(f"{sign[e.op]} {_show(e.entity)} · {_show(e.relation)} → {_show(e.value)}  "
+                      f"(triple {e.triple_id}, count {counts})", highlight=False)
+    ops = {op: sum(e.op == op for e in entries) for op in sign}
+    console.print(f"v{v1} → v{v2}: {ops['added']} added, {ops['removed']} removed, {ops['support']} re-supported"
+                  + (f" ({len(entries) - limit} more not shown)" if len(entries) > limit else ""))
+
+
+@app.command("checkout")
+def kb_checkout(path: Path, version: int, out: Optional[Path] = typer.Option(None, help="also write its triples here"),
+                format: Optional[str] = typer.Option(None, help="jsonl, parquet or corpus (default: from OUT)")):
+    """Read a past version: its counts, and with --out its triples (the KB itself is not changed)."""
+    view = _open_kb(path, version)
+    if out is not None:
+        n = _kb_call(view.export, out, format)
+        err.print(f"{n} triples of version {version} written to {out}")
+    console.print_json(json.dumps(view.stats(), default=str))
+
+
+@app.command("export")
+def kb_export(path: Path, out: Path, format: Optional[str] = typer.Option(None, help="jsonl, parquet or corpus "
+                                                                                   "(default: from OUT's suffix)"),
+              at: Optional[int] = typer.Option(None, help="export the KB as it was at this version")):
+    """Write the active triples with their counts and sources."""
+    console.print(f"{_kb_call(_open_kb(path, at).export, out, format)} triples written to {out}")
+
+
+@app.command("import")
+def kb_import(path: Path, triples: Path, format: Optional[str] = typer.Option(None, help=_FORMATS),
+              who: str = typer.Option("lmlm"), why: str = typer.Option("import")):
+    """Add the facts of a file (a version per 100,000); resumable, and the same file twice adds nothing."""
+    kb = _open_kb(path)
+    before = kb.version
+    after = _kb_call(kb.import_file, triples, format, who=who, why=why)
+    info = getattr(kb, "last_import", None) or {}
+    lock = (f"; {info['chunks']} chunk(s), the longest held the write lock {info['longest_lock_seconds']:.2f} s"
+            if info.get("chunks") else "")
+    console.print(f"version {after}{lock}" if after != before else
+                  f"version {after}: nothing new ({triples.name} is in already, or every fact of it was)")

@@ -1,0 +1,68 @@
+"""``lmlm serve``: the HTTP server (:func:`lmlm.serve.create_app`) for a checkpoint and its KB."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from ..cli_errors import fail as _fail
+
+console = Console()
+err = Console(stderr=True)
+
+
+# -- serving ---------------------------------------------------------------------------------------
+
+def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint folder"),
+          kb: Optional[Path] = typer.Option(None, help="knowledge base folder (default: the checkpoint's)"),
+          host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
+          token: Optional[str] = typer.Option(None, envvar="LMLM_SERVE_TOKEN",
+                                              help="bearer token for KB writes (default: a random one, printed)"),
+          read_only: bool = typer.Option(False, help="refuse every KB write"),
+          threshold: Optional[float] = typer.Option(None, help="fuzzy-match threshold (default: the KB's, 0.6)"),
+          max_new_tokens: int = typer.Option(256, help="most tokens one request may generate"),
+          max_concurrent: int = typer.Option(64, help="generation requests in flight; more get 429"),
+          max_batch: int = typer.Option(32, help="most prompts decoded together"),
+          device: Optional[str] = typer.Option(None, help="cpu, cuda, ... (default: cuda when available)"),
+          threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: one less than the cores)"),
+          log_level: str = typer.Option("info", help="uvicorn's: warning hides the access log"),
+          demo: Optional[Path] = typer.Option(None, help="train a tiny demo model and KB in this folder and serve "
+                                                         "them (seconds on a CPU)")):
+    """Serve generation with lookup traces, KB endpoints and a web page (API docs at /docs)."""
+    import secrets
+
+    from ..cli_errors import check_device
+
+    check_device(device)
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        _fail(f"--threshold must be a similarity between 0 and 1, got {threshold}")
+    try:
+        from ..serve import ServeLimits, serve as run
+        import fastapi, uvicorn  # noqa: F401,E401
+    except ImportError as e:
+        _fail(f"{e.name} is not installed: pip install -e '.[serve]'")
+    if demo is not None:
+        from ..serve.demo import build_demo
+
+        built = build_demo(demo)
+        model, kb = model or built.model_dir, kb or built.kb_dir
+        err.print(f"demo model in {built.model_dir}, KB in {built.kb_dir}; try the prompt {built.prompts[0]!r}")
+    if model is None:
+        _fail("say what to serve: --model CHECKPOINT (or --demo FOLDER)")
+    if token is not None and len(token) < 8:
+        _fail("the token must have at least 8 characters")
+    if not read_only and token is None:
+        token = secrets.token_urlsafe(18)
+        err.print(f"KB write token: [bold]{token}[/] (set one with --token or LMLM_SERVE_TOKEN)")
+    try:
+        limits = ServeLimits(max_new_tokens=max_new_tokens, max_concurrent=max_concurrent, max_batch=max_batch)
+    except ValueError as e:
+        _fail(str(e))
+    err.print(f"serving on http://{host}:{port}/  (API docs: http://{host}:{port}/docs)")
+    threads = threads or max(1, (os.cpu_count() or 2) - 1)  # a core for the HTTP side
+    run(model, kb, host=host, port=port, token=None if read_only else token, limits=limits, device=device,
+        threshold=threshold, threads=threads, log_level=log_level)
