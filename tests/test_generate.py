@@ -203,7 +203,7 @@ def test_sampling_is_reproducible(world):
     assert [r.token_ids for r in a] != [r.token_ids for r in c]
     for r in a + c:  # values are forced whatever is sampled
         for t in r.trace:
-            if t.status == "unfinished":  # cut by max_new_tokens before <|db_retrieve|>
+            if t.status in ("unfinished", "unanswered"):  # cut by max_new_tokens before or at <|db_retrieve|>
                 assert t.value == "" and "unfinished" in t.problem
                 continue
             assert t.value == (world.facts[(t.matched_entity, t.matched_relation)] if t.found else "unknown")

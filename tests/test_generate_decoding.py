@@ -116,7 +116,7 @@ def test_force_lookup_at_offsets(world, kb):
     prompts = [f"{n} works as a" for n, _, _ in world.people[:4]]
     assert not any(r.trace for r in gen.generate(prompts, max_new_tokens=30))
     for kw in (dict(), dict(num_beams=2)):
-        for r in gen.generate(prompts, max_new_tokens=50, force_lookup_at=[0, 3, 30], **kw):
+        for r in gen.generate(prompts, max_new_tokens=80, force_lookup_at=[0, 3, 30], **kw):
             spans, _ = call_spans(r.token_ids, world.tok)
             assert [sp.start for sp in spans][:1] == [0] and len(spans) == 3
             # a call owed while another is open begins right after that one ends

@@ -267,3 +267,15 @@ def test_compiled_training_matches_eager(tmp_path, docs, tok):
     eager = train(_config(tmp_path, "eager", max_steps=4), docs, tok).stats
     compiled = train(_config(tmp_path, "compiled", max_steps=4, compile=True), docs, tok).stats
     assert compiled["final_loss"] == pytest.approx(eager["final_loss"], rel=1e-4)
+
+
+def test_every_train_preset_loads_and_an_unknown_one_is_named():
+    from lmlm.train import TRAIN_PRESETS, TrainConfig, TrainConfigError
+
+    for name in TRAIN_PRESETS:
+        cfg = TrainConfig.from_name(name, out_dir="runs/x")
+        assert cfg.model and cfg.max_steps and cfg.out_dir == "runs/x"
+    with pytest.raises(TrainConfigError, match="unknown train preset 'nope'"):
+        TrainConfig.from_name("nope")
+    with pytest.raises(TrainConfigError, match="lr"):
+        TrainConfig.from_name("demo", lr=-1.0)

@@ -1,13 +1,16 @@
-"""A tiny GPT-2 (2 layers) trained in seconds on annotated documents with the masked loss, for tests."""
+"""A tiny GPT-2 (2 layers): randomly initialised, or trained in seconds by the package's own trainer
+(:func:`lmlm.train.train`, preset ``tiny-test``) on annotated documents with the masked loss."""
 
 from __future__ import annotations
 
+import tempfile
 from typing import Sequence
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from lmlm.tokens import LookupTokenizer, labels_from_roles
+from lmlm.tokens import LookupTokenizer
+from lmlm.train import TrainConfig, train
 
 
 def tiny_gpt2(tok: LookupTokenizer, n_embd: int = 64, n_positions: int = 256) -> GPT2LMHeadModel:
@@ -19,25 +22,12 @@ def tiny_gpt2(tok: LookupTokenizer, n_embd: int = 64, n_positions: int = 256) ->
 
 def fit_tiny_gpt2(tok: LookupTokenizer, docs: Sequence, *, n_embd: int, n_positions: int, steps: int,
                   lr: float) -> tuple[GPT2LMHeadModel, float]:
-    """Train :func:`tiny_gpt2` (seed 0, one thread) on ``docs`` (segment lists), values masked out of
-    the loss; returns the model and its last batch loss."""
-    encs = [tok.encode(d) for d in docs]
-    width = max(map(len, encs))
-    ids = torch.full((len(encs), width), tok.eos_id)
-    labels = torch.full((len(encs), width), -100)
-    for i, e in enumerate(encs):
-        ids[i, :len(e)] = torch.tensor(e.input_ids)
-        labels[i, :len(e)] = torch.tensor(labels_from_roles(e.input_ids, e.roles, tok.end_id))
-    torch.manual_seed(0)
+    """:func:`lmlm.train.train` with the ``tiny-test`` preset (a 2-layer GPT-2, seed 0, one thread) on
+    ``docs`` (segment lists), values masked out of the loss; returns the model and its final loss."""
     before = torch.get_num_threads()
-    torch.set_num_threads(1)  # a model this small trains fastest on one thread
-    model = tiny_gpt2(tok, n_embd, n_positions)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    for _ in range(steps):
-        b = torch.randint(0, len(encs), (16,))
-        loss = model(input_ids=ids[b], labels=labels[b]).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    with tempfile.TemporaryDirectory() as out:
+        config = TrainConfig.from_name("tiny-test", out_dir=out, max_steps=steps, lr=lr, seq_len=min(128, n_positions),
+                                       model_overrides=dict(hidden_size=n_embd, context_length=n_positions))
+        result = train(config, docs, tok)
     torch.set_num_threads(before)
-    return model, loss.item()
+    return result.model, result.stats["final_loss"]

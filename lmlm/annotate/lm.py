@@ -13,7 +13,6 @@ Exercised by ``lmlm annotate correct`` and ``lmlm annotate distill``.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ import torch
 
 from ..lookup import PAPER_TOKENS, Segment, strip
 from ..scoring import target_logprobs
+from ..train.loop import learning_rate
 from ..tokens import IGNORE_INDEX, LookupTokenizer
 
 __all__ = ["FitConfig", "new_model", "load_base", "add_lora", "pack_examples", "fit",
@@ -162,13 +162,6 @@ def pack_examples(examples: Sequence[tuple[list[int], list[int]]], seq_len: int,
     return torch.tensor(ids).view(-1, seq_len), torch.tensor(labels).view(-1, seq_len)
 
 
-def _lr(step: int, cfg: FitConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
 def fit(model, ids: torch.Tensor, labels: torch.Tensor, cfg: FitConfig, *, progress: bool = True,
         log_path: str | Path | None = None, on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
     """Train ``model`` (its trainable parameters) on packed blocks with the causal LM loss.
@@ -203,7 +196,7 @@ def _fit(model, ids, labels, cfg: FitConfig, progress, log_path, on_step) -> dic
         idx = order[pos:pos + cfg.batch_size]
         pos += cfg.batch_size
         for group in opt.param_groups:
-            group["lr"] = _lr(step, cfg)
+            group["lr"] = learning_rate(step, cfg, cfg.steps)
         n_trained = int((labels[idx][:, 1:] != IGNORE_INDEX).sum())
         total = 0.0
         for k in range(0, len(idx), mb):
@@ -225,7 +218,7 @@ def _fit(model, ids, labels, cfg: FitConfig, progress, log_path, on_step) -> dic
             bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{speed:,.0f}", refresh=False)
         if log_path and ((step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == cfg.steps):
             with open(log_path, "a") as f:
-                f.write(json.dumps({"step": step + 1, "loss": total, "lr": _lr(step, cfg), "tokens_per_second": speed}) + "\n")
+                f.write(json.dumps({"step": step + 1, "loss": total, "lr": learning_rate(step, cfg, cfg.steps), "tokens_per_second": speed}) + "\n")
         if on_step:
             on_step(step + 1, total)
         if cfg.max_seconds and time.perf_counter() - t0 > cfg.max_seconds:

@@ -75,19 +75,30 @@ def build_demo(out: str | Path, seed: int = 0, steps: int = 250, encoder=None) -
         steps: optimizer steps of batch 16 (250 take a few seconds on one CPU core).
         encoder: a :class:`lmlm.kb.Encoder` to build the KB with (default: the KB's own).
     """
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from ..checkpoint import is_checkpoint, save_checkpoint
+    from ..checkpoint import is_checkpoint
     from ..kb import KnowledgeBase, Triple
     from ..lookup import strip
-    from ..tokens import LookupTokenizer, labels_from_roles, train_bpe
+    from ..tokens import LookupTokenizer, train_bpe
+    from ..train import TrainConfig, train
 
     out = Path(out)
     people = demo_people(seed)
     demo = Demo(out / "checkpoint", out / "kb", people)
     if is_checkpoint(demo.model_dir) and (demo.kb_dir / "built.json").exists():
         return demo
+    docs = _documents(people, random.Random(seed))
+    if demo.kb_dir.exists():
+        import shutil
+        shutil.rmtree(demo.kb_dir)
+    kb = KnowledgeBase.create(demo.kb_dir, encoder=encoder)
+    kb.add([Triple(e, r, v, source=f"bio-{e.replace(' ', '-').lower()}") for e, r, v in demo.facts],
+           who="demo", why="facts of the demo people")
+    kb.close()
+    (demo.kb_dir / "built.json").write_text(json.dumps({"triples": len(demo.facts)}) + "\n")
+    tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=600, min_frequency=1))
+    config = TrainConfig.from_name("demo", out_dir=str(out), kb=str(demo.kb_dir), max_steps=steps, seed=seed)
+    train(config, docs, tok)  # writes out/checkpoint
+    return demo
     docs = _documents(people, random.Random(seed))
     tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=600, min_frequency=1))
     encs = [tok.encode(d) for d in docs]

@@ -16,7 +16,7 @@ the database, never to memorise its answers.
 Exercised by ``lmlm train --data DOCS --model PRESET --max-steps N --out DIR``.
 """
 
-from .config import TrainConfig, TrainConfigError
+from .config import TRAIN_PRESETS, TrainConfig, TrainConfigError
 
 _LAZY = {"Batches": "data", "Packed": "data", "encode_documents": "data", "pack": "data", "TrainResult": "loop",
          "evaluate_loss": "loop", "learning_rate": "loop", "resolve_precision": "loop", "train": "loop"}
@@ -39,5 +39,5 @@ def main(argv=None):
     return _main(argv)
 
 
-__all__ = ["TrainConfig", "TrainConfigError", "TrainResult", "Packed", "Batches", "train", "pack",
+__all__ = ["TRAIN_PRESETS", "TrainConfig", "TrainConfigError", "TrainResult", "Packed", "Batches", "train", "pack",
            "encode_documents", "evaluate_loss", "learning_rate", "resolve_precision", "main"]

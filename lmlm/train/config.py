@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrainConfig", "TrainConfigError", "CONFIG_FIELDS_HELP"]
+__all__ = ["TrainConfig", "TrainConfigError", "CONFIG_FIELDS_HELP", "TRAIN_PRESETS"]
 
 
 class TrainConfigError(ValueError):
@@ -204,6 +204,13 @@ class TrainConfig:
             raise TrainConfigError(f"{where}: {e}") from None
 
     @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> "TrainConfig":
+        """A preset of :data:`TRAIN_PRESETS` with ``overrides`` on top."""
+        if name not in TRAIN_PRESETS:
+            raise TrainConfigError(f"unknown train preset {name!r}; known: {', '.join(sorted(TRAIN_PRESETS))}")
+        return cls.from_dict({**TRAIN_PRESETS[name], **overrides}, where=f"train preset {name!r}")
+
+    @classmethod
     def from_file(cls, path: str | Path) -> "TrainConfig":
         """Read a config file: a TrainConfig JSON, or the ``train_config.json`` a run wrote (its ``train`` part)."""
         path = Path(path)
@@ -237,3 +244,14 @@ def _is_number(v: Any) -> bool:
 
 
 CONFIG_FIELDS_HELP = TrainConfig.__doc__
+
+_ONE_CORE_TINY = dict(model="gpt2-tiny", packing="document", micro_batch_size=16, batch_size=16, weight_decay=0.0,
+                      precision="no", cpu=True, threads=1, compile=False, progress=False, log_every=50)
+TRAIN_PRESETS: dict[str, dict[str, Any]] = {
+    # lmlm serve --demo: a 2-layer GPT-2 on forty people's short biographies, seconds on one core
+    "demo": dict(_ONE_CORE_TINY, model_overrides=dict(context_length=256), seq_len=64, lr=3e-3, warmup_steps=10,
+                 max_steps=250),
+    # the test suite's tiny models: the same, with the context and width each test asks for
+    "tiny-test": dict(_ONE_CORE_TINY, seq_len=128, lr=3e-3, warmup_steps=10, max_steps=300),
+}
+"""Training runs as data: ``TrainConfig.from_name("demo", out_dir=...)``."""

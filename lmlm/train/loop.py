@@ -86,13 +86,18 @@ def evaluate_loss(model, packed: Packed, batch_size: int = 16) -> dict[str, floa
 
 
 def learning_rate(step: int, config: TrainConfig, total_steps: int) -> float:
-    """Linear warmup to ``lr``, then cosine/linear decay to ``lr * min_lr_ratio`` (or constant)."""
+    """Linear warmup to ``lr``, then cosine/linear decay to ``lr * min_lr_ratio`` (or constant).
+
+    ``config``: anything with ``lr``, ``warmup_steps``, ``min_lr_ratio`` and optionally ``schedule``
+    (default cosine): a :class:`TrainConfig` or the annotator's ``FitConfig``.
+    """
+    schedule = getattr(config, "schedule", "cosine")
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
-    if config.schedule == "constant":
+    if schedule == "constant":
         return config.lr
     progress = min(1.0, (step - config.warmup_steps) / max(1, total_steps - config.warmup_steps))
-    decay = 0.5 * (1 + math.cos(math.pi * progress)) if config.schedule == "cosine" else 1 - progress
+    decay = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1 - progress
     return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * decay)
 
 

@@ -67,6 +67,6 @@ def tiny_world():
     people = [(f"{f} {last}", rng.choice(CITIES), rng.choice(JOBS)) for f in FIRST for last in LAST]
     docs = [_doc(*p, rng) for p in people for _ in range(3)]
     tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=400, min_frequency=1))
-    model, loss = fit_tiny_gpt2(tok, docs, n_embd=48, n_positions=128, steps=160, lr=4e-3)
+    model, loss = fit_tiny_gpt2(tok, docs, n_embd=48, n_positions=128, steps=250, lr=4e-3)
     facts = {(n, "Birth City"): c for n, c, _ in people} | {(n, "Occupation"): j for n, _, j in people}
     return SimpleNamespace(tok=tok, model=model.eval(), people=people, facts=facts, loss=loss)
