@@ -219,7 +219,7 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     from .checkpoint import load_checkpoint
     from .generate import LookupGenerator
     from .kb import KnowledgeBase, Triple
-    from .report import write_report
+    from .report import write_quickstart_report
     from .tokens import LookupTokenizer, load_tokenizer, train_bpe
     from .worlds.bios import RELATIONS, BiosConfig, BiosWorld
 
@@ -423,7 +423,7 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
                     "forgotten": f_after_res["samples"]},
     }
     _write_json(out / "report.json", report)
-    write_report(report, out)
+    write_quickstart_report(report, out)
     kb.close()
     console.print(f"[bold green]done in {timings['total']:.0f} s[/]: {out / 'report.md'}")
     return report

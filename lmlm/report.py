@@ -1,6 +1,6 @@
 """Reports for people: Markdown with PNG figures, written next to every ``report.json``.
 
-``write_report(report, out)`` renders a quickstart report; ``render_generation`` shows one
+``write_quickstart_report(report, out)`` renders a quickstart report; ``render_generation`` shows one
 generation with its lookups marked, ``⟦Entity · Relation → value⟧``.
 """
 
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_report", "render_generation", "plot_training_curves", "wrong_entity_lines"]
+__all__ = ["write_quickstart_report", "render_generation", "plot_training_curves", "wrong_entity_lines"]
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -199,7 +199,7 @@ def _added_lines(ak: dict) -> list[str]:
     return lines
 
 
-def write_report(report: dict, out: str | Path) -> Path:
+def write_quickstart_report(report: dict, out: str | Path) -> Path:
     """Write ``out/report.md`` and its figures from a quickstart report dict."""
     out = Path(out)
     fig_dir = out / "figures"

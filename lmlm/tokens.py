@@ -136,8 +136,10 @@ class LookupTokenizer:
         return Encoded(ids, roles)
 
     def value_continuation(self, value: str) -> list[int]:
-        """What the generator forces after ``<|db_retrieve|>``: the value's ids then ``<|db_end|>``."""
-        return self.encode_field(value) + [self.end_id]
+        """What the generator forces after ``<|db_retrieve|>``: the value's ids (without call markers,
+        end-of-text or document separators, which a value must not smuggle in) then ``<|db_end|>``."""
+        bad = {*self.call_ids, self.eos_id, self.doc_id}
+        return [i for i in self.encode_field(value) if i not in bad] + [self.end_id]
 
     # -- documents --------------------------------------------------------------------------
     def encode(self, segments: Sequence[Segment], add_doc_separator: bool = True) -> Encoded:

@@ -24,7 +24,7 @@ from ..corpus import Document, iter_documents, read_documents, write_documents
 from .prompts import Example, build_messages, extract_annotation, parse_fact_lines, select_examples
 from .validate import Validated, ValidationReport, place_facts, validate
 
-__all__ = ["annotate", "seed_file", "validate_file", "write_results"]
+__all__ = ["annotate", "seed_file", "validate_file", "write_annotation"]
 
 
 def annotate(texts: Sequence[str], backend: Any = "openai://127.0.0.1:8080/v1?model=default", *,
@@ -73,7 +73,7 @@ def annotate(texts: Sequence[str], backend: Any = "openai://127.0.0.1:8080/v1?mo
     return out
 
 
-def write_results(out: str | Path, documents: Sequence[Document], results: Sequence[Validated],
+def write_annotation(out: str | Path, documents: Sequence[Document], results: Sequence[Validated],
                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``annotated.jsonl`` (the documents with their kept calls, in the schema of
     :mod:`lmlm.corpus`), ``rejected.jsonl`` (one line per rejected call) and ``report.json`` (counts
@@ -95,7 +95,7 @@ def validate_file(path: str | Path, out: str | Path) -> dict[str, Any]:
     plain text; a file that gives no plain text is checked against each annotation stripped
     (syntax, values, entities and duplicates, not text changes)."""
     docs = read_documents(path)
-    return write_results(out, docs, [validate(d.text, d.annotated) for d in docs])
+    return write_annotation(out, docs, [validate(d.text, d.annotated) for d in docs])
 
 
 def seed_file(path: str | Path, out: str | Path, backend: str, *, examples_from: str | Path | None = None,
@@ -118,4 +118,4 @@ def seed_file(path: str | Path, out: str | Path, backend: str, *, examples_from:
     for i in tqdm(range(0, len(docs), batch_size), desc="seed", unit="batch"):
         results += annotate([d.text for d in docs[i:i + batch_size]], backend, examples=examples, cache=cache,
                             batch_size=batch_size, max_tokens=max_tokens, style=style)
-    return write_results(out, docs, results, {"backend": backend, "examples": len(examples), "style": style})
+    return write_annotation(out, docs, results, {"backend": backend, "examples": len(examples), "style": style})

@@ -17,7 +17,6 @@ Examples:
 from __future__ import annotations
 
 import json
-import resource
 import shutil
 import sys
 import time
@@ -26,7 +25,7 @@ from typing import Iterator
 
 import typer
 
-from . import bench_app
+from . import bench_app, peak_rss_mb
 
 __all__ = ["write_authors_file", "run_authors_bench"]
 
@@ -100,7 +99,7 @@ def run_authors_bench(n: int, out: Path, chunk_size: int = 100_000, progress: bo
     kb_dir = out / f"kb-{n}"
     if kb_dir.exists():
         shutil.rmtree(kb_dir)
-    rss_before = _peak_rss_mb()
+    rss_before = peak_rss_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     scan_authors_json(src)
     scan_s = time.perf_counter() - t0
@@ -113,14 +112,11 @@ def run_authors_bench(n: int, out: Path, chunk_size: int = 100_000, progress: bo
             "file_bytes": src.stat().st_size, "file_bytes_per_triple": round(src.stat().st_size / n, 1),
             "import_seconds": round(seconds, 1), "triples_per_s": round(n / seconds),
             "import_cpu_seconds": round(cpu, 1), "triples_per_cpu_s": round(n / cpu),
-            "scan_seconds": round(scan_s, 1), "peak_rss_mb": round(_peak_rss_mb()),
+            "scan_seconds": round(scan_s, 1), "peak_rss_mb": round(peak_rss_mb()),
             "peak_rss_before_import_mb": round(rss_before), "store_bytes_per_triple": round(db_bytes / n),
             "write_file_seconds": None if write_s is None else round(write_s, 1), "chunk_size": chunk_size,
             "file": str(src), "kb": str(kb_dir)}
 
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 @bench_app.command("authors")

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -51,7 +50,7 @@ from typing import Optional
 import numpy as np
 import typer
 
-from . import bench_app
+from . import bench_app, peak_rss_mb, percentile_ms
 
 __all__ = ["RELATIONS", "synthetic_triples", "perturb", "run_kb_bench"]
 
@@ -116,13 +115,6 @@ def perturb(rng: np.random.Generator, entity: str, relation: str) -> tuple[str, 
             words[w] = s[:i] + s[i + 1] + s[i] + s[i + 2:]
     return " ".join(words).lower() if rng.random() < 0.5 else " ".join(words), rel
 
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _pct(xs: list[float], q: float) -> float:
-    return round(float(np.percentile(np.asarray(xs) * 1e3, q)), 3)
 
 
 def _folder_bytes(path: Path) -> dict[str, int]:
@@ -225,7 +217,7 @@ class _KBBench:
                     progress=self.n >= 50_000, embed=False)
         self.store_s = time.perf_counter() - t
         self.report.update(store_s=round(self.store_s, 2), store_triples_per_s=round(self.n / self.store_s),
-                           build_peak_rss_mb=round(_rss_mb()))
+                           build_peak_rss_mb=round(peak_rss_mb()))
 
     def index(self, embed_keys: int) -> None:
         """A real sample of keys embedded, synthetic vectors for the rest, then the index."""
@@ -260,7 +252,7 @@ class _KBBench:
             index_kind=self.kb.key_index().ann_kind, index_build_s=round(index_s, 2),
             build_triples_per_s=round(self.n / (self.store_s + index_s)),
             build_triples_per_s_with_encoding=round(self.n / (self.store_s + index_s + len(ids) / rate)),
-            index_peak_rss_mb=round(_rss_mb()))
+            index_peak_rss_mb=round(peak_rss_mb()))
 
     def exact(self, count: int) -> None:
         qi = self.rng.choice(self.n, size=min(count, self.n), replace=False)
@@ -272,7 +264,7 @@ class _KBBench:
             hit = self.kb.lookup(e, r)
             lat.append(time.perf_counter() - t)
             assert hit is not None and hit.exact, (e, r)
-        self.report.update(exact_p50_ms=_pct(lat, 50), exact_p99_ms=_pct(lat, 99))
+        self.report.update(exact_p50_ms=percentile_ms(lat, 50), exact_p99_ms=percentile_ms(lat, 99))
 
     def _queries(self, count: int, truth: list | None = None) -> list[tuple[str, str]]:
         picked = self.rng.choice(self.sample, size=count, replace=count > len(self.sample))
@@ -309,10 +301,10 @@ class _KBBench:
             self.enc.clear_cache()
             lat, accepted, wrong = timed(qs, truth, matching)
             cached, _, _ = timed(qs, truth, matching)  # again: embeddings from the cache, the rest as before
-            self.report.update({f"{pre}_p50_ms": _pct(lat, 50), f"{pre}_p99_ms": _pct(lat, 99),
+            self.report.update({f"{pre}_p50_ms": percentile_ms(lat, 50), f"{pre}_p99_ms": percentile_ms(lat, 99),
                                 f"{pre}_accepted": round(accepted / max(len(lat), 1), 3),
                                 f"{pre}_wrong_entity": round(wrong / max(len(lat), 1), 3),
-                                f"{pre}_cached_p50_ms": _pct(cached, 50), f"{pre}_cached_p99_ms": _pct(cached, 99)})
+                                f"{pre}_cached_p50_ms": percentile_ms(cached, 50), f"{pre}_cached_p99_ms": percentile_ms(cached, 99)})
             self.enc.clear_cache()
             self.report[f"batched_{pre}_qps"] = in_batches(bqs, matching)
             self.report[f"batched_{pre}_cached_qps"] = in_batches(bqs, matching)
@@ -389,7 +381,7 @@ class _KBBench:
         r = self.report
         r.update(disk_bytes_per_triple=round(sum(sizes.values()) / self.n),
                  store_bytes_per_triple=round(store / self.n),
-                 index_bytes_per_triple=round(sizes.get("index.faiss", 0) / self.n), peak_rss_mb=round(_rss_mb()),
+                 index_bytes_per_triple=round(sizes.get("index.faiss", 0) / self.n), peak_rss_mb=round(peak_rss_mb()),
                  load_avg_end=round(os.getloadavg()[0], 2), seconds=round(time.perf_counter() - self.t0, 1))
         targets = {"exact_p50_ms<=0.2": ("exact_p50_ms", lambda x: x <= 0.2),
                    "fuzzy_p50_ms<=10": ("fuzzy_p50_ms", lambda x: x <= 10),

@@ -33,7 +33,7 @@ from typing import List, Optional
 
 import typer
 
-from . import bench_app
+from . import bench_app, percentile_ms
 
 __all__ = ["run_load", "LoadConfig", "start_server"]
 
@@ -60,13 +60,6 @@ class LoadConfig:
     edit_keys: list[tuple[str, str]] = field(default_factory=list)
     max_new_tokens: int = 32
     timeout: float = 120.0
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]  # nearest rank
 
 
 class _Tally:
@@ -208,18 +201,19 @@ async def run_load(url: str, token: str, cfg: LoadConfig) -> dict:
     b0, b1 = info0["batching"], info["batching"]
     batches = b1["batches"] - b0["batches"]
     ms = lambda x: None if x is None else round(1000 * x, 1)  # noqa: E731
+    pct = lambda xs, q: percentile_ms(xs, q, 1)  # noqa: E731
     return {
         "duration_s": round(wall, 2), "clients": cfg.clients, "editors": cfg.editors,
         "max_new_tokens": cfg.max_new_tokens, "requests": len(t.latency), "requests_by_kind": t.by_kind,
         "requests_per_s": round(len(t.latency) / wall, 2),
-        "latency_ms": {"p50": ms(_pct(t.latency, 50)), "p99": ms(_pct(t.latency, 99)),
+        "latency_ms": {"p50": pct(t.latency, 50), "p99": pct(t.latency, 99),
                        "max": ms(max(t.latency, default=None))},
-        "server_ms": {"queued_p50": ms(_pct(t.queued_s, 50)), "run_p50": ms(_pct(t.run_s, 50))},
+        "server_ms": {"queued_p50": pct(t.queued_s, 50), "run_p50": pct(t.run_s, 50)},
         "tokens": t.tokens, "tokens_per_s": round(t.tokens / wall, 1),
         "mean_batch_rows": round((b1["rows"] - b0["rows"]) / batches, 2) if batches else None,
         "max_batch_rows": b1["max_rows"],
-        "edits": len(t.acks), "edit_latency_ms": {"p50": ms(_pct(t.edit_latency, 50)),
-                                                  "p99": ms(_pct(t.edit_latency, 99))},
+        "edits": len(t.acks), "edit_latency_ms": {"p50": pct(t.edit_latency, 50),
+                                                  "p99": pct(t.edit_latency, 99)},
         "errors": len(t.errors), "error_samples": t.errors[:5],
         "lost_edits": len(lost), "lost_samples": lost[:5], "verify_s": round(verify_s, 1),
         "model": info["model"]["name"], "device": info["model"]["device"], "kb_version": info["kb"]["version"],

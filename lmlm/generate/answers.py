@@ -84,7 +84,6 @@ class Answerer:
         self.fallback = fallback
         self.on_miss = "skip" if fallback is None else on_miss
         self.cache: dict[Key, Answer] = {} if cache is None else cache
-        self._bad = set(tokenizer.call_ids) | {tokenizer.eos_id, tokenizer.doc_id}
 
     def __getitem__(self, key: Key) -> Answer:
         return self.cache[key]
@@ -183,7 +182,7 @@ class Answerer:
         """Value ids then ``<|db_end|>``; markers and stop tokens inside a value are dropped."""
         if not value.strip():
             return (self.tok.end_id,)
-        return tuple(i for i in self.tok.encode_field(value) if i not in self._bad) + (self.tok.end_id,)
+        return tuple(self.tok.value_continuation(value))
 
 
 def _kb_version(kb) -> int | None:

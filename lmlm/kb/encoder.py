@@ -31,13 +31,12 @@ DTYPES = ("auto", "float32", "bfloat16")
 
 
 def native_bf16() -> bool:
-    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), so bf16 matmuls pay off."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), so bf16 matmuls pay off;
+    asked of torch's own CPU feature detection (the one its kernels dispatch on)."""
+    import torch
+
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
 def resolve_dtype(dtype: str, device: str) -> str:

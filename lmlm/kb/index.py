@@ -1,7 +1,6 @@
 """Vector index over KB keys: one unit-norm embedding per distinct ``(entity, relation)`` key.
 
-The knowledge base talks to the index only through :class:`KeyIndex`. :class:`VectorKeyIndex`
-keeps every key's float32 vector (the exact copy) and, once there are enough keys, an approximate
+:class:`VectorKeyIndex` keeps every key's float32 vector (the exact copy) and, once there are enough keys, an approximate
 FAISS structure chosen by size (:class:`AnnConfig`): exact search below ``flat_max`` keys, HNSW
 (8-bit scalar-quantised codes) up to ``ivf_min``, IVF from there (4-bit product-quantised codes
 scanned with SIMD "fast scan", ten times faster than 8-bit codes at 10^6 keys). The approximate
@@ -34,48 +33,15 @@ import os
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Iterable, Protocol
+from typing import IO, Iterable
 
 import numpy as np
 
-__all__ = ["KeyIndex", "AnnConfig", "VectorKeyIndex", "FaissFlatIndex", "Selection", "INDEXES",
-           "read_header", "save_index", "load_index"]
+__all__ = ["AnnConfig", "VectorKeyIndex", "Selection", "read_header", "save_index", "load_index"]
 
 _MAGIC = b"LMLMIDX1"
 _QUERY_BLOCK = 256  # queries searched together: (256, 128 candidates, 384) float32 is 50 MB of scratch
 _RANK = {"flat": 0, "hnsw": 1, "ivf": 2}
-
-
-class KeyIndex(Protocol):
-    """What the knowledge base needs from a vector index. Ids are int64 key ids."""
-
-    kind: str
-    dim: int
-
-    def __len__(self) -> int:
-        """Number of live keys."""
-
-    def __contains__(self, key_id: int) -> bool:
-        """Whether ``key_id`` is live (searchable)."""
-
-    def ids(self) -> list[int]:
-        """The live key ids."""
-
-    def has_vector(self, key_id: int) -> bool:
-        """Whether a vector is stored for ``key_id``, live or not."""
-
-    def add(self, ids: np.ndarray, vectors: np.ndarray, alive: bool = True, build: bool = True) -> None:
-        """Store ``vectors`` (n, dim) under ``ids`` (n,); ids already stored are made live, not re-added.
-        With ``build=False`` the approximate structure is extended later, by ``settle``."""
-
-    def restore(self, ids: Iterable[int]) -> list[int]:
-        """Make the stored ``ids`` live again; returns the ids that have no stored vector."""
-
-    def remove(self, ids: Iterable[int]) -> int:
-        """Make ``ids`` unsearchable at once (absent ones ignored); returns how many were live."""
-
-    def search(self, vectors: np.ndarray, k: int, within: "Selection | None" = None) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` per query: exact cosines (n, k) float32 and key ids (n, k) int64, -1 where fewer exist."""
 
 
 @dataclass
@@ -444,16 +410,6 @@ class VectorKeyIndex:
         return index
 
 
-class FaissFlatIndex(VectorKeyIndex):
-    """A :class:`VectorKeyIndex` that always searches exactly (no approximate structure)."""
-
-    def __init__(self, dim: int, config: AnnConfig | None = None):
-        super().__init__(dim, config, ann="flat")
-
-
-INDEXES: dict[str, type] = {VectorKeyIndex.kind: VectorKeyIndex}
-
-
 def _legacy_flat(body: memoryview, header: dict) -> VectorKeyIndex:
     """Read an index file of the first format (``faiss-flat``: a serialised ``IndexIDMap2``)."""
     import faiss
@@ -523,9 +479,9 @@ def load_index(path: str | os.PathLike) -> tuple[VectorKeyIndex, dict] | None:
             try:
                 if header.get("kind") == "faiss-flat":
                     return _legacy_flat(body, header), header
-                if header.get("kind") not in INDEXES:
+                if header.get("kind") != VectorKeyIndex.kind:
                     return None
-                return INDEXES[header["kind"]].from_body(body, header), header
+                return VectorKeyIndex.from_body(body, header), header
             finally:
                 body.release()
     except Exception:  # missing, torn or foreign file: the caller rebuilds from the store

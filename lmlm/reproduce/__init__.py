@@ -106,12 +106,12 @@ def reproduce(out: str | Path = "runs/reproduce", preset: str = "cpu", fresh: bo
     finally:
         run.close()
     from .claims import check_claims
-    from .report import write_report
+    from .report import write_reproduction_report
 
     timings["total"] = sum(timings.values())
     report = {"preset": cfg.name, "config": cfg.to_dict(), "stages": stages, "timings_seconds": timings,
               "claims": check_claims(stages)}
     write_json(out / "report.json", report)
-    write_report(report, out)
+    write_reproduction_report(report, out)
     console.print(f"[bold green]reproduction done[/]: {out / 'report.md'}")
     return report

@@ -14,7 +14,7 @@ from pathlib import Path
 from .sections import (claims_section, closing, factual_section, metrics_of, offloading_section, perplexity_section,
                        rag_section, tofu_section)
 
-__all__ = ["write_report"]
+__all__ = ["write_reproduction_report"]
 
 
 def _plt():
@@ -142,7 +142,7 @@ def _stated_values(stages: dict, system: str) -> list:
     return [b.get(p, {}).get(g) for p in ("trex", "popqa") for g in ("stated", "kb_only")]
 
 
-def write_report(report: dict, out: str | Path) -> Path:
+def write_reproduction_report(report: dict, out: str | Path) -> Path:
     """Write ``out/report.md`` and ``out/figures/*.png`` from a reproduction report dict."""
     out = Path(out)
     stages = {**report["stages"], "config": report["config"]}

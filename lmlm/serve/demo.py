@@ -99,36 +99,3 @@ def build_demo(out: str | Path, seed: int = 0, steps: int = 250, encoder=None) -
     config = TrainConfig.from_name("demo", out_dir=str(out), kb=str(demo.kb_dir), max_steps=steps, seed=seed)
     train(config, docs, tok)  # writes out/checkpoint
     return demo
-    docs = _documents(people, random.Random(seed))
-    tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=600, min_frequency=1))
-    encs = [tok.encode(d) for d in docs]
-    width = max(map(len, encs))
-    ids = torch.full((len(encs), width), tok.eos_id)  # (n_docs, width), padded with eos
-    labels = torch.full((len(encs), width), -100)
-    for i, e in enumerate(encs):
-        ids[i, :len(e)] = torch.tensor(e.input_ids)
-        labels[i, :len(e)] = torch.tensor(labels_from_roles(e.input_ids, e.roles, tok.end_id))
-    torch.manual_seed(seed)
-    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=len(tok), n_positions=256,
-                        bos_token_id=tok.doc_id, eos_token_id=tok.eos_id)
-    model = GPT2LMHeadModel(config)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        b = torch.randint(0, len(encs), (16,), generator=gen)
-        loss = model(input_ids=ids[b], labels=labels[b]).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    if demo.kb_dir.exists():
-        import shutil
-        shutil.rmtree(demo.kb_dir)
-    kb = KnowledgeBase.create(demo.kb_dir, encoder=encoder)
-    kb.add([Triple(e, r, v, source=f"bio-{e.replace(' ', '-').lower()}") for e, r, v in demo.facts],
-           who="demo", why="facts of the demo people")
-    kb.close()
-    (demo.kb_dir / "built.json").write_text(json.dumps({"triples": len(demo.facts)}) + "\n")
-    save_checkpoint(demo.model_dir, model.eval(), tok,
-                    {"kb": str(demo.kb_dir), "train_config": {"demo": True, "steps": steps, "seed": seed},
-                     "stats": {"final_loss": loss.item()}})
-    return demo

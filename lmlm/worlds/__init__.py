@@ -5,10 +5,10 @@
 
 from .bios import (
     BIOS_PRESETS, CLOZE_TEMPLATES, RELATIONS, TEMPLATES, BiosConfig, BiosWorld, ClozePrompt, Document, Edit,
-    Person, Triple,
+    Person, WorldFact,
 )
 
 __all__ = [
     "BIOS_PRESETS", "CLOZE_TEMPLATES", "RELATIONS", "TEMPLATES", "BiosConfig", "BiosWorld", "ClozePrompt",
-    "Document", "Edit", "Person", "Triple",
+    "Document", "Edit", "Person", "WorldFact",
 ]

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from lmlm.kb.index import AnnConfig, FaissFlatIndex, VectorKeyIndex, load_index, read_header, save_index
+from lmlm.kb.index import AnnConfig, VectorKeyIndex, load_index, read_header, save_index
 
 SMALL = AnnConfig(flat_max=200, ivf_min=1000, rescore=32)
 
@@ -22,7 +22,7 @@ def _near(v, scale=0.15, seed=1):
 
 
 def test_add_search_remove():
-    index = FaissFlatIndex(8)
+    index = VectorKeyIndex(8, ann="flat")
     vectors = _unit(5)
     index.add(np.array([10, 11, 12, 13, 14]), vectors)
     index.add(np.array([10]), vectors[:1])  # already present: skipped
@@ -35,12 +35,12 @@ def test_add_search_remove():
 
 
 def test_search_empty_index_returns_no_ids():
-    scores, ids = FaissFlatIndex(8).search(_unit(2), 3)
+    scores, ids = VectorKeyIndex(8, ann="flat").search(_unit(2), 3)
     assert ids.shape == (2, 3) and (ids == -1).all()
 
 
 def test_save_load_roundtrip(tmp_path):
-    index = FaissFlatIndex(8)
+    index = VectorKeyIndex(8, ann="flat")
     index.add(np.array([3, 4]), _unit(2))
     (tmp_path / ".index.faiss.999999999.tmp").write_bytes(b"half a file from a killed save")
     save_index(index, tmp_path / "index.faiss", {"version": 7, "encoder": "m"})

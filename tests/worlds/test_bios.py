@@ -10,7 +10,7 @@ import pytest
 
 from lmlm.lookup import Lookup, Text, parse, render, strip
 from lmlm.worlds import BIOS_PRESETS, CLOZE_TEMPLATES, RELATIONS, TEMPLATES, BiosConfig, BiosWorld
-from lmlm.worlds.bios import _COMPILED, _fill
+from lmlm.worlds.bios import COMPILED, fill
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ def test_cloze_prompt_ends_right_before_the_value(world):
     assert len({c.prompt for c in prompts.values()}) == len(RELATIONS)
     for rel, c in prompts.items():
         assert c.gold == person.facts[rel] and not c.prompt.endswith(" ")
-        rendering = strip(_fill(_COMPILED[(rel,)][0], person, named=True))
+        rendering = strip(fill(COMPILED[(rel,)][0], person, named=True))
         assert rendering.startswith(c.prompt + " " + c.gold)
         assert CLOZE_TEMPLATES[rel].startswith("{Subj}")
     # the cloze templates are among those the training documents use
