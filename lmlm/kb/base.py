@@ -28,29 +28,28 @@ from __future__ import annotations
 
 import numbers
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 import threading
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
-from . import formats
 from .encoder import DEFAULT_MODEL, Encoder, get_encoder
 from .formats import Fact, fact_of
 from .index import AnnConfig, VectorKeyIndex, read_header
 from .indexing import INDEX_FILENAME, PROGRESS_MIN, KeyIndexing
-from .keys import KEY_SEP, key_text, normalize_key, normalize_text, normalize_value
-from .records import (Change, DiffEntry, Match, Triple, TripleRecord, VersionRecord, as_triple, check_who,
-                      required)
-from .resolve import MATCHINGS, EntityLookup
+from .keys import KEY_SEP, clean_field, normalize_text, normalize_value
+from .reader import MAX_SOURCES, KnowledgeBaseReader
+from .records import Triple, as_triple, check_who, required
+from .resolve import MATCHINGS
 from .store import DB_FILENAME, Best, KBNotFound, NotAKnowledgeBase, SQLiteStore
+
+if TYPE_CHECKING:
+    from .view import KnowledgeBaseView
 
 __all__ = ["KnowledgeBase", "INDEX_FILENAME", "MAX_SOURCES", "PROGRESS_MIN", "MATCHINGS"]
 
-MAX_SOURCES = 32  # document ids returned per match; KnowledgeBase.get has them all
-_CANDIDATES = 8  # index hits inspected per fuzzy query beyond k, in case some were just deleted
 
-
-class KnowledgeBase(EntityLookup, KeyIndexing):
+class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
     """A versioned store of ``(entity, relation) -> value`` facts with entity-aware lookup.
 
     Open with :meth:`create` or :meth:`open`, not the constructor. Thread-safe: one lock guards
@@ -64,8 +63,6 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
         ann_config (AnnConfig): when the key index switches from exact search to HNSW and IVF.
     """
 
-    threshold: float = 0.6
-    _view_class: type  # KnowledgeBaseView, registered by lmlm.kb.view (imported with the package)
 
     def __init__(self, path: Path, store: SQLiteStore, encoder: Encoder | None = None,
                  ann: AnnConfig | None = None):
@@ -152,11 +149,7 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
             self._maybe_save(quiet=True)
             self.store.close()
 
-    def __enter__(self) -> "KnowledgeBase":
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"KnowledgeBase({str(self.store.folder)!r}, version={self._version}, triples={self._n_active})"
@@ -207,114 +200,10 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
             self._sync_index(progress)
             self._maybe_save()
 
-    def key_ids(self) -> dict[tuple[str, str], int]:
-        """Key id of every active key, by (entity, relation) as first written."""
-        self.refresh()
-        return {(b.entity, b.relation): b.key_id for b in list(self._best.values())}
 
-    # -- lookup ----------------------------------------------------------------------------------
-    def lookup(self, entity: str, relation: str, threshold: float | None = None, fuzzy: bool = True,
-               context: str | None = None, matching: str | None = None) -> Match | None:
-        """The value of ``(entity, relation)``, or None (:meth:`explain` says why).
-
-        Args:
-            entity, relation: the query, as the model wrote it.
-            threshold (float, optional): minimum similarity: of the relation under entity-aware
-                matching (default ``self.relation_threshold``), of the whole key under ``"key"``
-                (default ``self.threshold``).
-            fuzzy (bool, default True): False answers from exact keys only (no encoder call).
-            context (str, optional): the text before the call (prompt and document so far); an
-                entity it names resolves a short or misspelt name.
-            matching (str, optional): ``"entity"`` or ``"key"`` (default ``self.matching``).
-
-        Returns:
-            The best-supported active value of the matched key as a :class:`Match`, or None.
-        """
-        return self.lookup_batch([(entity, relation)], threshold, fuzzy, [context], matching)[0]
-
-    def lookup_batch(self, queries: Sequence[tuple[str, str]], threshold: float | None = None,
-                     fuzzy: bool = True, contexts: Sequence[str | None] | None = None,
-                     matching: str | None = None) -> list[Match | None]:
-        """:meth:`lookup` for many queries, batched (one encoder call for those that need one)."""
-        return [m if isinstance(m, Match) else None
-                for m in self.resolve_batch(queries, threshold, fuzzy, contexts, matching)]
-
-    def _key_hits(self, queries: Sequence[tuple[str, str]], threshold: float, fuzzy: bool) -> list[tuple]:
-        """The paper's match per query: (hit (best, score, exact) or None, nearest (best, score) or None)."""
-        out: list[tuple] = [(None, None)] * len(queries)
-        misses: list[int] = []
-        for i, (entity, relation) in enumerate(queries):
-            en, rn = normalize_text(entity), normalize_text(relation)
-            if not en and not rn:
-                continue  # a blank query matches nothing
-            best = self._best.get(en + KEY_SEP + rn)
-            if best is not None:
-                out[i] = ((best, 1.0, True), None)
-            else:
-                misses.append(i)
-        if fuzzy and misses and self._best:
-            nearest = self._nearest([key_text(*queries[i]) for i in misses], k=1)
-            for i, found in zip(misses, nearest):
-                if found:
-                    out[i] = ((found[0][0], found[0][1], False) if found[0][1] >= threshold else None, found[0])
-        return out
-
-    def lookup_vectors(self, vectors: np.ndarray, threshold: float | None = None) -> list[Match | None]:
-        """Fuzzy lookup by query embeddings computed elsewhere, ``(n, dim)`` unit-norm rows."""
-        threshold = self.threshold if threshold is None else float(threshold)
-        with self._lock:
-            self.refresh()
-            if not self._best:
-                return [None] * len(vectors)
-            found = self._nearest_vectors(np.asarray(vectors, dtype=np.float32), k=1)
-            return self._matches([(f[0][0], f[0][1], False) if f and f[0][1] >= threshold else None for f in found])
-
-    def search(self, entity: str, relation: str, k: int = 5) -> list[Match]:
-        """The ``k`` nearest keys with their scores, best first, ignoring the threshold (for debugging)."""
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
-        with self._lock:
-            self.refresh()
-            exact = self._best.get(normalize_key(entity, relation))
-            hits: list[tuple[Best, float, bool]] = [(exact, 1.0, True)] if exact else []
-            if self._best:
-                hits += [(b, s, False) for b, s in self._nearest([key_text(entity, relation)], k)[0]
-                         if not (exact and b.key_id == exact.key_id)]
-            return self._matches(hits[:k])
-
-    def _nearest(self, texts: list[str], k: int) -> list[list[tuple[Best, float]]]:
-        """Top-``k`` active keys per text, as (best triple, cosine)."""
-        self._sync_index()  # before encoding: a first use may load the encoder and index
-        return self._nearest_vectors(self.encoder.encode(texts), k)  # (n, dim), cached per query string
-
+    # -- fuzzy search in the live index ----------------------------------------------------------
     def _search_index(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self._sync_index().search(vectors, k)
-
-    def _nearest_vectors(self, vectors: np.ndarray, k: int) -> list[list[tuple[Best, float]]]:
-        scores, ids = self._search_index(vectors, k + _CANDIDATES)
-        out = []
-        for row_scores, row_ids in zip(scores.tolist(), ids.tolist()):
-            found = []
-            for s, kid in zip(row_scores, row_ids):
-                kn = self._key_norm.get(kid)
-                if kn is not None:  # -1 (no hit) and keys not active in this version drop out
-                    found.append((self._best[kn], float(s)))
-                if len(found) == k:
-                    break
-            out.append(found)
-        return out
-
-    def _sources(self, triple_ids: list[int]) -> dict[int, tuple[str, ...]]:
-        return self.store.sources(triple_ids, limit=MAX_SOURCES)
-
-    def _matches(self, hits: Sequence[tuple | None]) -> list[Match | None]:
-        """Matches from (best, score, exact[, via, entity score, context free]) tuples; None stays None."""
-        sources = self._sources([h[0].triple_id for h in hits if h])
-        return [None if h is None else Match(
-            entity=h[0].entity, relation=h[0].relation, value=h[0].value, score=h[1], triple_id=h[0].triple_id,
-            exact=h[2], sources=sources.get(h[0].triple_id, ()), version=self._version,
-            alternatives=h[0].n_active - 1, support=h[0].count, via=h[3] if len(h) > 3 else "key",
-            entity_score=h[4] if len(h) > 4 else None, context_free=h[5] if len(h) > 5 else True) for h in hits]
 
     # -- changes ---------------------------------------------------------------------------------
     def add(self, triples: Iterable[Triple], who: str = "lmlm", why: str = "", batch_size: int = 1000,
@@ -357,7 +246,6 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
         """
         from .ingest import add_file
 
-        self._writable()
         add_file(self, path, format, chunk_size=chunk_size, who=who, why=why or "import", progress=progress,
                  batch_size=batch_size)
         with self._lock:
@@ -376,7 +264,6 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
 
     def _write(self, facts: Iterable[Fact], op: str, who: str, why: str, batch_size: int,
                progress: bool | None, total: int | None, embed: bool = True, meta: dict | None = None) -> int:
-        self._writable()
         _check_who(who, why)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -397,7 +284,6 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
         other handle, and stay in history. ``source`` deletes every fact that cites that document,
         whatever else cites it. To delete a list of facts, keys or documents at once, use :meth:`forget`.
         """
-        self._writable()
         if triple_ids is None and entity is None and relation is None and source is None:
             raise ValueError("delete needs at least one of triple_ids, entity, relation, source "
                              "(refusing to delete everything)")
@@ -422,7 +308,6 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
 
         Like :meth:`delete`, the facts are unreachable by any lookup when this returns.
         """
-        self._writable()
         _check_who(who, why)
         ids, keys, facts, sources = [], [], [], []
         for n, item in enumerate(items):
@@ -440,7 +325,6 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
         The replaced values stay in history (``deleted_version`` set, op ``edit`` in :meth:`changes`).
         Raises KBError when the key has no active value.
         """
-        self._writable()
         t = Triple(entity.strip(), relation.strip(), new_value.strip())  # validates
         _check_who(who, why)
         with self._lock:
@@ -448,67 +332,40 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
             self._after_write(adds_keys=False)
             return version
 
-    def _writable(self) -> None:
-        """Views of past versions override this to refuse writes."""
+    # -- aliases (their lookups: lmlm.kb.resolve) -----------------------------------------------------------------------------------
+    def add_aliases(self, pairs: Iterable[tuple[str, str]], who: str = "lmlm", why: str = "") -> int:
+        """Record other names of entities, ``(alias, entity)`` pairs, as one version; returns it.
 
-    # -- reading records -------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        """The current version of the KB (0 when nothing was ever added)."""
-        return self.refresh()
-
-    def __len__(self) -> int:
-        """Number of active triples."""
-        self.refresh()
-        return self._n_active
-
-    def get(self, triple_id: int) -> TripleRecord:
-        """A triple by id, active or not, with its count, versions and sources."""
+        An alias is another way the text may name an entity: a short name, ``"Lovelace, Ada"``, a
+        Wikipedia redirect. An alias of an entity with no facts is kept and used once it has some;
+        deleting an entity's last fact deletes its aliases.
+        """
+        _check_who(who, why)
+        pairs = [(clean_field(str(a), "alias"), clean_field(str(e), "entity")) for a, e in pairs]
         with self._lock:
-            record = self.store.get(triple_id)
-        if record is None:
-            raise KeyError(f"no triple with id {triple_id} in {self.path}")
-        return record
+            version, n = self.store.add_aliases(pairs, who, why)
+            if n:
+                self._after_write(adds_keys=False)
+            return version
 
-    def values(self, entity: str, relation: str) -> list[TripleRecord]:
-        """Every active value of the key, best supported first (the one :meth:`lookup` returns)."""
+    def delete_alias(self, alias: str, entity: str | None = None, who: str = "lmlm", why: str = "") -> int:
+        """Delete the alias ``alias`` (of ``entity`` only, if given) as one version; returns how many."""
+        _check_who(who, why)
+        an = _required(normalize_text(alias), "alias", alias)
+        en = None if entity is None else _required(normalize_text(entity), "entity", entity)
         with self._lock:
-            active = [r for r in self.store.history(entity, relation) if r.active]
-        return sorted(active, key=lambda r: (-r.count, -r.created_version, -r.id))
+            _, n = self.store.delete_aliases(an, en, who, why)
+            if n:
+                self._after_write(adds_keys=False)
+            return n
 
-    def history(self, entity: str, relation: str) -> list[TripleRecord]:
-        """Every triple ever stored under the key, deleted ones included, oldest first."""
-        with self._lock:
-            return self.store.history(entity, relation)
-
-    def log(self, limit: int | None = 20) -> list[VersionRecord]:
-        """The latest ``limit`` versions (all when None), newest first."""
-        with self._lock:
-            return self.store.log(limit)
-
-    def changes(self, version: int) -> list[Change]:
-        """What ``version`` did to each triple it touched."""
-        with self._lock:
-            return self.store.changes(version)
-
-    def diff(self, a: int, b: int) -> list[DiffEntry]:
-        """The triples that differ between versions ``a`` and ``b`` (see :class:`DiffEntry`)."""
-        with self._lock:
-            return self.store.diff(a, b)
-
-    def checkout(self, version: int) -> "KnowledgeBase":
-        """A read-only view of the KB as it was at ``version`` (a :class:`~lmlm.kb.view.KnowledgeBaseView`):
+    # -- past versions and counts -----------------------------------------------------------------
+    def checkout(self, version: int) -> "KnowledgeBaseView":
+        """A read-only snapshot of the KB as it was at ``version`` (a :class:`~lmlm.kb.view.KnowledgeBaseView`):
         lookup, search, triples, export."""
-        return self._view_class(self, version)
+        from .view import KnowledgeBaseView
 
-    def triples(self) -> Iterator[TripleRecord]:
-        """The active triples in id order, streamed from a snapshot."""
-        return self.store.records(active_only=True)
-
-    def keys(self) -> list[tuple[str, str]]:
-        """The (entity, relation) of every active key, as first written."""
-        self.refresh()
-        return [(b.entity, b.relation) for b in list(self._best.values())]
+        return KnowledgeBaseView(self, version)
 
     def stats(self) -> dict:
         with self._lock:
@@ -522,17 +379,7 @@ class KnowledgeBase(EntityLookup, KeyIndexing):
                     "index_version": self._index_version if loaded else header.get("version", 0),
                     "index_kind": self._index.ann_kind if loaded else header.get("ann", "flat")}
 
-    def export(self, path: str | Path, format: str | None = None) -> int:
-        """Write the active triples with counts and sources; returns how many.
 
-        ``format``: ``jsonl`` (default), ``parquet`` or ``corpus`` (an annotated corpus, one
-        document per source); by default told from the file suffix.
-        """
-        return formats.write(self.triples(), path, format)
-
-    def export_jsonl(self, path: str | Path) -> int:
-        """Write the active triples to a JSON-lines file (readable by :meth:`import_jsonl`); returns how many."""
-        return self.export(path, "jsonl")
 
 
 def _is_url(path) -> bool:

@@ -94,40 +94,6 @@ class EntityLookup:
         ents.settle(touched)
 
     # -- aliases -----------------------------------------------------------------------------------
-    def add_aliases(self, pairs: Iterable[tuple[str, str]], who: str = "lmlm", why: str = "") -> int:
-        """Record other names of entities, ``(alias, entity)`` pairs, as one version; returns it.
-
-        An alias is another way the text may name an entity: a short name, ``"Lovelace, Ada"``, a
-        Wikipedia redirect. An alias of an entity with no facts is kept and used once it has some;
-        deleting an entity's last fact deletes its aliases.
-        """
-        self._writable()
-        from .records import check_who as _check_who
-
-        _check_who(who, why)
-        from .keys import clean_field
-
-        pairs = [(clean_field(str(a), "alias"), clean_field(str(e), "entity")) for a, e in pairs]
-        with self._lock:
-            version, n = self.store.add_aliases(pairs, who, why)
-            if n:
-                self._after_write(adds_keys=False)
-            return version
-
-    def delete_alias(self, alias: str, entity: str | None = None, who: str = "lmlm", why: str = "") -> int:
-        """Delete the alias ``alias`` (of ``entity`` only, if given) as one version; returns how many."""
-        self._writable()
-        from .records import check_who as _check_who, required as _required
-
-        _check_who(who, why)
-        an = _required(normalize_text(alias), "alias", alias)
-        en = None if entity is None else _required(normalize_text(entity), "entity", entity)
-        with self._lock:
-            _, n = self.store.delete_aliases(an, en, who, why)
-            if n:
-                self._after_write(adds_keys=False)
-            return n
-
     def aliases(self, entity: str | None = None) -> list[AliasRow]:
         """The active aliases (of ``entity`` only, if given), oldest first."""
         with self._lock:

@@ -18,18 +18,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import MAX_SOURCES, KnowledgeBase
+from typing import TYPE_CHECKING
+
 from .encoder import Encoder
 from .index import Selection
 from .keys import key_text, normalize_key
+from .reader import MAX_SOURCES, KnowledgeBaseReader
 from .records import TripleRecord
 from .store import KBError
+
+if TYPE_CHECKING:
+    from .base import KnowledgeBase
 
 __all__ = ["KnowledgeBaseView"]
 
 
-class KnowledgeBaseView(KnowledgeBase):
-    """``kb`` as it was at ``version``; read-only. Closing it leaves ``kb`` open."""
+_WRITES = frozenset({"add", "delete", "edit", "forget", "import_file", "import_jsonl", "add_aliases", "delete_alias",
+                     "embed", "put_vectors", "checkout"})
+
+
+class KnowledgeBaseView(KnowledgeBaseReader):
+    """``kb`` as it was at ``version``: a snapshot that reads, and has no writes. Closing it leaves ``kb`` open."""
 
     def __init__(self, kb: KnowledgeBase, version: int):
         self._parent = kb
@@ -63,21 +72,11 @@ class KnowledgeBaseView(KnowledgeBase):
     def close(self) -> None:
         """Nothing to release: the view borrows the store of the KB it came from."""
 
-    def _writable(self) -> None:
-        raise KBError(f"the view of {self.path} at version {self._version} is read-only; "
-                      "write to the knowledge base itself")
-
-    def embed(self, progress: bool | None = None) -> int:
-        self._writable()
-
-    def add_aliases(self, pairs, who: str = "lmlm", why: str = "") -> int:
-        self._writable()
-
-    def delete_alias(self, alias, entity=None, who: str = "lmlm", why: str = "") -> int:
-        self._writable()
-
-    def put_vectors(self, key_ids, vectors) -> None:
-        self._writable()
+    def __getattr__(self, name: str):
+        if name in _WRITES:  # what a live KB has and a snapshot does not: say so, by name
+            raise KBError(f"the view of {self.path} at version {self._version} is read-only (no {name}); "
+                          "write to the knowledge base itself")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- fuzzy search within the keys of this version ---------------------------------------------
     def _sync_index(self, progress: bool | None = None):
@@ -116,5 +115,3 @@ class KnowledgeBaseView(KnowledgeBase):
                     **self.store.counts_at(self._version), "encoder": self.encoder_name,
                     "threshold": self.threshold, "current_version": self._parent.version}
 
-
-KnowledgeBase._view_class = KnowledgeBaseView  # what KnowledgeBase.checkout returns
