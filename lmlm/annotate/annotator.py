@@ -26,6 +26,7 @@ from typing import Sequence
 
 import torch
 
+from ..generate.trie import TokenTrie
 from ..lookup import Segment, render, strip
 from ..models import cache_kwargs, output_cache
 from ..tokens import IGNORE_INDEX, LookupTokenizer
@@ -94,7 +95,7 @@ class Annotator:
         self.options = options or AnnotatorOptions()
         self.generated_tokens = 0  # answer tokens written so far (forced text tokens included)
         self.threads: int | None = None  # torch CPU threads while decoding (see lm.cpu_threads)
-        self._relations = _Trie(tokenizer.encode_field(r) for r in (self.options.relations or []))
+        self._relations = TokenTrie(tokenizer.encode_field(r) for r in (self.options.relations or []))
         specials = set(tokenizer.call_ids) | {tokenizer.doc_id, tokenizer.eos_id} | set(tokenizer.hf.all_special_ids)
         vocab = max(len(tokenizer), model.get_output_embeddings().weight.shape[0])
         self._banned = torch.zeros(vocab, dtype=torch.bool)
@@ -211,22 +212,6 @@ class Annotator:
         return cls(model, tok, options)
 
 
-class _Trie:
-    """Allowed next tokens after a prefix of any of the given sequences, and which prefixes are whole."""
-
-    def __init__(self, sequences):
-        self.next: dict[tuple, set[int]] = {}
-        self.whole: set[tuple] = set()
-        for seq in sequences:
-            seq = tuple(seq)
-            for k in range(len(seq)):
-                self.next.setdefault(seq[:k], set()).add(seq[k])
-            self.whole.add(seq)
-
-    def __bool__(self) -> bool:
-        return bool(self.whole)
-
-
 def _text_tokens(tok: LookupTokenizer, text: str) -> tuple[list[int], list[bool], list[bool]]:
     """The text's token ids; for each, whether a word starts there; for each boundary k (before token
     k, the last one at the end), whether a word ends there. Calls open only at word starts, and
@@ -296,8 +281,8 @@ class _Row:
                 return marker
             return _best(logits, cands + ([marker] if can_end else []))
         elif self.mode == _RELATION and self.ann._relations:
-            cands = sorted(self.ann._relations.next.get(f, ()))
-            if f in self.ann._relations.whole:
+            cands = self.ann._relations.children(f)
+            if self.ann._relations.is_whole(f):
                 return _best(logits, cands + [marker])
             return _best(logits, cands) if cands else marker
         else:

@@ -20,7 +20,7 @@ from .trace import GenerationResult, build_result, open_call
 if TYPE_CHECKING:
     from .stream import StreamEvent
 
-__all__ = ["LookupGenerator"]
+__all__ = ["LookupGenerator", "batch_order"]
 
 
 class LookupGenerator:
@@ -35,7 +35,7 @@ class LookupGenerator:
             ``copy_bias``: added to the next token of an answered value while the text after the call
             is stating it).
         constrained (`bool`, defaults to `False`): keep every query on a key of the KB, through a
-            token prefix tree (:class:`lmlm.kb.trie.KeyTrie`) that follows the KB's changes. Its queries
+            token prefix tree (:class:`lmlm.generate.trie.KeyTrie`) that follows the KB's changes. Its queries
             are KB keys by construction and are answered as written, not read against the text.
         loop (`bool`, defaults to `True`): decode greedy and sampled rows with the engine's own
             KV-cached loop (:mod:`lmlm.generate.loop`); ``False`` always calls ``model.generate``.
@@ -60,7 +60,7 @@ class LookupGenerator:
         if constrained:
             if kb is None or not use_db:
                 raise ValueError("constrained=True needs a KB and use_db=True")
-            from ..kb.trie import KeyTrie
+            from .trie import KeyTrie
             self.trie = KeyTrie(kb, tokenizer)
 
     def processor(self, **overrides) -> LookupLogitsProcessor:
@@ -119,7 +119,7 @@ class LookupGenerator:
         warpers = _warpers(do_sample, temperature, top_k, top_p)
         ids = [self.prompt_ids(p, force_lookup) for p in prompts]
         room = self._room(ids, max_new_tokens)
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        order = batch_order(ids)
         batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
         if progress:
             from tqdm.auto import tqdm
@@ -195,7 +195,7 @@ class LookupGenerator:
             raise ValueError("complete_call needs use_db=True")
         limit = 2 * self.options["max_field_tokens"] + 2
         out: list[tuple[str, str]] = [("", "")] * len(prefixes)
-        order = sorted(range(len(prefixes)), key=lambda i: -len(prefixes[i]))
+        order = batch_order(prefixes)
         for k in range(0, len(order), batch_size):
             batch = order[k:k + batch_size]
             rows = [list(prefixes[i]) for i in batch]
@@ -274,10 +274,14 @@ class _StopStrings(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
         done = self.inner(input_ids, scores, **kwargs)
         if done.any():
-            kinds = self.proc._tables[0][input_ids]  # (B, T)
-            last = torch.where(kinds > 0, kinds + self.proc._position_codes(input_ids.shape[1]), 0).amax(dim=1) % 8
-            done = done & ((last == 0) | (last == 4))  # no marker yet, or the last call is closed
+            done = done & self.proc.outside_call(input_ids)
         return done
+
+
+def batch_order(prompt_ids) -> list[int]:
+    """The order in which ``generate`` batches prompts: longest first, ties in input order (a stable
+    sort), so rows of one batch need little padding. A streamer of a single batch reads rows in it."""
+    return sorted(range(len(prompt_ids)), key=lambda i: -len(prompt_ids[i]))
 
 
 def _force_offsets(at, n: int) -> list[tuple[int, ...]] | None:

@@ -196,6 +196,15 @@ class LookupLogitsProcessor(LogitsProcessor):
             self._codes = 8 * torch.arange(1, n + 1, device=self._codes.device)
         return self._codes[:length]
 
+    def outside_call(self, input_ids: torch.LongTensor) -> torch.BoolTensor:
+        """``(batch_size,)``: whether each row of ``input_ids`` ``(batch_size, length)`` is outside a
+        lookup call (no marker yet, or its last call closed by ``<|db_end|>``)."""
+        if self._tables is None:
+            raise RuntimeError("the processor has not seen a batch yet")
+        kinds = self._tables[0][input_ids]  # (B, T) marker kind per token, 0: not a marker
+        last = torch.where(kinds > 0, kinds + self._position_codes(input_ids.shape[1]), 0).amax(dim=1) % 8
+        return (last == 0) | (last == 4)
+
     # -- one decoding step ------------------------------------------------------------------------
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         tables = self._tables

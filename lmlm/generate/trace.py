@@ -141,7 +141,7 @@ def build_result(prompt: str, ids: list[int], tok: LookupTokenizer, answers: Ans
     """Text, segments, one trace entry per call and the problems of one row's generated ids.
 
     ``max_field_tokens`` is the length at which decoding closed a field by force; ``tree`` (a
-    :class:`lmlm.kb.trie.KeyTrie`), when decoding followed one, exempts the queries on it.
+    :class:`lmlm.generate.trie.KeyTrie`), when decoding followed one, exempts the queries on it.
     ``prefix``: the prompt's ids before ``ids`` (each call's answer was looked up in that context).
     """
     segments = tok.decode_segments(ids)

@@ -24,7 +24,6 @@ from .records import Change, DiffEntry, Match, Miss, Triple, TripleRecord, Versi
 from .resolve import MATCHINGS, RELATION_THRESHOLD
 from .store import DB_FILENAME, MIGRATIONS, KBError, KBNotFound, NotAKnowledgeBase, SQLiteStore
 from .store_aliases import AliasRow
-from .trie import KeyTrie
 from .view import KnowledgeBaseView
 
 __all__ = [
@@ -34,5 +33,5 @@ __all__ = [
     "normalize_key", "normalize_text", "normalize_value", "key_text",
     "Encoder", "get_encoder", "encode", "DEFAULT_MODEL", "AnnConfig", "VectorKeyIndex",
     "SQLiteStore", "MIGRATIONS", "DB_FILENAME", "INDEX_FILENAME", "MAX_SOURCES",
-    "KeyTrie", "import_authors_json", "open_authors_json", "read_authors_json",
+    "import_authors_json", "open_authors_json", "read_authors_json",
 ]

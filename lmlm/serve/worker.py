@@ -20,6 +20,7 @@ from typing import Callable
 
 from transformers.generation.streamers import BaseStreamer
 
+from ..generate.base import batch_order
 from ..generate.trace import open_call
 from ..lookup import strip
 
@@ -221,8 +222,8 @@ def plain_text_so_far(ids: list[int], tok) -> str:
 class BatchStreamer(BaseStreamer):
     """Hand each row's new tokens to the request that owns the row, as ``generate`` makes them.
 
-    ``LookupGenerator.generate`` orders a single batch by prompt length, longest first (a stable
-    sort); the streamer checks the prompts it is given against that order and stays silent if
+    ``LookupGenerator.generate`` orders a single batch by :func:`lmlm.generate.base.batch_order`; the
+    streamer checks the prompts it is given against that order and stays silent if
     they differ (the requests still get their results at the end).
 
     Each event is ``{"token": raw text of the token, "text": new plain text}``: ``token`` shows the
@@ -232,7 +233,7 @@ class BatchStreamer(BaseStreamer):
 
     def __init__(self, tok, prompt_ids: list[list[int]], owners: list[tuple[_Job, int]]):
         self.tok = tok
-        order = sorted(range(len(prompt_ids)), key=lambda i: -len(prompt_ids[i]))
+        order = batch_order(prompt_ids)
         self.rows = [(owners[i], prompt_ids[i]) for i in order]  # model row -> ((job, index), prompt ids)
         self.ids: list[list[int]] = [open_call(ids, tok) for _, ids in self.rows]
         self.sent = [""] * len(self.rows)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lmlm.kb import Triple
-from lmlm.kb.trie import KeyTrie
+from lmlm.generate.trie import KeyTrie, TokenTrie
 from lmlm.tokens import LookupTokenizer, train_bpe
 
 
@@ -60,3 +60,16 @@ def test_follows_adds_and_deletes(kb, tok):
 def test_needs_a_kb(tok):
     with pytest.raises(TypeError, match="keys"):
         KeyTrie(object(), tok)
+
+
+def test_token_trie_counts_shared_prefixes_and_whole_sequences():
+    trie = TokenTrie([(5, 7), (5, 8, 9), (5, 8)])
+    assert trie.children(()) == [5] and trie.children((5,)) == [7, 8] and trie.children((5, 8)) == [9]
+    assert trie.is_whole((5, 8)) and trie.is_whole((5, 8, 9)) and not trie.is_whole((5,))
+    assert trie.children((6,)) == [] and not trie.is_prefix((6,))
+    trie.remove((5, 8))  # (5, 8, 9) still passes through: the prefix stays, no longer whole
+    assert trie.children((5, 8)) == [9] and not trie.is_whole((5, 8))
+    trie.remove((5, 8, 9))
+    assert trie.children((5,)) == [7] and trie.next_tokens((5,)).tolist() == [7]
+    trie.remove((5, 7))
+    assert not trie and trie.next_tokens(()) is None

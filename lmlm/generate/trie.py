@@ -1,4 +1,5 @@
-"""A token-level prefix tree of the KB's valid lookup queries, for constrained decoding.
+"""Token prefix trees for decoding constraints: :class:`TokenTrie` (fixed sequences, e.g. the
+annotator's relation names) and :class:`KeyTrie`, the KB's valid lookup queries.
 
 Each active key ``(entity, relation)`` of a knowledge base becomes one path of token ids
 ``entity <|sep|> relation <|db_retrieve|>``, tokenized as the model writes a field inside a call.
@@ -23,17 +24,18 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["KeyTrie"]
+__all__ = ["TokenTrie", "KeyTrie"]
 
 
 class _Node:
-    """One prefix: its children by token id and how many keys pass through it."""
+    """One prefix: its children by token id, how many sequences pass through it, how many end at it."""
 
-    __slots__ = ("children", "count", "_ids")
+    __slots__ = ("children", "count", "ends", "_ids")
 
     def __init__(self) -> None:
         self.children: dict[int, _Node] = {}
         self.count = 0
+        self.ends = 0
         self._ids: torch.Tensor | None = None  # children ids, built on first use
 
     def ids(self) -> torch.Tensor:
@@ -42,7 +44,78 @@ class _Node:
         return self._ids
 
 
-class KeyTrie:
+class TokenTrie:
+    """A counted prefix tree of token sequences: which ids may follow a prefix, and which prefixes
+    are whole sequences. Adding a sequence twice needs removing it twice.
+
+    Examples:
+        >>> trie = TokenTrie([(5, 7), (5, 8, 9)])
+        >>> trie.children((5,)), trie.is_whole((5, 7)), trie.is_whole((5, 8))
+        ([7, 8], True, False)
+    """
+
+    def __init__(self, sequences: Iterable[Sequence[int]] = ()):
+        self._root = _Node()
+        for seq in sequences:
+            self.insert(seq)
+
+    def __bool__(self) -> bool:
+        return self._root.count > 0
+
+    def is_prefix(self, prefix: Sequence[int]) -> bool:
+        """Whether ``prefix`` starts at least one sequence."""
+        return self._node(prefix) is not None
+
+    def is_whole(self, prefix: Sequence[int]) -> bool:
+        """Whether ``prefix`` is one of the sequences."""
+        node = self._node(prefix)
+        return node is not None and node.ends > 0
+
+    def children(self, prefix: Sequence[int]) -> list[int]:
+        """Ids that may follow ``prefix``, ascending (none when it left the tree)."""
+        node = self._node(prefix)
+        return sorted(node.children) if node is not None else []
+
+    def next_tokens(self, prefix: Sequence[int]) -> torch.Tensor | None:
+        """:meth:`children` as a tensor for a logits mask; None when ``prefix`` left the tree or ends it."""
+        node = self._node(prefix)
+        return node.ids() if node is not None and node.children else None
+
+    def _node(self, prefix: Sequence[int]) -> _Node | None:
+        node = self._root
+        for t in prefix:
+            node = node.children.get(t)
+            if node is None:
+                return None
+        return node
+
+    def insert(self, path: Sequence[int]) -> None:
+        node = self._root
+        node.count += 1
+        for t in path:
+            child = node.children.get(t)
+            if child is None:
+                child = node.children[t] = _Node()
+                node._ids = None
+            child.count += 1
+            node = child
+        node.ends += 1
+
+    def remove(self, path: Sequence[int]) -> None:
+        node = self._root
+        node.count -= 1
+        for t in path:
+            child = node.children[t]
+            child.count -= 1
+            if child.count == 0:  # no other sequence shares the rest of the path
+                del node.children[t]
+                node._ids = None
+                return
+            node = child
+        node.ends -= 1
+
+
+class KeyTrie(TokenTrie):
     """Token prefix tree of ``entity <|sep|> relation <|db_retrieve|>`` for every active KB key.
 
     Args:
@@ -54,9 +127,9 @@ class KeyTrie:
     def __init__(self, kb, tokenizer):
         if not hasattr(kb, "keys") or not hasattr(kb, "version"):
             raise TypeError(f"KeyTrie needs a KB with keys() and version, got {type(kb).__name__}")
+        super().__init__()
         self.kb, self.tok = kb, tokenizer
         self.version: int | None = None  # the KB version the tree reflects
-        self._root = _Node()
         self._paths: dict[tuple[str, str], tuple[int, ...]] = {}
         self.refresh()
 
@@ -77,30 +150,13 @@ class KeyTrie:
             return False
         keys = set(self.kb.keys())
         for key in [k for k in self._paths if k not in keys]:
-            self._remove(self._paths.pop(key))
+            self.remove(self._paths.pop(key))
         new = [k for k in keys if k not in self._paths]
         for key, path in zip(new, self._encode(new)):
             self._paths[key] = path
-            self._insert(path)
+            self.insert(path)
         self.version = version
         return True
-
-    def is_prefix(self, prefix: Sequence[int]) -> bool:
-        """Whether ``prefix`` (tokens after ``<|db_start|>``) starts at least one key's path."""
-        return self._node(prefix) is not None
-
-    def next_tokens(self, prefix: Sequence[int]) -> torch.Tensor | None:
-        """Ids that may follow ``prefix`` (the tokens after ``<|db_start|>``); None when it left the tree."""
-        node = self._node(prefix)
-        return node.ids() if node is not None and node.children else None
-
-    def _node(self, prefix: Sequence[int]) -> _Node | None:
-        node = self._root
-        for t in prefix:
-            node = node.children.get(t)
-            if node is None:
-                return None
-        return node
 
     # -- pieces ---------------------------------------------------------------------------------
     def _encode(self, keys: Iterable[tuple[str, str]]) -> list[tuple[int, ...]]:
@@ -114,26 +170,3 @@ class KeyTrie:
 
         sep, ret = self.tok.sep_id, self.tok.retrieve_id
         return [(*field(e), sep, *field(r), ret) for e, r in keys]
-
-    def _insert(self, path: tuple[int, ...]) -> None:
-        node = self._root
-        node.count += 1
-        for t in path:
-            child = node.children.get(t)
-            if child is None:
-                child = node.children[t] = _Node()
-                node._ids = None
-            child.count += 1
-            node = child
-
-    def _remove(self, path: tuple[int, ...]) -> None:
-        node = self._root
-        node.count -= 1
-        for t in path:
-            child = node.children[t]
-            child.count -= 1
-            if child.count == 0:  # no other key shares the rest of the path
-                del node.children[t]
-                node._ids = None
-                return
-            node = child
