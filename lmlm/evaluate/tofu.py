@@ -4,10 +4,9 @@ The paper evaluates unlearning on TOFU (appendix B, "TOFU"), building on the off
 implementation (locuslab/tofu, continued as locuslab/open-unlearning). What is implemented here,
 with the definitions of Maini et al., "TOFU: A Task of Fictitious Unlearning for LLMs" (2024), §2.5:
 
-* ROUGE-L recall of the greedy answer against the gold answer (longest common subsequence over
-  rouge-score's tokens: lowercased ``[a-z0-9]+`` runs), lookups stripped from the output (paper).
-  TOFU runs rouge-score with the Porter stemmer; ``use_stemmer=True`` does the same through the
-  optional ``rouge-score`` package, the default does not stem.
+* ROUGE-L recall of the greedy answer against the gold answer, by ``rouge-score`` (longest common
+  subsequence over lowercased ``[a-z0-9]+`` runs), lookups stripped from the output (paper). TOFU
+  runs it with the Porter stemmer; ``use_stemmer=True`` does the same, the default does not stem.
 * Answer probability: ``P(a | q) ** (1 / |a|)``, the per-token geometric mean (forget and retain
   sets); for the real-authors and world-facts sets TOFU divides it by the sum over the correct and
   the perturbed answers (:func:`option_probability`).
@@ -43,8 +42,9 @@ forms (``annotated_answer``, ``annotated_paraphrased_answer``, ``annotated_pertu
 
 from __future__ import annotations
 
+import functools
 import math
-import re
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,13 +57,11 @@ __all__ = [
     "forget_quality",
     "kb_answered",
     "ks_2samp",
-    "lcs_length",
     "model_utility",
     "normalized_probability",
     "option_probability",
     "read_tofu",
     "rouge_l_recall",
-    "rouge_tokens",
     "tofu_answer_stats",
     "tofu_eval",
     "truth_ratio",
@@ -106,38 +104,22 @@ def _strings(x) -> tuple[str, ...]:
 
 # -- ROUGE-L -------------------------------------------------------------------------------------
 
-_NON_ALNUM = re.compile(r"[^a-z0-9]+")
+@functools.cache
+def _rouge_l(use_stemmer: bool):
+    from rouge_score import rouge_scorer
 
-
-def rouge_tokens(text: str) -> list[str]:
-    """rouge-score's default tokens: lowercase, runs of ``[a-z0-9]``."""
-    return _NON_ALNUM.sub(" ", text.lower()).split()
-
-
-def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
-    """Length of the longest common subsequence of two token lists (O(len(a) * len(b)))."""
-    prev = [0] * (len(b) + 1)
-    for x in a:
-        cur = [0]
-        for j, y in enumerate(b):
-            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
-        prev = cur
-    return prev[-1]
+    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=use_stemmer)
 
 
 def rouge_l_recall(prediction: str, reference: str, use_stemmer: bool = False) -> float:
-    """ROUGE-L recall: LCS(prediction, reference) / len(reference) in tokens (0 for an empty reference).
+    """ROUGE-L recall of ``prediction`` against ``reference`` by ``rouge-score`` (its tokens: lowercased
+    ``[a-z0-9]`` runs; TOFU's own runs add the Porter stemmer, ``use_stemmer=True``); 0 for an empty reference.
 
     Examples:
         >>> rouge_l_recall("the cat sat on a mat", "The cat is on the mat.")
         0.6666666666666666
     """
-    if use_stemmer:
-        from rouge_score import rouge_scorer  # optional: pip install rouge-score
-
-        return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True).score(reference, prediction)["rougeL"].recall
-    ref = rouge_tokens(reference)
-    return lcs_length(rouge_tokens(prediction), ref) / len(ref) if ref else 0.0
+    return _rouge_l(bool(use_stemmer)).score(reference, prediction)["rougeL"].recall
 
 
 # -- probabilities and truth ratio ---------------------------------------------------------------
@@ -200,7 +182,7 @@ def model_utility(values: Mapping[str, float] | Sequence[float]) -> float:
         raise ValueError("model_utility needs at least one value")
     if any(v < 0 for v in vals):
         raise ValueError(f"utility values must be >= 0, got {vals}")
-    return 0.0 if any(v == 0 for v in vals) else len(vals) / sum(1 / v for v in vals)
+    return float(statistics.harmonic_mean(vals))  # 0 when any value is 0
 
 
 # -- running a model -----------------------------------------------------------------------------

@@ -35,7 +35,6 @@ def run_dir(world, tmp_path_factory):
     return root
 
 
-pytestmark = pytest.mark.usefixtures("exact_lookups")
 
 
 def _run(args):

@@ -12,7 +12,6 @@ from lmlm.evaluate.tofu import (
     TofuItem,
     forget_quality,
     ks_2samp,
-    lcs_length,
     model_utility,
     normalized_probability,
     option_probability,
@@ -26,19 +25,15 @@ from lmlm.generate import LookupGenerator
 
 
 def test_rouge_l_recall_by_hand():
-    assert lcs_length(["a", "b", "c", "d"], ["a", "c", "x", "d"]) == 3
     # reference tokens: the cat is on the mat (6); LCS with "the cat sat on a mat": the cat on mat (4)
     assert rouge_l_recall("the cat sat on a mat", "The cat is on the mat.") == pytest.approx(4 / 6)
     assert rouge_l_recall("anything", "") == 0.0 and rouge_l_recall("", "a b") == 0.0
 
 
-def test_rouge_l_recall_matches_rouge_score():
-    from rouge_score import rouge_scorer as rouge_score  # in the [test] extra
-
-    scorer = rouge_score.RougeScorer(["rougeL"], use_stemmer=False)
-    for pred, ref in [("The author was born in Paris, France.", "Born in Paris in 1970, the author ..."),
-                      ("x y z", "z y x w")]:
-        assert rouge_l_recall(pred, ref) == pytest.approx(scorer.score(ref, pred)["rougeL"].recall)
+def test_rouge_l_recall_stems_only_when_asked():
+    # reference "cats were running" (3 tokens); stemmed, "cat run" matches two of them
+    assert rouge_l_recall("the cat ran and run", "cats were running") == 0.0
+    assert rouge_l_recall("the cat ran and run", "cats were running", use_stemmer=True) == pytest.approx(2 / 3)
 
 
 def test_probabilities_and_truth_ratio_by_hand():
