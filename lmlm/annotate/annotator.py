@@ -28,7 +28,6 @@ import torch
 
 from ..generate.trie import TokenTrie
 from ..lookup import Segment, render, strip
-from ..models import cache_kwargs, output_cache
 from ..tokens import IGNORE_INDEX, LookupTokenizer
 from .lm import cpu_threads
 from .passages import cover_passages
@@ -155,9 +154,13 @@ class Annotator:
         lead = [self.tok.doc_id] if self.options.prompt == "none" else []
         return self.tok.decode_segments(lead + ids)
 
-    @torch.no_grad()
     def _decode(self, texts: list[str]) -> list[list[int]]:
-        """Insert-only decoding of a batch with a KV cache; returns each row's answer ids."""
+        """Insert-only decoding of a batch through the package's KV-cached loop
+        (:func:`lmlm.generate.loop.decode`); returns each row's answer ids."""
+        from transformers import LogitsProcessorList
+
+        from ..generate.loop import decode
+
         device = next(self.model.parameters()).device
         rows = [_Row(self, *_text_tokens(self.tok, t)) for t in texts]
         prompts = [self.prompt_ids(t) for t in texts]
@@ -165,16 +168,7 @@ class Annotator:
         pad = self.tok.eos_id
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-        cache, nxt = output_cache(out), pos[:, -1:] + 1
-        while not all(r.done for r in rows):
-            logits = out.logits[:, -1].float().cpu()  # (B, vocab)
-            step = torch.tensor([[r.step(logits[b]) if not r.done else pad] for b, r in enumerate(rows)], device=device)
-            mask = torch.cat([mask, torch.ones_like(step)], dim=1)
-            out = self.model(input_ids=step, attention_mask=mask, position_ids=nxt, **cache_kwargs(self.model, cache),
-                             use_cache=True)
-            cache, nxt = output_cache(out), nxt + 1
+        decode(self.model, ids, mask, LogitsProcessorList([_RowChoices(rows)]), None, [pad], pad)
         self.generated_tokens += sum(len(r.out) for r in rows)
         return [r.out for r in rows]
 
@@ -210,6 +204,22 @@ class Annotator:
             tok = load_tokenizer(folder)
             model = AutoModelForCausalLM.from_pretrained(str(folder)).to(default_device(device))
         return cls(model, tok, options)
+
+
+class _RowChoices:
+    """The rows' state machines as a logits processor: each unfinished row's scores keep only the
+    token its :class:`_Row` chooses (the text's next token, a call's opening, a field or value token)."""
+
+    def __init__(self, rows: list["_Row"]):
+        self.rows = rows
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        logits = scores.float().cpu()  # (B, vocab): one copy, read row by row
+        chosen = [(b, r.step(logits[b])) for b, r in enumerate(self.rows) if not r.done]
+        out = torch.full_like(scores, float("-inf"))
+        for b, t in chosen:
+            out[b, t] = 0.0
+        return out
 
 
 def _text_tokens(tok: LookupTokenizer, text: str) -> tuple[list[int], list[bool], list[bool]]:

@@ -84,13 +84,15 @@ if DynamicLayer is not None:
 
 @torch.inference_mode()
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, processors: LogitsProcessorList,
-           max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, *, do_sample: bool = False,
+           max_new_tokens: int | None, stop_ids: Sequence[int], pad_id: int, *, do_sample: bool = False,
            repetition_penalty: float = 1.0, stopping_criteria: StoppingCriteriaList | None = None,
            streamer=None, forced_tail=None, graphs: bool = False) -> torch.Tensor:
     """Continue left-padded ``input_ids`` `(batch_size, width)`; returns `(batch_size, width + new)`.
 
     Args:
         processors: applied in order to each step's `(batch_size, vocab_size)` scores.
+        max_new_tokens: the most new tokens per row; ``None``: until every row has stopped (the
+            processors must see to it), the cache growing as it goes (no static cache, no graphs).
         stop_ids: a row that produces one of these is finished; it is padded with ``pad_id`` after.
         repetition_penalty: Hugging Face's, applied before ``processors`` (as ``generate`` does).
         stopping_criteria: called with the ids and scores after each step; ``True`` finishes a row.
@@ -110,16 +112,19 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, process
     stops = torch.tensor(list(stop_ids) or [-1], device=device)
     unfinished = torch.ones(B, dtype=torch.bool, device=device)
     static = None
-    if graphs:
+    if graphs and max_new_tokens is not None:
         from .graphs import static_decoder
 
         static = static_decoder(model, B, input_ids.shape[1] + max_new_tokens)
-    cache = growing_cache(input_ids.shape[1] + max_new_tokens) if static is None else None
+    if static is not None:
+        cache = None
+    else:
+        cache = DynamicCache() if max_new_tokens is None else growing_cache(input_ids.shape[1] + max_new_tokens)
     ids, mask, feed = input_ids, attention_mask, input_ids
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    new = 0
-    while new < max_new_tokens:
+    new, limit = 0, float("inf") if max_new_tokens is None else max_new_tokens
+    while new < limit:
         if static is None:
             logits = _forward(model, feed, mask if padded else None, cache)  # (B, vocab)
         elif feed is input_ids:
@@ -135,7 +140,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, process
         step = nxt[:, None]
         new += 1
         if B == 1 and forced_tail is not None and bool(unfinished[0]):
-            tail = forced_tail(0, int(nxt[0]), max_new_tokens - new)[:max_new_tokens - new]
+            room = int(min(limit - new, 1 << 30))
+            tail = forced_tail(0, int(nxt[0]), room)[:room]
             if static is not None and static.graph is not None and len(tail) < GRAPH_MIN_TAIL:
                 tail = []  # cheaper as graph replays; the processor forces the same tokens step by step
             if tail:
