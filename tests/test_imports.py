@@ -91,3 +91,10 @@ def test_no_import_circle_in_the_package():
     graph = import_graph()
     assert len(graph) > 100 and graph["lmlm.kb.build"] >= {"lmlm.kb.base", "lmlm.kb.ingest"}
     assert circles(graph) == []
+
+
+def test_no_module_is_over_500_lines():
+    """A module a newcomer can read in one sitting: split a longer one by concept (preset tables excepted)."""
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+    assert not long, long
