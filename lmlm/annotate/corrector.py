@@ -227,10 +227,9 @@ def correct(documents: Sequence[Document | Sequence[Segment]], config: Corrector
         log.unlink(missing_ok=True)
     model, tok, stats = train_corrector(documents, config, progress, log)
     scores = score_calls(model, tok, documents, config.fit.seq_len, config.score)
-    threshold = _cut(scores, config.drop)
+    threshold = _drop_highest(scores, config.drop)
     kept: list[list[tuple[int, Lookup]]] = [[] for _ in documents]
     for s in scores:
-        s.dropped = s.score > threshold
         if not s.dropped:
             kept[s.doc].append((s.at, Lookup(s.entity, s.relation, s.value)))
     filtered = [insert_calls(plain_text(d)[0], k) for d, k in zip(documents, kept)]
@@ -241,11 +240,15 @@ def correct(documents: Sequence[Document | Sequence[Segment]], config: Corrector
     return result
 
 
-def _cut(scores: Sequence[CallScore], drop: float) -> float:
-    """The score above which calls are dropped: the ``round(drop * n)`` highest go."""
-    values = sorted((s.score for s in scores), reverse=True)
-    k = round(drop * len(values))
-    return values[k - 1] - 1e-9 if k else float("inf")
+def _drop_highest(scores: Sequence[CallScore], drop: float) -> float:
+    """Mark exactly the ``round(drop * n)`` highest-scoring calls dropped (ties of the score broken by
+    the higher entity plus relation surprisal, then by order); returns the lowest dropped score."""
+    k = round(drop * len(scores))
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i].score,
+                                                       -(scores[i].entity_loss + scores[i].relation_loss), i))
+    for rank, i in enumerate(order):
+        scores[i].dropped = rank < k
+    return scores[order[k - 1]].score if k else float("inf")
 
 
 def summary(result: Correction) -> dict[str, Any]:

@@ -5,7 +5,7 @@
   the four lookup tokens added, optionally wrapped in a PEFT LoRA adapter (:func:`add_lora`) whose
   new token rows are trained too;
 * :func:`fit`: a plain training loop over packed ``(ids, labels)`` examples that logs the loss and
-  tokens/s (its loss from :func:`lmlm.scoring.target_logprobs`).
+  tokens/s, through the trainer's optimizer, step and schedule (:mod:`lmlm.train.loop`).
 
 Exercised by ``lmlm annotate correct`` and ``lmlm annotate distill``.
 """
@@ -23,8 +23,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..lookup import PAPER_TOKENS, Segment, strip
-from ..scoring import target_logprobs
-from ..train.loop import learning_rate
+from ..train.config import TrainConfig
+from ..train.data import Batches, shift_left
+from ..train.loop import accelerator_for, learning_rate, lm_loss_sum, make_optimizer, optimizer_step
 from ..tokens import IGNORE_INDEX, LookupTokenizer
 
 __all__ = ["FitConfig", "new_model", "load_base", "add_lora", "pack_examples", "fit",
@@ -179,37 +180,26 @@ def fit(model, ids: torch.Tensor, labels: torch.Tensor, cfg: FitConfig, *, progr
 
 
 def _fit(model, ids, labels, cfg: FitConfig, progress, log_path, on_step) -> dict[str, Any]:
+    """The trainer's own optimizer, step (micro-batches, loss over the batch's trained tokens, clipping)
+    and schedule (:mod:`lmlm.train.loop`), over blocks already packed; no checkpoint is written."""
     device = next(model.parameters()).device
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
-                            fused=device.type in ("cpu", "cuda") and all(p.dtype == torch.float32 for p in params))
-    g = torch.Generator().manual_seed(cfg.seed)
-    order = torch.randperm(len(ids), generator=g)
-    mb = cfg.micro_batch_size or cfg.batch_size
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null()
+    mb = min(cfg.micro_batch_size or cfg.batch_size, cfg.batch_size, len(ids))
+    batch = max(mb, min(cfg.batch_size, len(ids)) // mb * mb)  # a whole number of micro-batches
+    run = TrainConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio,
+                      weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, betas=(0.9, 0.95), seed=cfg.seed,
+                      micro_batch_size=mb, batch_size=batch, grad_accum=batch // mb, max_steps=cfg.steps,
+                      cpu=device.type != "cuda", precision="bf16" if device.type == "cuda" else "no", progress=False)
+    accelerator = accelerator_for(run)
+    model, opt = accelerator.prepare(model, make_optimizer(model, run))
+    targets = shift_left(labels, IGNORE_INDEX)  # the trainer's blocks carry next-token targets
+    batches = Batches(len(ids), batch, cfg.seed)
     bar = _bar(progress, cfg.steps)
-    losses, tokens, t0, pos = [], 0, time.perf_counter(), 0
+    losses, tokens, t0 = [], 0, time.perf_counter()
     model.train()
     for step in range(cfg.steps):
-        if pos + cfg.batch_size > len(order):
-            order, pos = torch.randperm(len(ids), generator=g), 0
-        idx = order[pos:pos + cfg.batch_size]
-        pos += cfg.batch_size
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(step, cfg, cfg.steps)
-        n_trained = int((labels[idx][:, 1:] != IGNORE_INDEX).sum())
-        total = 0.0
-        for k in range(0, len(idx), mb):
-            x, y = ids[idx[k:k + mb]].to(device), labels[idx[k:k + mb]].to(device)
-            with amp:
-                logits = model(input_ids=x).logits  # (B, T, vocab)
-            loss = -target_logprobs(logits[:, :-1], y[:, 1:]).sum() / max(n_trained, 1)
-            loss.backward()
-            total += float(loss.detach())
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        idx = batches(step)
+        lr = learning_rate(step, cfg, cfg.steps)
+        total, _ = optimizer_step(accelerator, model, opt, lm_loss_sum, (ids[idx], targets[idx]), run, lr)
         tokens += idx.numel() * ids.shape[1]
         losses.append(total)
         speed = tokens / (time.perf_counter() - t0)
@@ -218,7 +208,7 @@ def _fit(model, ids, labels, cfg: FitConfig, progress, log_path, on_step) -> dic
             bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{speed:,.0f}", refresh=False)
         if log_path and ((step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == cfg.steps):
             with open(log_path, "a") as f:
-                f.write(json.dumps({"step": step + 1, "loss": total, "lr": learning_rate(step, cfg, cfg.steps), "tokens_per_second": speed}) + "\n")
+                f.write(json.dumps({"step": step + 1, "loss": total, "lr": lr, "tokens_per_second": speed}) + "\n")
         if on_step:
             on_step(step + 1, total)
         if cfg.max_seconds and time.perf_counter() - t0 > cfg.max_seconds:
@@ -229,14 +219,6 @@ def _fit(model, ids, labels, cfg: FitConfig, progress, log_path, on_step) -> dic
     seconds = time.perf_counter() - t0
     return {"steps": len(losses), "seconds": seconds, "tokens": tokens, "tokens_per_second": tokens / seconds,
             "first_loss": losses[0], "final_loss": losses[-1], "losses": losses}
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _bar(enabled: bool, total: int):

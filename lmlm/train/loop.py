@@ -29,8 +29,8 @@ from .config import TrainConfig, TrainConfigError
 from .data import Batches, Packed, shift_left
 from .speed import flops_per_token, mfu, peak_flops
 
-__all__ = ["TrainResult", "train", "evaluate_loss", "learning_rate", "resolve_precision", "LOG_FILE",
-           "CONFIG_FILE", "SUMMARY_FILE", "STATE_DIR", "CHECKPOINT_DIR"]
+__all__ = ["TrainResult", "train", "evaluate_loss", "learning_rate", "resolve_precision", "make_optimizer",
+           "optimizer_step", "lm_loss_sum", "accelerator_for", "LOG_FILE", "CONFIG_FILE", "SUMMARY_FILE", "STATE_DIR", "CHECKPOINT_DIR"]
 
 LOG_FILE = "train_log.jsonl"
 CONFIG_FILE = "train_config.json"
@@ -55,7 +55,7 @@ class TrainResult:
 
 # -- loss, evaluation, schedule -------------------------------------------------------------------
 
-def _loss_sum(model, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def lm_loss_sum(model, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Sum of next-token cross-entropy over targets != -100. ``targets`` is already shifted."""
     logits = model(input_ids=input_ids, use_cache=False).logits  # (B, T, vocab)
     return -target_logprobs(logits, targets).sum()
@@ -101,7 +101,7 @@ def learning_rate(step: int, config: TrainConfig, total_steps: int) -> float:
     return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * decay)
 
 
-def _optimizer(model, config: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model, config: TrainConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]  # matrices and embeddings; not biases or norms
     no_decay = [p for p in params if p.dim() < 2]
@@ -166,7 +166,7 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
     """
     from .inputs import open_inputs
 
-    accelerator = _accelerator(config)
+    accelerator = accelerator_for(config)
     torch.set_num_threads(config.threads or _default_threads(_local_world_size()))
     inputs = open_inputs(config, documents, tokenizer, eval_documents, accelerator)
     model, tokenizer, data, eval_data = inputs.model, inputs.tokenizer, inputs.data, inputs.eval_data
@@ -186,7 +186,7 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
     vocab_keys = _vocab_keys(model)
     if multiple > 1 and model.get_input_embeddings().num_embeddings % multiple:
         model.resize_token_embeddings(vocab, pad_to_multiple_of=multiple, mean_resizing=False)
-    model, optimizer = accelerator.prepare(model, _optimizer(model, config))  # together: FSDP2 needs both
+    model, optimizer = accelerator.prepare(model, make_optimizer(model, config))  # together: FSDP2 needs both
     start = {"step": 0, "trained_tokens": 0, "seconds": 0.0, "loss": None}
     if resuming:
         state_dir = Path(config.out_dir) / STATE_DIR
@@ -267,7 +267,7 @@ def _loop(accelerator, model, optimizer, config: TrainConfig, data, eval_data: P
     out_dir = Path(config.out_dir)
     batches = Batches(len(data), config.batch_size, config.seed)
     compile_ = config.compile if config.compile is not None else accelerator.device.type == "cuda"
-    loss_fn = torch.compile(_loss_sum) if compile_ else _loss_sum
+    loss_fn = torch.compile(lm_loss_sum) if compile_ else lm_loss_sum
     flops = flops_per_token(accelerator.unwrap_model(model), config.seq_len)
     peak = peak_flops(accelerator.device, accelerator.mixed_precision)
     stop_at = min(config.max_steps, config.stop_step or config.max_steps)
@@ -279,7 +279,7 @@ def _loop(accelerator, model, optimizer, config: TrainConfig, data, eval_data: P
     while progress["step"] < stop_at:
         step = progress["step"]
         lr = learning_rate(step, config, config.max_steps)
-        loss, count = _optimizer_step(accelerator, model, optimizer, loss_fn, data.blocks(batches(step)), config, lr)
+        loss, count = optimizer_step(accelerator, model, optimizer, loss_fn, data.blocks(batches(step)), config, lr)
         step += 1
         now = time.perf_counter()
         speed = (step - window[1]) * tokens_per_step / max(now - window[0], 1e-9)
@@ -311,7 +311,7 @@ def _loop(accelerator, model, optimizer, config: TrainConfig, data, eval_data: P
     return progress
 
 
-def _optimizer_step(accelerator, model, optimizer, loss_fn, batch: tuple[torch.Tensor, ...], config: TrainConfig,
+def optimizer_step(accelerator, model, optimizer, loss_fn, batch: tuple[torch.Tensor, ...], config: TrainConfig,
                     lr: float) -> tuple[float, int]:
     """One optimizer step on the global batch ``(input_ids, targets, _)``; returns its loss and trained tokens.
 
@@ -368,7 +368,7 @@ def _write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
 
 # -- helpers of the loop ---------------------------------------------------------------------------
 
-def _accelerator(config: TrainConfig):
+def accelerator_for(config: TrainConfig):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 

@@ -4,7 +4,7 @@ import bisect
 import json
 import statistics
 
-from lmlm.annotate.corrector import CorrectorConfig, _call_spans, _windows, correct
+from lmlm.annotate.corrector import CallScore, CorrectorConfig, _call_spans, _drop_highest, _windows, correct
 from lmlm.annotate.corrupt import corrupt_documents, filter_scores
 from lmlm.annotate.lm import FitConfig
 from lmlm.annotate.validate import validate
@@ -25,7 +25,7 @@ def test_corrector_ranks_relations_the_text_does_not_support(tmp_path):
     damaged = corrupt_documents([d.segments for d in world.train_documents], fraction=0.1, seed=0,
                                 kinds=("relation_not_inferable",))
     docs = [validate(d.text, d.annotated).segments for d in damaged]
-    config = CorrectorConfig(fit=FitConfig(steps=100, batch_size=8, seq_len=128, lr=1e-2, warmup_steps=10), drop=0.1,
+    config = CorrectorConfig(fit=FitConfig(steps=160, batch_size=8, seq_len=128, lr=1e-2, warmup_steps=10), drop=0.1,
                              vocab_size=1024)
     result = correct(docs, config, out_dir=tmp_path / "corr", progress=False)
 
@@ -39,7 +39,7 @@ def test_corrector_ranks_relations_the_text_does_not_support(tmp_path):
     clean = sorted(s.relation_loss for s, lb in zip(result.scores, labels) if not lb)
     bad = [s.relation_loss for s, lb in zip(result.scores, labels) if lb]
     auc = statistics.fmean(bisect.bisect_left(clean, x) / len(clean) for x in bad)  # P(bad above clean)
-    assert auc > 0.65, auc
+    assert auc > 0.8, auc  # 0.91-0.96 over seeds 0-2 at 160 steps (0.64-0.80 at 100)
     scores = filter_scores(damaged, result.kept_offsets())
     assert scores["removed"]["relation_not_inferable"] > 0.2 and scores["kept_clean"] > 0.85
 
@@ -65,3 +65,14 @@ def test_call_spans_follow_the_roles():
         assert all(enc.roles[i] == ENTITY for i in ent) and all(enc.roles[i] == RELATION for i in rel)
         assert tok.decode_field([enc.input_ids[i] for i in ent]) == lk.entity
         assert tok.decode_field([enc.input_ids[i] for i in rel]) == lk.relation
+
+
+def test_the_drop_share_is_exact_even_when_scores_tie():
+    # rank scores tie when one call's entity rank equals another's relation rank: 0.9 three times
+    scores = [CallScore(0, i, "e", "r", "v", el, rl, 1, 1, score=sc)
+              for i, (sc, el, rl) in enumerate([(0.9, 1.0, 2.0), (0.9, 5.0, 1.0), (0.5, 9.0, 9.0), (0.9, 0.5, 0.5),
+                                                (0.1, 0.0, 0.0)])]
+    cut = _drop_highest(scores, 0.4)  # round(0.4 * 5) = 2 calls, of the three tied at 0.9
+    assert [s.dropped for s in scores] == [True, True, False, False, False]  # the most surprising two
+    assert cut == 0.9
+    assert not any(s.dropped for s in scores if _drop_highest(scores, 0.0) == float("inf"))
