@@ -116,14 +116,25 @@ def test_adversarial_stream_ends(world, kb, random_model):
 
 
 def _malformations(ids, sp, tok, max_field, tree) -> list[str]:
-    """Words the trace must use for what is wrong with one call (a query on the KB's tree is never cut)."""
+    """What is wrong with one call, read from the ids by the generator's contract rather than by the
+    trace's code: a field whose text is blank (decoded by the Hugging Face tokenizer itself) is empty;
+    a field that used up its ``max_field`` tokens was closed by force (cut), unless the KB's tree
+    ends it there; a call without ``<|db_end|>`` is unfinished."""
     out = []
     for name, a, b in (("entity", sp.start, sp.sep), ("relation", sp.sep, sp.retrieve)):
-        if a is not None and b is not None:
-            if not tok.decode_field(ids[a + 1:b]):
-                out.append(f"empty {name}")
-            elif b - a - 1 >= max_field and not (tree is not None and tree.is_prefix(ids[sp.start + 1:b + 1])):
-                out.append(f"{name} was cut")
+        if a is None or b is None:
+            continue
+        field = ids[a + 1:b]
+        if not tok.hf.decode(field).strip():  # the field's text, special tokens shown
+            out.append(f"empty {name}")
+        elif len(field) >= max_field and not (tree is not None and tuple(ids[sp.start + 1:b + 1]) in _tree_prefixes(tree)):
+            out.append(f"{name} was cut")
     if sp.end is None:
         out.append("unfinished")
     return out
+
+
+def _tree_prefixes(tree) -> set:
+    """Every prefix of the token path of every KB key (from the keys, not from walking the tree)."""
+    paths = [tree.path(e, r) for e, r in tree.kb.keys()]
+    return {tuple(p[:k]) for p in paths for k in range(1, len(p) + 1)}
