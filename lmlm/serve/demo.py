@@ -75,6 +75,8 @@ def build_demo(out: str | Path, seed: int = 0, steps: int = 250, encoder=None) -
         steps: optimizer steps of batch 16 (250 take a few seconds on one CPU core).
         encoder: a :class:`lmlm.kb.Encoder` to build the KB with (default: the KB's own).
     """
+    import torch
+
     from ..checkpoint import is_checkpoint
     from ..kb import KnowledgeBase, Triple
     from ..lookup import strip
@@ -97,5 +99,7 @@ def build_demo(out: str | Path, seed: int = 0, steps: int = 250, encoder=None) -
     (demo.kb_dir / "built.json").write_text(json.dumps({"triples": len(demo.facts)}) + "\n")
     tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=600, min_frequency=1))
     config = TrainConfig.from_name("demo", out_dir=str(out), kb=str(demo.kb_dir), max_steps=steps, seed=seed)
-    train(config, docs, tok)  # writes out/checkpoint
+    threads = torch.get_num_threads()
+    train(config, docs, tok)  # writes out/checkpoint, on one thread
+    torch.set_num_threads(threads)  # the caller (a server) keeps its own
     return demo
