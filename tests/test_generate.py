@@ -351,3 +351,12 @@ def test_copy_bias_favours_the_answered_value_only_while_the_text_states_it(worl
     proc, ids, _ = after_call("Nobody Known")
     assert not (proc(ids, torch.zeros(1, len(tok))) == 4.0).any()
     kb.close()
+
+
+def test_a_call_cut_by_the_token_limit_leaves_no_marker_in_the_clean_text(world):
+    gen = LookupGenerator(world.model, world.tok, make_kb(world))
+    for n in (1, 3, 6):  # the forced call is still being written when the tokens run out
+        r = gen.generate(["Ada Lind works as a"], max_new_tokens=n, force_lookup=True)[0]
+        assert r.trace and r.trace[-1].status in ("unfinished", "unanswered")
+        assert "<|db" not in r.clean_text and "Ada" not in r.clean_text, r.clean_text  # the query is no text
+        assert "<|db_start|>" in r.text  # the annotated text keeps the call, marked unfinished in the trace

@@ -150,7 +150,9 @@ def build_result(prompt: str, ids: list[int], tok: LookupTokenizer, answers: Ans
     names = dict(zip(tok.call_ids, tok.tokens.as_list()))
     found = [(t.token_start, msg) for t in trace for msg in (t.problem.split("; ") if t.problem else [])]
     found += [(i, f"{names[ids[i]]} outside a call at token {i}") for i in stray]
-    return GenerationResult(prompt=prompt, text=render(segments), clean_text=strip(segments), segments=segments,
+    tail = open_call(ids, tok)  # a call cut by the token limit: no text of it is clean text
+    clean = strip(tok.decode_segments(ids[:len(ids) - len(tail)]) if tail else segments)
+    return GenerationResult(prompt=prompt, text=render(segments), clean_text=clean, segments=segments,
                             trace=trace, token_ids=ids, problems=[m for _, m in sorted(found, key=lambda x: x[0])])
 
 
