@@ -53,8 +53,9 @@ def mean(values: Iterable[float]) -> float:
 def output_text(result, tokens: LookupTokens | None = None) -> str:
     """A generation's text with lookups stripped, scored by every protocol.
 
-    ``clean_text`` keeps an unfinished call (generation stopped inside it) as text; that call's
-    query is not part of the answer, so the text is cut where it opens, and stray markers go.
+    ``clean_text`` already leaves out a call cut by the token limit; a malformed call kept as text
+    (a marker where none belongs) is not part of the answer either, so the text is cut where one
+    opens, and stray markers go.
     """
     tokens = tokens or PAPER_TOKENS
     text = result.clean_text
