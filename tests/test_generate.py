@@ -360,3 +360,12 @@ def test_a_call_cut_by_the_token_limit_leaves_no_marker_in_the_clean_text(world)
         assert r.trace and r.trace[-1].status in ("unfinished", "unanswered")
         assert "<|db" not in r.clean_text and "Ada" not in r.clean_text, r.clean_text  # the query is no text
         assert "<|db_start|>" in r.text  # the annotated text keeps the call, marked unfinished in the trace
+
+
+def test_the_clean_text_continues_the_prompt_with_the_space_before_a_looked_up_word(world):
+    gen = LookupGenerator(world.model, world.tok, make_kb(world))
+    prompts = [f"{name} works as a" for name, _, _ in world.people[:6]]
+    opened = [r for r in gen.generate(prompts, max_new_tokens=24) if r.segments and isinstance(r.segments[0], Lookup)]
+    assert opened  # the model opens a call right after "works as a"
+    for r in opened:  # "... works as a" + " painter." reads as text; "painter." would glue the words
+        assert r.clean_text.startswith(" ") and not r.clean_text.startswith("  "), r.clean_text

@@ -19,7 +19,7 @@ from transformers import StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
 from .answers import Answerer
-from .trace import GenerationResult, LookupTrace, _trace_entry, call_spans, open_call
+from .trace import GenerationResult, LookupTrace, _trace_entry, call_spans, continuation_text, open_call
 
 __all__ = ["StreamEvent", "stream"]
 
@@ -64,15 +64,16 @@ class _Cancel(StoppingCriteria):
 
 
 class _Decoder:
-    """Turns one row's tokens, one at a time, into stream events."""
+    """Turns one row's tokens, one at a time, into stream events: text pieces that add up to the
+    result's ``clean_text`` (:func:`lmlm.generate.trace.continuation_text`, as the server's), and one
+    lookup event per call as it closes."""
 
-    def __init__(self, gen, ids: list[int], answers: Answerer, prefix: list[int] = ()):  # gen: a LookupGenerator
-        self.tok, self.answers, self.prefix = gen.tok, answers, list(prefix)
+    def __init__(self, gen, prompt: str, ids: list[int], answers: Answerer, prefix: list[int] = ()):
+        self.tok, self.answers, self.prefix, self.prompt = gen.tok, answers, list(prefix), prompt
         self.max_field, self.tree = gen.options["max_field_tokens"], gen.trie
         self.stops = set(gen._stop_ids())
         self.ids = list(ids)
         self.in_call = bool(ids)
-        self.org: list[int] = []
         self.sent = ""
 
     def feed(self, t: int) -> Iterator[StreamEvent]:
@@ -84,7 +85,6 @@ class _Decoder:
                 self.in_call = False
                 yield self._lookup()
         else:
-            self.org.append(t)
             yield from self._text(final=False)
 
     def finish(self) -> Iterator[StreamEvent]:
@@ -93,8 +93,10 @@ class _Decoder:
             yield self._lookup()
 
     def _text(self, final: bool) -> Iterator[StreamEvent]:
-        text = self.tok.hf.decode([t for t in self.org if t not in self.stops], skip_special_tokens=False)
-        if text.endswith("\ufffd") and not final:  # half a character: wait for the rest
+        text = continuation_text(self.prompt, self.ids, self.tok)
+        if not final:
+            text = text.rstrip("\ufffd")  # half a character: wait for the rest
+        if not text.startswith(self.sent):  # the text so far changed behind us: nothing to add
             return
         piece, self.sent = text[len(self.sent):], text
         if piece:
@@ -130,7 +132,7 @@ def stream(gen, prompt: str, **kwargs) -> Iterator[StreamEvent]:
 
     prompt_ids = gen.prompt_ids(prompt, kwargs.get("force_lookup", False))
     tail = open_call(prompt_ids, gen.tok)
-    decoder = _Decoder(gen, tail, answers, prompt_ids[:len(prompt_ids) - len(tail)])
+    decoder = _Decoder(gen, prompt, tail, answers, prompt_ids[:len(prompt_ids) - len(tail)])
     thread = threading.Thread(target=work, name="lmlm-stream", daemon=True)
     thread.start()
     try:

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from ..lookup import Segment, render, strip
+from ..lookup import Segment, Text, render, strip
 from ..tokens import LookupTokenizer
 from .answers import Answerer, call_context
 
-__all__ = ["LookupTrace", "GenerationResult", "CallSpan", "call_spans", "open_call", "build_result"]
+__all__ = ["continuation_text", "LookupTrace", "GenerationResult", "CallSpan", "call_spans", "open_call", "build_result"]
 
 
 @dataclass
@@ -136,6 +136,15 @@ def open_call(ids: Sequence[int], tok: LookupTokenizer) -> list[int]:
     return []
 
 
+def continuation_text(prompt: str, ids: Sequence[int], tok: LookupTokenizer) -> str:
+    """The plain text generated ``ids`` add to ``prompt``: calls removed, a call still open at the end
+    (cut by the token limit) too. The space a call leaves before its word goes with the call unless
+    the prompt does not end in one (``"works as a"`` + call + ``" painter"`` continues ``" painter"``)."""
+    ids = list(ids)
+    segments = tok.decode_segments(ids[:len(ids) - len(open_call(ids, tok))])
+    return strip([Text(prompt), *segments])[len(prompt):] if prompt else strip(segments)
+
+
 def build_result(prompt: str, ids: list[int], tok: LookupTokenizer, answers: Answerer, max_field_tokens: int,
                  tree=None, prefix: Sequence[int] = ()) -> GenerationResult:
     """Text, segments, one trace entry per call and the problems of one row's generated ids.
@@ -150,9 +159,8 @@ def build_result(prompt: str, ids: list[int], tok: LookupTokenizer, answers: Ans
     names = dict(zip(tok.call_ids, tok.tokens.as_list()))
     found = [(t.token_start, msg) for t in trace for msg in (t.problem.split("; ") if t.problem else [])]
     found += [(i, f"{names[ids[i]]} outside a call at token {i}") for i in stray]
-    tail = open_call(ids, tok)  # a call cut by the token limit: no text of it is clean text
-    clean = strip(tok.decode_segments(ids[:len(ids) - len(tail)]) if tail else segments)
-    return GenerationResult(prompt=prompt, text=render(segments), clean_text=clean, segments=segments,
+    return GenerationResult(prompt=prompt, text=render(segments), clean_text=continuation_text(prompt, ids, tok),
+                            segments=segments,
                             trace=trace, token_ids=ids, problems=[m for _, m in sorted(found, key=lambda x: x[0])])
 
 

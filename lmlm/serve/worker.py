@@ -21,8 +21,7 @@ from typing import Callable
 from transformers.generation.streamers import BaseStreamer
 
 from ..generate.base import batch_order
-from ..generate.trace import open_call
-from ..lookup import strip
+from ..generate.trace import continuation_text, open_call
 
 __all__ = ["GenParams", "ModelWorker", "PromptTooLong", "Finished", "BatchStreamer"]
 
@@ -200,7 +199,7 @@ class ModelWorker:
                 # "length" when a row used all its tokens without writing a stop token
                 reasons = ["length" if len(r.token_ids) - len(open_call(ids, self.tok)) >= p.max_new_tokens
                            else "stop" for r, ids in zip(mine, job.prompt_ids)]
-                texts = [plain_text_so_far(r.token_ids, self.tok) for r in mine]
+                texts = [r.clean_text for r in mine]
                 job.future.set_result(Finished(mine, texts, [len(ids) - 1 for ids in job.prompt_ids], reasons,
                                                len(prompts), start - job.submitted, run_s))
         except Exception as e:  # reported to every request of the group still waiting
@@ -212,11 +211,6 @@ class ModelWorker:
         self.stats["rows"] += len(prompts)
         self.stats["requests"] += len(group)
         self.stats["max_rows"] = max(self.stats["max_rows"], len(prompts))
-
-
-def plain_text_so_far(ids: list[int], tok) -> str:
-    """The plain text of generated ``ids`` up to a call still open at the end (its value is not known)."""
-    return strip(tok.decode_segments(ids[:len(ids) - len(open_call(ids, tok))]))
 
 
 class BatchStreamer(BaseStreamer):
@@ -270,7 +264,8 @@ class BatchStreamer(BaseStreamer):
 
     def _text_delta(self, k: int) -> str:
         """Plain text new since the last event (a character still incomplete waits for its bytes)."""
-        text = plain_text_so_far(self.ids[k], self.tok).rstrip("\ufffd")
+        (job, i), _ = self.rows[k]
+        text = continuation_text(job.prompts[i], self.ids[k], self.tok).rstrip("\ufffd")
         if not text.startswith(self.sent[k]):
             return ""
         delta, self.sent[k] = text[len(self.sent[k]):], text
