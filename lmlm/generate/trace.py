@@ -141,7 +141,10 @@ def continuation_text(prompt: str, ids: Sequence[int], tok: LookupTokenizer) -> 
     (cut by the token limit) too. The space a call leaves before its word goes with the call unless
     the prompt does not end in one (``"works as a"`` + call + ``" painter"`` continues ``" painter"``)."""
     ids = list(ids)
-    segments = tok.decode_segments(ids[:len(ids) - len(open_call(ids, tok))])
+    return _after_prompt(prompt, tok.decode_segments(ids[:len(ids) - len(open_call(ids, tok))]))
+
+
+def _after_prompt(prompt: str, segments: Sequence[Segment]) -> str:
     return strip([Text(prompt), *segments])[len(prompt):] if prompt else strip(segments)
 
 
@@ -159,8 +162,8 @@ def build_result(prompt: str, ids: list[int], tok: LookupTokenizer, answers: Ans
     names = dict(zip(tok.call_ids, tok.tokens.as_list()))
     found = [(t.token_start, msg) for t in trace for msg in (t.problem.split("; ") if t.problem else [])]
     found += [(i, f"{names[ids[i]]} outside a call at token {i}") for i in stray]
-    return GenerationResult(prompt=prompt, text=render(segments), clean_text=continuation_text(prompt, ids, tok),
-                            segments=segments,
+    clean = _after_prompt(prompt, segments) if not open_call(ids, tok) else continuation_text(prompt, ids, tok)
+    return GenerationResult(prompt=prompt, text=render(segments), clean_text=clean, segments=segments,
                             trace=trace, token_ids=ids, problems=[m for _, m in sorted(found, key=lambda x: x[0])])
 
 

@@ -5,7 +5,8 @@ Lookups (``lookup``, ``lookup_batch``, ``lookup_vectors``, ``search``; entity-aw
 :class:`lmlm.kb.resolve.EntityLookup`) and records (``get``, ``values``, ``history``, ``log``,
 ``changes``, ``diff``, ``triples``, ``keys``, ``export``). A subclass holds ``store``, ``_best``
 (key_norm -> best active triple), ``_key_norm``, ``_version``, ``_lock``, ``encoder``, ``threshold``
-and says how to ``refresh`` and how to search key vectors (``_search_index``); only the live KB
+and says how to ``refresh``, bring the key index up to date (``_sync_index``: the live KB's comes
+from :class:`lmlm.kb.indexing.KeyIndexing`) and search it (``_search_index``); only the live KB
 writes. Exercised by ``lmlm kb lookup`` (``--at`` for a snapshot) and ``lmlm generate``.
 """
 

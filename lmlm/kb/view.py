@@ -18,17 +18,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from typing import TYPE_CHECKING
-
 from .encoder import Encoder
 from .index import Selection
 from .keys import key_text, normalize_key
 from .reader import MAX_SOURCES, KnowledgeBaseReader
 from .records import TripleRecord
 from .store import KBError
-
-if TYPE_CHECKING:
-    from .base import KnowledgeBase
 
 __all__ = ["KnowledgeBaseView"]
 
@@ -40,7 +35,7 @@ _WRITES = frozenset({"add", "delete", "edit", "forget", "import_file", "import_j
 class KnowledgeBaseView(KnowledgeBaseReader):
     """``kb`` as it was at ``version``: a snapshot that reads, and has no writes. Closing it leaves ``kb`` open."""
 
-    def __init__(self, kb: KnowledgeBase, version: int):
+    def __init__(self, kb, version: int):  # kb: the live lmlm.kb.KnowledgeBase (which imports this module)
         self._parent = kb
         self.path, self.store, self.encoder_name = kb.path, kb.store, kb.encoder_name
         self.threshold, self.ann_config = kb.threshold, kb.ann_config

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import random
 import string
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
 from ..lookup import Lookup, Segment, Text
-
-if TYPE_CHECKING:
-    from .bios_draw import BiosConfig, Person
 
 WORLD_SOURCE = "world:bios"  # the ``source`` of every document of a biography world
 RELATIONS = ("Birth Date", "Birth City", "University", "Major", "Employer", "Employer City")
@@ -187,11 +184,13 @@ _FILLERS = [_compile(t) for t in FILLER_TEMPLATES]
 assert all(len(TEMPLATES[(r,)]) >= 4 for r in RELATIONS) and all(_OPENERS.values())
 
 
-def fill(parts: list[tuple[str, str | None]], person: Person, named: bool,
+def fill(parts: list[tuple[str, str | None]], person, named: bool,
           rng: random.Random | None = None) -> list[Segment]:
     """Render one compiled template; each value becomes ``Text("... ") Lookup Text(" value ...")``.
 
-    ``named``: the first mention of the subject is the full name; later mentions are pronouns.
+    ``person``: a :class:`lmlm.worlds.bios_draw.Person` (``name``, ``gender``, ``facts``; not imported
+    here: that module imports this one). ``named``: the first mention of the subject is the full name;
+    later mentions are pronouns.
     """
     names = dict(zip(_SUBJECT_FIELDS, (person.name, person.name, f"{person.name}'s", f"{person.name}'s", person.name)))
     pronouns = dict(zip(_SUBJECT_FIELDS, _PRONOUNS[person.gender]))
@@ -224,8 +223,9 @@ def _merge(segments: Iterable[Segment]) -> list[Segment]:
     return out
 
 
-def compose(person: Person, config: BiosConfig, rng: random.Random) -> list[Segment]:
-    """One biography: facts in life order, the first sentence naming the person, fillers between."""
+def compose(person, config, rng: random.Random) -> list[Segment]:
+    """One biography: facts in life order, the first sentence naming the person, fillers between
+    (``person``, ``config``: a ``bios_draw.Person`` and ``BiosConfig``)."""
     chosen = set(rng.sample(RELATIONS, rng.randint(*config.facts_per_doc)))
     units: list[tuple[str, ...]] = []
     for group in _LIFE_GROUPS:
