@@ -79,6 +79,37 @@ PG_MIGRATIONS: list[str] = [
     CREATE INDEX aliases_entity ON aliases(entity_norm);
     CREATE INDEX triples_deleted ON triples(deleted_version) WHERE deleted_version IS NOT NULL;
     """,
+    # 3: SQLite migration 4, the compact layout (names and document ids stored once, triples by key id)
+    r"""
+    CREATE TABLE entities (id BIGINT PRIMARY KEY, name TEXT NOT NULL, name_norm TEXT NOT NULL UNIQUE);
+    CREATE TABLE relations (id BIGINT PRIMARY KEY, name TEXT NOT NULL, name_norm TEXT NOT NULL UNIQUE);
+    CREATE TABLE documents (id BIGINT PRIMARY KEY, doc_id TEXT NOT NULL UNIQUE);
+    INSERT INTO entities(id, name, name_norm) SELECT row_number() OVER (ORDER BY first), name, en FROM (
+        SELECT DISTINCT ON (en) entity AS name, en, id AS first
+        FROM (SELECT id, entity, split_part(key_norm, E'\t', 1) AS en FROM keys) a ORDER BY en, id) b;
+    INSERT INTO relations(id, name, name_norm) SELECT row_number() OVER (ORDER BY first), name, rn FROM (
+        SELECT DISTINCT ON (rn) relation AS name, rn, id AS first
+        FROM (SELECT id, relation, split_part(key_norm, E'\t', 2) AS rn FROM keys) a ORDER BY rn, id) b;
+    INSERT INTO documents(id, doc_id) SELECT row_number() OVER (ORDER BY first), doc_id FROM (
+        SELECT doc_id, min(seq) AS first FROM sources GROUP BY doc_id) b;
+    ALTER TABLE keys ADD COLUMN entity_id BIGINT REFERENCES entities(id),
+        ADD COLUMN relation_id BIGINT REFERENCES relations(id);
+    UPDATE keys k SET entity_id = e.id, relation_id = r.id FROM entities e, relations r
+        WHERE e.name_norm = split_part(k.key_norm, E'\t', 1) AND r.name_norm = split_part(k.key_norm, E'\t', 2);
+    ALTER TABLE keys ALTER COLUMN entity_id SET NOT NULL, ALTER COLUMN relation_id SET NOT NULL,
+        DROP COLUMN key_norm, DROP COLUMN entity, DROP COLUMN relation;
+    CREATE UNIQUE INDEX keys_pair ON keys(entity_id, relation_id);
+    ALTER TABLE triples DROP COLUMN entity, DROP COLUMN relation, DROP COLUMN key_norm,
+        DROP COLUMN entity_norm, DROP COLUMN relation_norm;
+    CREATE UNIQUE INDEX triples_active_fact ON triples(key_id, value_norm) WHERE deleted_version IS NULL;
+    ALTER TABLE sources ADD COLUMN doc BIGINT REFERENCES documents(id);
+    UPDATE sources s SET doc = d.id FROM documents d WHERE d.doc_id = s.doc_id;
+    ALTER TABLE sources ALTER COLUMN doc SET NOT NULL, DROP COLUMN doc_id;
+    CREATE UNIQUE INDEX sources_once ON sources(triple_id, doc, coalesce(position, -1));
+    CREATE INDEX sources_doc ON sources(doc);
+    UPDATE changes SET new_value = NULL WHERE op <> 'edit';
+    ALTER TABLE changes DROP COLUMN old_value;
+    """,
 ]
 
 _URL = re.compile(r"^(postgres(?:ql)?):/+", re.IGNORECASE)  # one slash too: a URL that went through Path()

@@ -7,10 +7,22 @@ command; the PostgreSQL store keeps its own list (:data:`lmlm.kb.postgres.PG_MIG
 
 from __future__ import annotations
 
-__all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS"]
+from .keys import KEY_SEP
+
+__all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "NAMED", "KEY_NORM", "KEY_IS"]
 
 DB_FILENAME = "kb.sqlite"
 FORMAT = "lmlm-kb"
+
+# SQL fragments of the current layout, shared by the store's modules:
+# the names of triple ``t``, and its key as normalised text
+NAMED = ("triples t JOIN keys k ON k.id = t.key_id JOIN entities e ON e.id = k.entity_id"
+         " JOIN relations r ON r.id = k.relation_id")
+KEY_NORM = f"e.name_norm || '{KEY_SEP}' || r.name_norm"
+# triple ``t`` is under the key of (entity_norm, relation_norm) given as two parameters
+KEY_IS = ("t.key_id = (SELECT k.id FROM keys k JOIN entities e ON e.id = k.entity_id"
+          " JOIN relations r ON r.id = k.relation_id WHERE e.name_norm = ? AND r.name_norm = ?)")
+
 
 MIGRATIONS: list[str] = [
     # 1: the initial schema
@@ -66,5 +78,69 @@ MIGRATIONS: list[str] = [
     CREATE UNIQUE INDEX aliases_active ON aliases(alias_norm, entity_norm) WHERE deleted_version IS NULL;
     CREATE INDEX aliases_entity ON aliases(entity_norm);
     CREATE INDEX triples_deleted ON triples(deleted_version) WHERE deleted_version IS NOT NULL;
+    """,
+    # 4: the compact layout. Entity and relation names are stored once (``entities``, ``relations``);
+    # a key is a pair of their ids and a triple a key id and a value, so a triple's row holds no
+    # names. Document ids are stored once (``documents``) and sources point at them. A change row
+    # holds only what its triple does not: the new value of an edit (the old value of an edit,
+    # support or delete is the triple's own value). Names as first written are kept; a triple
+    # added later under another spelling of the same name shows the first spelling. Rows, ids and
+    # the order of sources are kept, so key ids (the vector ids of the index) stay valid.
+    """
+    CREATE TABLE entities (id INTEGER PRIMARY KEY, name TEXT NOT NULL, name_norm TEXT NOT NULL UNIQUE);
+    CREATE TABLE relations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, name_norm TEXT NOT NULL UNIQUE);
+    CREATE TABLE documents (id INTEGER PRIMARY KEY, doc_id TEXT NOT NULL UNIQUE);
+    INSERT INTO entities(name, name_norm) SELECT name, en FROM (
+        SELECT entity AS name, substr(key_norm, 1, instr(key_norm, char(9)) - 1) AS en, min(id) AS first
+        FROM keys GROUP BY en) ORDER BY first;
+    INSERT INTO relations(name, name_norm) SELECT name, rn FROM (
+        SELECT relation AS name, substr(key_norm, instr(key_norm, char(9)) + 1) AS rn, min(id) AS first
+        FROM keys GROUP BY rn) ORDER BY first;
+    INSERT INTO documents(doc_id) SELECT doc_id FROM (
+        SELECT doc_id, min(rowid) AS first FROM sources GROUP BY doc_id) ORDER BY first;
+    CREATE TABLE keys_4 (
+        id INTEGER PRIMARY KEY,
+        entity_id INTEGER NOT NULL REFERENCES entities(id),
+        relation_id INTEGER NOT NULL REFERENCES relations(id));
+    INSERT INTO keys_4(id, entity_id, relation_id) SELECT k.id, e.id, r.id FROM keys k
+        JOIN entities e ON e.name_norm = substr(k.key_norm, 1, instr(k.key_norm, char(9)) - 1)
+        JOIN relations r ON r.name_norm = substr(k.key_norm, instr(k.key_norm, char(9)) + 1);
+    CREATE TABLE triples_4 (
+        id INTEGER PRIMARY KEY,
+        key_id INTEGER NOT NULL REFERENCES keys(id),
+        value TEXT NOT NULL, value_norm TEXT NOT NULL,
+        count INTEGER NOT NULL DEFAULT 1,
+        created_version INTEGER NOT NULL REFERENCES versions(version),
+        deleted_version INTEGER REFERENCES versions(version));
+    INSERT INTO triples_4 SELECT id, key_id, value, value_norm, count, created_version, deleted_version FROM triples;
+    CREATE TABLE sources_4 (
+        triple_id INTEGER NOT NULL REFERENCES triples(id),
+        doc INTEGER NOT NULL REFERENCES documents(id),
+        position INTEGER, version INTEGER);
+    INSERT INTO sources_4(rowid, triple_id, doc, position, version)
+        SELECT s.rowid, s.triple_id, d.id, s.position, s.version FROM sources s JOIN documents d ON d.doc_id = s.doc_id;
+    CREATE TABLE changes_4 (
+        version INTEGER NOT NULL REFERENCES versions(version),
+        triple_id INTEGER NOT NULL REFERENCES triples(id),
+        op TEXT NOT NULL CHECK (op IN ('add', 'support', 'edit', 'delete')),
+        new_value TEXT,
+        count_delta INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (version, triple_id)) WITHOUT ROWID;
+    INSERT INTO changes_4 SELECT version, triple_id, op, CASE WHEN op = 'edit' THEN new_value END, count_delta
+        FROM changes;
+    DROP TABLE changes;
+    DROP TABLE sources;
+    DROP TABLE triples;
+    DROP TABLE keys;
+    ALTER TABLE keys_4 RENAME TO keys;
+    ALTER TABLE triples_4 RENAME TO triples;
+    ALTER TABLE sources_4 RENAME TO sources;
+    ALTER TABLE changes_4 RENAME TO changes;
+    CREATE UNIQUE INDEX keys_pair ON keys(entity_id, relation_id);
+    CREATE UNIQUE INDEX triples_active_fact ON triples(key_id, value_norm) WHERE deleted_version IS NULL;
+    CREATE INDEX triples_key ON triples(key_id);
+    CREATE INDEX triples_deleted ON triples(deleted_version) WHERE deleted_version IS NOT NULL;
+    CREATE UNIQUE INDEX sources_once ON sources(triple_id, doc, ifnull(position, -1));
+    CREATE INDEX sources_doc ON sources(doc);
     """,
 ]

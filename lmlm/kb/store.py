@@ -18,13 +18,14 @@ import sqlite3
 import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from functools import lru_cache
 from itertools import islice
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from .keys import KEY_SEP, normalize_text, normalize_value
 from .records import Best, Change, KBError, KBNotFound, NotAKnowledgeBase, TripleRecord, VersionRecord, _group_records
-from .schema import DB_FILENAME, FORMAT, MIGRATIONS
+from .schema import DB_FILENAME, FORMAT, KEY_IS, KEY_NORM, MIGRATIONS, NAMED
 from .store_aliases import StoredAliases
 from .versions import PastVersions
 
@@ -59,6 +60,24 @@ def _chunks(items: Sequence, n: int = _IN_CHUNK) -> Iterator[Sequence]:
 
 def _marks(n: int) -> str:
     return ",".join("?" * n)
+
+
+_norm = lru_cache(maxsize=1 << 16)(normalize_text)  # names repeat: an entity has many facts
+_COLUMNS = {"entities": ("name",), "relations": ("name",), "documents": ()}  # besides id and the name
+
+
+class _Cache:
+    """Ids read or given by one write transaction (entity, relation and document ids by name, key ids
+    by id pair); thrown away with it, so a rolled-back write leaves no stale id behind."""
+
+    def __init__(self) -> None:
+        self.entities: dict[str, int] = {}
+        self.relations: dict[str, int] = {}
+        self.keys: dict[tuple[int, int], int] = {}
+        self.documents: dict[str, int] = {}
+
+    def keys_of(self, entity_norm: str, relation_norm: str) -> tuple[int, int]:
+        return self.entities[entity_norm], self.relations[relation_norm]
 
 
 class SQLiteStore(PastVersions, StoredAliases):
@@ -126,6 +145,8 @@ class SQLiteStore(PastVersions, StoredAliases):
                 raise KBError(f"{self.folder} has schema version {current}, newer than this lmlm knows "
                               f"({len(MIGRATIONS)}); upgrade lmlm")
             for n in range(current + 1, len(MIGRATIONS) + 1):
+                # foreign keys off while a migration rebuilds a table (SQLite's documented way), checked after
+                self.conn.execute("PRAGMA foreign_keys=OFF")
                 try:
                     self.conn.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[n - 1]}; "
                                             f"INSERT INTO schema_version(version) VALUES ({n}); COMMIT;")
@@ -133,6 +154,11 @@ class SQLiteStore(PastVersions, StoredAliases):
                     if self.conn.in_transaction:
                         self.conn.execute("ROLLBACK")
                     raise
+                finally:
+                    self.conn.execute("PRAGMA foreign_keys=ON")
+                bad = self.conn.execute("PRAGMA foreign_key_check").fetchmany(3)
+                if bad:
+                    raise KBError(f"{self.folder}: migration {n} left rows that point nowhere: {bad}")
 
     def meta(self) -> dict[str, str]:
         return dict(self._x("SELECT name, value FROM meta").fetchall())
@@ -187,9 +213,9 @@ class SQLiteStore(PastVersions, StoredAliases):
         try:
             with self._transaction():
                 v = self._new_version(op, who, why)
-                key_ids: dict[str, int] = {}
+                cache = _Cache()
                 while chunk := list(islice(it, batch_size)):
-                    self._write_chunk(v, chunk, key_ids)
+                    self._write_chunk(v, chunk, cache)
                     if on_batch:
                         on_batch(len(chunk))
                 if meta:
@@ -210,94 +236,108 @@ class SQLiteStore(PastVersions, StoredAliases):
         with self._transaction():
             self._put_meta(meta)
 
-    def _key_ids(self, keys: dict[str, tuple[str, str]], cache: dict[str, int]) -> None:
-        """Fill ``cache`` with the id of every key_norm in ``keys`` ({key_norm: (entity, relation)})."""
-        todo = [kn for kn in keys if kn not in cache]
-        if not todo:
-            return
-        self._xm("INSERT OR IGNORE INTO keys(key_norm, entity, relation) VALUES (?, ?, ?)",
-                 [(kn, *keys[kn]) for kn in todo])
+    def _ids(self, table: str, column: str, names: dict[str, tuple], cache: dict[str, int]) -> set[str]:
+        """Fill ``cache`` with the id of every name in ``names`` ({name: the other columns of a new
+        row}) in ``table``, adding the ones it lacks; returns the names added."""
+        todo = [n for n in names if n not in cache]
         for ch in _chunks(todo):
-            cache.update(self._x(f"SELECT key_norm, id FROM keys WHERE key_norm IN ({_marks(len(ch))})", ch))
+            cache.update(self._x(f"SELECT {column}, id FROM {table} WHERE {column} IN ({_marks(len(ch))})", ch))
+        new = [n for n in todo if n not in cache]
+        if new:
+            first = (self._x(f"SELECT max(id) FROM {table}").fetchone()[0] or 0) + 1
+            cache.update(zip(new, range(first, first + len(new))))
+            cols = ("id", column, *_COLUMNS[table])
+            self._xm(f"INSERT INTO {table}({', '.join(cols)}) VALUES ({_marks(len(cols))})",
+                     [(cache[n], n, *names[n]) for n in new])
+        return set(new)
 
-    def _write_chunk(self, v: int, facts: Sequence[Fact], key_ids: dict[str, int]) -> None:
+    def _key_ids(self, pairs: set[tuple[int, int]], fresh_entities: set[int], cache: _Cache) -> set[int]:
+        """Fill ``cache.keys`` with the id of every (entity id, relation id) pair, adding the keys it
+        lacks; returns the ids of the keys added."""
+        todo = [p for p in pairs if p not in cache.keys]
+        known = sorted({e for e, _ in todo if e not in fresh_entities})  # a new entity has no key yet
+        for ch in _chunks(known):
+            for kid, e, r in self._x(f"SELECT id, entity_id, relation_id FROM keys"
+                                     f" WHERE entity_id IN ({_marks(len(ch))})", ch):
+                cache.keys[(e, r)] = kid
+        new = sorted(p for p in todo if p not in cache.keys)
+        if not new:
+            return set()
+        first = (self._x("SELECT max(id) FROM keys").fetchone()[0] or 0) + 1
+        cache.keys.update(zip(new, range(first, first + len(new))))
+        self._xm("INSERT INTO keys(id, entity_id, relation_id) VALUES (?, ?, ?)", [(cache.keys[p], *p) for p in new])
+        return set(range(first, first + len(new)))
+
+    def _write_chunk(self, v: int, facts: Sequence[Fact], cache: _Cache) -> None:
         """New facts go in with one statement per table; facts already active gain support one by one."""
-        rows = []
-        for f in facts:
-            en, rn = normalize_text(f.entity), normalize_text(f.relation)
-            rows.append((f, en, rn, en + KEY_SEP + rn, normalize_value(f.value)))
-        kns = sorted({r[3] for r in rows})
-        active: dict[tuple[str, str], int] = {}  # (key_norm, value_norm) -> triple id
-        for ch in _chunks(kns):
-            active.update(((kn, vn), tid) for tid, kn, vn in self._x(
-                "SELECT id, key_norm, value_norm FROM triples WHERE deleted_version IS NULL"
-                f" AND key_norm IN ({_marks(len(ch))})", ch))
-        self._key_ids({r[3]: (r[0].entity, r[0].relation) for r in rows if (r[3], r[4]) not in active}, key_ids)
+        rows = [(f, _norm(f.entity), _norm(f.relation), normalize_value(f.value)) for f in facts]
+        new_entities = self._ids("entities", "name_norm", {en: (f.entity,) for f, en, _, _ in rows}, cache.entities)
+        self._ids("relations", "name_norm", {rn: (f.relation,) for f, _, rn, _ in rows}, cache.relations)
+        keyed = [(f, cache.keys_of(en, rn), vn) for f, en, rn, vn in rows]
+        fresh = self._key_ids({p for _, p, _ in keyed}, {cache.entities[en] for en in new_entities}, cache)
+        kids = [cache.keys[p] for _, p, _ in keyed]
+        active: dict[tuple[int, str], int] = {}  # (key id, value_norm) -> triple id
+        for ch in _chunks(sorted(set(kids) - fresh)):  # a key made by this chunk has no triple yet
+            active.update(((kid, vn), tid) for tid, kid, vn in self._x(
+                "SELECT id, key_id, value_norm FROM triples WHERE deleted_version IS NULL"
+                f" AND key_id IN ({_marks(len(ch))})", ch))
+        self._ids("documents", "doc_id", {d: () for f in facts for d, _ in f.sources}, cache.documents)
         next_id = (self._x("SELECT max(id) FROM triples").fetchone()[0] or 0) + 1
         new_triples, new_sources, new_changes, support = [], [], [], []
-        for f, en, rn, kn, vn in rows:
-            tid = active.get((kn, vn))
+        for (f, _, vn), kid in zip(keyed, kids):
+            tid = active.get((kid, vn))
             if tid is not None:
                 support.append((tid, f))
                 continue
-            tid = active[(kn, vn)] = next_id
+            tid = active[(kid, vn)] = next_id
             next_id += 1
-            new_triples.append((tid, key_ids[kn], f.entity, f.relation, f.value, kn, en, rn, vn, f.count, v))
-            new_sources += [(tid, d, p, v) for d, p in f.sources]
-            new_changes.append((v, tid, f.value, f.count))
-        self._xm("INSERT INTO triples(id, key_id, entity, relation, value, key_norm, entity_norm,"
-                 " relation_norm, value_norm, count, created_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                 new_triples)
-        self._xm("INSERT OR IGNORE INTO sources(triple_id, doc_id, position, version) VALUES (?, ?, ?, ?)",
+            new_triples.append((tid, kid, f.value, vn, f.count, v))
+            new_sources += [(tid, cache.documents[d], p, v) for d, p in f.sources]
+            new_changes.append((v, tid, f.count))
+        self._xm("INSERT INTO triples(id, key_id, value, value_norm, count, created_version)"
+                 " VALUES (?, ?, ?, ?, ?, ?)", new_triples)
+        self._xm("INSERT OR IGNORE INTO sources(triple_id, doc, position, version) VALUES (?, ?, ?, ?)",
                  new_sources)
-        self._xm("INSERT INTO changes(version, triple_id, op, new_value, count_delta) VALUES (?, ?, 'add', ?, ?)",
-                 new_changes)
+        self._xm("INSERT INTO changes(version, triple_id, op, count_delta) VALUES (?, ?, 'add', ?)", new_changes)
         for tid, f in support:
-            self._support(v, tid, f)
+            self._support(v, tid, f, cache)
 
-    def _support(self, v: int, tid: int, f: Fact) -> None:
+    def _support(self, v: int, tid: int, f: Fact, cache: _Cache) -> None:
         """Fact ``f`` seen again for active triple ``tid``: its new sources, and count + f.count
         (nothing at all when every source it names is already recorded)."""
-        new = sum(self._x("INSERT OR IGNORE INTO sources(triple_id, doc_id, position, version) VALUES (?, ?, ?, ?)",
-                          (tid, d, p, v)).rowcount for d, p in f.sources)
+        new = sum(self._x("INSERT OR IGNORE INTO sources(triple_id, doc, position, version) VALUES (?, ?, ?, ?)",
+                          (tid, cache.documents[d], p, v)).rowcount for d, p in f.sources)
         if f.sources and not new:
             return  # already read from exactly these places
         self._x("UPDATE triples SET count = count + ? WHERE id = ?", (f.count, tid))
-        old = self._x("SELECT value FROM triples WHERE id = ?", (tid,)).fetchone()[0]
-        self._x("INSERT INTO changes(version, triple_id, op, old_value, new_value, count_delta)"
-                " VALUES (?, ?, 'support', ?, ?, ?) ON CONFLICT(version, triple_id)"
-                " DO UPDATE SET count_delta = changes.count_delta + excluded.count_delta", (v, tid, old, old, f.count))
+        self._x("INSERT INTO changes(version, triple_id, op, count_delta) VALUES (?, ?, 'support', ?)"
+                " ON CONFLICT(version, triple_id) DO UPDATE SET count_delta = changes.count_delta"
+                " + excluded.count_delta", (v, tid, f.count))
 
     def delete(self, who: str, why: str, triple_ids: Sequence[int] | None = None, entity_norm: str | None = None,
                relation_norm: str | None = None, source: str | None = None) -> tuple[int, int]:
         """Mark matching active triples deleted (filters are ANDed). Returns (version, number deleted)."""
-        where, params = ["deleted_version IS NULL"], []
+        where, params = ["t.deleted_version IS NULL"], []
         if entity_norm is not None:
-            where.append("entity_norm = ?"), params.append(entity_norm)
+            where.append("k.entity_id = (SELECT id FROM entities WHERE name_norm = ?)"), params.append(entity_norm)
         if relation_norm is not None:
-            where.append("relation_norm = ?"), params.append(relation_norm)
+            where.append("k.relation_id = (SELECT id FROM relations WHERE name_norm = ?)"), params.append(relation_norm)
         if source is not None:
-            where.append("id IN (SELECT triple_id FROM sources WHERE doc_id = ?)"), params.append(source)
-        sql = "SELECT id, value FROM triples WHERE " + " AND ".join(where)
+            where.append("t.id IN (SELECT s.triple_id FROM sources s JOIN documents d ON d.id = s.doc"
+                         " WHERE d.doc_id = ?)"), params.append(source)
+        sql = ("INSERT OR IGNORE INTO forget_ids(id) SELECT t.id FROM triples t JOIN keys k ON k.id = t.key_id"
+               " WHERE " + " AND ".join(where))
         try:
             with self._transaction():
+                self._start_forget_set()
                 if triple_ids is None:
-                    rows = self._x(sql, params).fetchall()
+                    self._x(sql, params)
                 else:
-                    ids = sorted({int(i) for i in triple_ids})
-                    rows = [r for ch in _chunks(ids) for r in self._x(
-                        f"{sql} AND id IN ({_marks(len(ch))})", [*params, *ch]).fetchall()]
-                if not rows:
-                    raise _NoChange
-                v = self._new_version("delete", who, why)
-                self._xm("UPDATE triples SET deleted_version = ? WHERE id = ?", [(v, i) for i, _ in rows])
-                self._xm("INSERT INTO changes(version, triple_id, op, old_value)"
-                         " VALUES (?, ?, 'delete', ?)", [(v, i, val) for i, val in rows])
-                self._drop_orphan_aliases(v)
-                self._finish_version(v)
+                    for ch in _chunks(sorted({int(i) for i in triple_ids})):
+                        self._x(f"{sql} AND t.id IN ({_marks(len(ch))})", [*params, *ch])
+                return self._delete_forget_set(who, why)
         except _NoChange:
             return self.version(), 0
-        return v, len(rows)
 
     def forget(self, who: str, why: str, triple_ids: Iterable[int] = (), keys: Iterable[str] = (),
                facts: Iterable[tuple[str, str]] = (), sources: Iterable[str] = ()) -> tuple[int, int]:
@@ -305,29 +345,43 @@ class SQLiteStore(PastVersions, StoredAliases):
         value_norm) or source document. Returns (version, number deleted)."""
         try:
             with self._transaction():
-                self._x("CREATE TEMP TABLE IF NOT EXISTS forget_ids (id INTEGER PRIMARY KEY)")
-                self._x("DELETE FROM forget_ids")
+                self._start_forget_set()
                 self._xm("INSERT OR IGNORE INTO forget_ids(id) VALUES (?)", ((int(i),) for i in triple_ids))
-                self._xm("INSERT OR IGNORE INTO forget_ids(id) SELECT id FROM triples"
-                         " WHERE key_norm = ? AND deleted_version IS NULL", ((k,) for k in keys))
-                self._xm("INSERT OR IGNORE INTO forget_ids(id) SELECT id FROM triples"
-                         " WHERE key_norm = ? AND value_norm = ? AND deleted_version IS NULL", facts)
-                self._xm("INSERT OR IGNORE INTO forget_ids(id) SELECT triple_id FROM sources WHERE doc_id = ?",
-                         ((d,) for d in sources))
-                (n,) = self._x("SELECT count(*) FROM triples t JOIN forget_ids f ON f.id = t.id"
-                               " WHERE t.deleted_version IS NULL").fetchone()
-                if n == 0:
-                    raise _NoChange
-                v = self._new_version("delete", who, why)
-                self._x("INSERT INTO changes(version, triple_id, op, old_value) SELECT ?, t.id, 'delete', t.value"
-                        " FROM triples t JOIN forget_ids f ON f.id = t.id WHERE t.deleted_version IS NULL", (v,))
-                self._x("UPDATE triples SET deleted_version = ? WHERE deleted_version IS NULL"
-                        " AND id IN (SELECT id FROM forget_ids)", (v,))
-                self._x("DELETE FROM forget_ids")
-                self._drop_orphan_aliases(v)
-                self._finish_version(v)
+                named = [(*k.split(KEY_SEP, 1), None) for k in keys]
+                named += [(*k.split(KEY_SEP, 1), vn) for k, vn in facts]
+                if named:
+                    self._xm("INSERT INTO forget_facts(en, rn, vn) VALUES (?, ?, ?)", named)
+                    self._x("INSERT OR IGNORE INTO forget_ids(id) SELECT t.id FROM forget_facts f"
+                            " JOIN entities e ON e.name_norm = f.en JOIN relations r ON r.name_norm = f.rn"
+                            " JOIN keys k ON k.entity_id = e.id AND k.relation_id = r.id"
+                            " JOIN triples t ON t.key_id = k.id"
+                            " WHERE t.deleted_version IS NULL AND (f.vn IS NULL OR t.value_norm = f.vn)")
+                self._xm("INSERT OR IGNORE INTO forget_ids(id) SELECT s.triple_id FROM sources s"
+                         " JOIN documents d ON d.id = s.doc WHERE d.doc_id = ?", ((d,) for d in sources))
+                return self._delete_forget_set(who, why)
         except _NoChange:
             return self.version(), 0
+
+    def _start_forget_set(self) -> None:
+        self._x("CREATE TEMP TABLE IF NOT EXISTS forget_ids (id INTEGER PRIMARY KEY)")
+        self._x("CREATE TEMP TABLE IF NOT EXISTS forget_facts (en TEXT NOT NULL, rn TEXT NOT NULL, vn TEXT)")
+        self._x("DELETE FROM forget_ids")
+        self._x("DELETE FROM forget_facts")
+
+    def _delete_forget_set(self, who: str, why: str) -> tuple[int, int]:
+        """Mark the active triples among ``forget_ids`` deleted, as a new version."""
+        self._x("DELETE FROM forget_ids WHERE NOT EXISTS (SELECT 1 FROM triples t"
+                " WHERE t.id = forget_ids.id AND t.deleted_version IS NULL)")
+        (n,) = self._x("SELECT count(*) FROM forget_ids").fetchone()
+        if n == 0:
+            raise _NoChange
+        v = self._new_version("delete", who, why)
+        self._x("INSERT INTO changes(version, triple_id, op) SELECT ?, id, 'delete' FROM forget_ids ORDER BY id", (v,))
+        self._x("UPDATE triples SET deleted_version = ? WHERE id IN (SELECT id FROM forget_ids)", (v,))
+        self._x("DELETE FROM forget_ids")
+        self._x("DELETE FROM forget_facts")
+        self._drop_orphan_aliases(v)
+        self._x("UPDATE versions SET n_changed = ? WHERE version = ?", (n, v))
         return v, n
 
     def edit(self, entity: str, relation: str, value: str, who: str, why: str) -> int:
@@ -336,23 +390,22 @@ class SQLiteStore(PastVersions, StoredAliases):
         Raises KBError when the key has no active value (use ``write_facts`` to add one).
         """
         en, rn, vn = normalize_text(entity), normalize_text(relation), normalize_value(value)
-        kn = en + KEY_SEP + rn
         try:
             with self._transaction():
-                rows = self._x("SELECT id, value, value_norm, key_id FROM triples"
-                               " WHERE key_norm = ? AND deleted_version IS NULL", (kn,)).fetchall()
+                rows = self._x(f"SELECT t.id, t.value, t.value_norm FROM triples t WHERE {KEY_IS}"
+                               " AND t.deleted_version IS NULL", (en, rn)).fetchall()
                 if not rows:
                     raise KBError(f"no active fact for ({entity!r}, {relation!r}) to edit; add it instead")
-                others = [(i, val) for i, val, vnorm, _ in rows if vnorm != vn]
+                others = [(i, val) for i, val, vnorm in rows if vnorm != vn]
                 if not others:
                     raise _NoChange  # value already the only one
                 v = self._new_version("edit", who, why)
                 self._xm("UPDATE triples SET deleted_version = ? WHERE id = ?",
                          [(v, i) for i, _ in others])
-                self._xm("INSERT INTO changes(version, triple_id, op, old_value, new_value)"
-                         " VALUES (?, ?, 'edit', ?, ?)", [(v, i, old, value) for i, old in others])
+                self._xm("INSERT INTO changes(version, triple_id, op, new_value)"
+                         " VALUES (?, ?, 'edit', ?)", [(v, i, value) for i, _ in others])
                 if len(others) == len(rows):  # the new value is not among the old ones
-                    self._write_chunk(v, [Fact(entity, relation, value)], {kn: rows[0][3]})
+                    self._write_chunk(v, [Fact(entity, relation, value)], _Cache())
                 self._finish_version(v)
         except _NoChange:
             return self.version()
@@ -380,8 +433,8 @@ class SQLiteStore(PastVersions, StoredAliases):
 
     def best(self, key_ids: Sequence[int] | None = None) -> list[Best]:
         """The best-supported active triple per key (highest count, then newest), for ``key_ids`` or all keys."""
-        sql = ("SELECT t.key_id, k.key_norm, t.id, t.entity, t.relation, t.value, t.count, t.created_version"
-               " FROM triples t JOIN keys k ON k.id = t.key_id WHERE t.deleted_version IS NULL {}"
+        sql = (f"SELECT t.key_id, {KEY_NORM}, t.id, e.name, r.name, t.value, t.count, t.created_version"
+               f" FROM {NAMED} WHERE t.deleted_version IS NULL {{}}"
                " ORDER BY t.key_id, t.count DESC, t.created_version DESC, t.id DESC")
         if key_ids is None:
             rows = self._x(sql.format("")).fetchall()
@@ -393,31 +446,33 @@ class SQLiteStore(PastVersions, StoredAliases):
 
     def key_texts(self, key_ids: Sequence[int] | None = None) -> list[tuple[int, str, str]]:
         """(key_id, entity, relation) as first written, for embedding; None: every key with an active value."""
+        sql = ("SELECT k.id, e.name, r.name FROM keys k JOIN entities e ON e.id = k.entity_id"
+               " JOIN relations r ON r.id = k.relation_id WHERE k.id IN ")
         if key_ids is None:
-            return self._x("SELECT id, entity, relation FROM keys WHERE id IN"
-                           " (SELECT key_id FROM triples WHERE deleted_version IS NULL) ORDER BY id").fetchall()
+            return self._x(sql + "(SELECT key_id FROM triples WHERE deleted_version IS NULL) ORDER BY k.id").fetchall()
         out = []
         for ch in _chunks(list(key_ids)):
-            out += self._x(f"SELECT id, entity, relation FROM keys WHERE id IN ({_marks(len(ch))})",
-                           list(ch)).fetchall()
+            out += self._x(f"{sql}({_marks(len(ch))})", list(ch)).fetchall()
         return out
 
     def sources(self, triple_ids: Sequence[int], limit: int = 32, at: int | None = None) -> dict[int, tuple[str, ...]]:
         """Distinct document ids per triple, first recorded first, at most ``limit`` each (as of version ``at``)."""
         out: dict[int, list[str]] = {}
-        upto = "" if at is None else f" AND version <= {int(at)}"
+        upto = "" if at is None else f" AND s.version <= {int(at)}"
         for ch in _chunks(sorted(set(triple_ids))):
             for tid, doc in self._x(
-                    f"SELECT triple_id, doc_id FROM sources WHERE triple_id IN ({_marks(len(ch))}){upto}"
-                    " GROUP BY triple_id, doc_id ORDER BY triple_id, min(sources.rowid)", list(ch)):
+                    "SELECT s.triple_id, d.doc_id FROM sources s JOIN documents d ON d.id = s.doc"
+                    f" WHERE s.triple_id IN ({_marks(len(ch))}){upto}"
+                    " GROUP BY s.triple_id, d.doc_id ORDER BY s.triple_id, min(s.rowid)", list(ch)):
                 docs = out.setdefault(tid, [])
                 if len(docs) < limit:
                     docs.append(doc)
         return {k: tuple(v) for k, v in out.items()}
 
     # -- reads for people ------------------------------------------------------------------------
-    _RECORD_SQL = ("SELECT t.id, t.entity, t.relation, t.value, t.count, t.created_version, t.deleted_version,"
-                   " s.doc_id, s.position FROM triples t LEFT JOIN sources s ON s.triple_id = t.id")
+    _RECORD_SQL = (f"SELECT t.id, e.name, r.name, t.value, t.count, t.created_version, t.deleted_version,"
+                   f" d.doc_id, s.position FROM {NAMED} LEFT JOIN sources s ON s.triple_id = t.id"
+                   " LEFT JOIN documents d ON d.id = s.doc")
 
     def _records(self, where: str, params: Sequence = ()) -> Iterator[TripleRecord]:
         return _group_records(self._x(f"{self._RECORD_SQL} WHERE {where} ORDER BY t.id, s.rowid", params))
@@ -426,8 +481,7 @@ class SQLiteStore(PastVersions, StoredAliases):
         return next(self._records("t.id = ?", (int(triple_id),)), None)
 
     def history(self, entity: str, relation: str) -> list[TripleRecord]:
-        kn = normalize_text(entity) + KEY_SEP + normalize_text(relation)
-        return list(self._records("t.key_norm = ?", (kn,)))
+        return list(self._records(KEY_IS, (normalize_text(entity), normalize_text(relation))))
 
     def records(self, active_only: bool = True, at: int | None = None) -> Iterator[TripleRecord]:
         """All (active) triples in id order, streamed: a separate cursor, not held in memory.
@@ -448,8 +502,13 @@ class SQLiteStore(PastVersions, StoredAliases):
         return [VersionRecord(*r) for r in rows]
 
     def changes(self, version: int) -> list[Change]:
-        rows = self._x("SELECT version, triple_id, op, old_value, new_value FROM changes"
-                       " WHERE version = ? ORDER BY triple_id", (version,)).fetchall()
+        """What ``version`` did to each triple; the old value of an edit, support or delete and the
+        new value of an add or support are the triple's own."""
+        rows = self._x("SELECT c.version, c.triple_id, c.op,"
+                       " CASE WHEN c.op = 'add' THEN NULL ELSE t.value END,"
+                       " CASE WHEN c.op = 'edit' THEN c.new_value WHEN c.op = 'delete' THEN NULL ELSE t.value END"
+                       " FROM changes c JOIN triples t ON t.id = c.triple_id"
+                       " WHERE c.version = ? ORDER BY c.triple_id", (version,)).fetchall()
         return [Change(*r) for r in rows]
 
     def counts(self) -> dict[str, int]:
@@ -459,9 +518,7 @@ class SQLiteStore(PastVersions, StoredAliases):
             "keys": q("SELECT count(DISTINCT key_id) FROM triples WHERE deleted_version IS NULL"),
             "deleted": q("SELECT count(*) FROM triples WHERE deleted_version IS NOT NULL"),
             "sources": q("SELECT count(*) FROM sources"),
-            "documents": q("SELECT count(DISTINCT doc_id) FROM sources"),
+            "documents": q("SELECT count(DISTINCT doc) FROM sources"),
             "versions": q("SELECT count(*) FROM versions"),
             "aliases": q("SELECT count(*) FROM aliases WHERE deleted_version IS NULL"),
         }
-
-

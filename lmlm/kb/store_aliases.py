@@ -32,11 +32,14 @@ class StoredAliases:
 
     def _drop_orphan_aliases(self, v: int) -> None:
         """Delete (as of version ``v``) the aliases of every entity that version ``v`` left without a fact."""
+        if not self._x("SELECT 1 FROM aliases WHERE deleted_version IS NULL LIMIT 1").fetchone():
+            return  # no alias to drop: spares reading a large delete's entities
         self._x("UPDATE aliases SET deleted_version = ? WHERE deleted_version IS NULL AND entity_norm IN"
-                " (SELECT DISTINCT t.entity_norm FROM changes c JOIN triples t ON t.id = c.triple_id"
-                "  WHERE c.version = ? AND c.op = 'delete')"
-                " AND NOT EXISTS (SELECT 1 FROM triples a WHERE a.entity_norm = aliases.entity_norm"
-                "  AND a.deleted_version IS NULL)", (v, v))
+                " (SELECT e.name_norm FROM changes c JOIN triples t ON t.id = c.triple_id"
+                "  JOIN keys k ON k.id = t.key_id JOIN entities e ON e.id = k.entity_id"
+                "  WHERE c.version = ? AND c.op = 'delete'"
+                "  AND NOT EXISTS (SELECT 1 FROM keys ka JOIN triples a ON a.key_id = ka.id"
+                "   WHERE ka.entity_id = e.id AND a.deleted_version IS NULL))", (v, v))
 
     # -- aliases -----------------------------------------------------------------------------------
     def add_aliases(self, pairs: Sequence[tuple[str, str]], who: str, why: str) -> tuple[int, int]:
@@ -101,8 +104,9 @@ class StoredAliases:
         """(name, name_norm, entity_norm) of every entity with a deleted fact and of every deleted alias
         (as of version ``at``): the names a reader may have to answer "deleted" for."""
         upto = "" if at is None else f" AND deleted_version <= {int(at)}"
-        rows = self._x("SELECT min(entity), entity_norm, entity_norm FROM triples"
-                       f" WHERE deleted_version IS NOT NULL{upto} GROUP BY entity_norm").fetchall()
+        rows = self._x("SELECT e.name, e.name_norm, e.name_norm FROM entities e WHERE e.id IN"
+                       " (SELECT k.entity_id FROM keys k WHERE k.id IN (SELECT key_id FROM triples"
+                       f"  WHERE deleted_version IS NOT NULL{upto}))").fetchall()
         rows += self._x("SELECT min(alias), alias_norm, entity_norm FROM aliases"
                         f" WHERE deleted_version IS NOT NULL{upto} GROUP BY alias_norm, entity_norm").fetchall()
         return [tuple(r) for r in rows]

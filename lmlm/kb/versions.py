@@ -13,6 +13,8 @@ import sqlite3
 from typing import Iterator
 
 from .records import Best, DiffEntry, KBError, TripleRecord, _group_records
+from .keys import KEY_SEP
+from .schema import KEY_IS, KEY_NORM, NAMED
 
 __all__ = ["PastVersions"]
 
@@ -40,8 +42,8 @@ class PastVersions:
 
         v = self.check_version(version)
         rows = self._x(
-            f"WITH n AS ({_COUNTS_AT}) SELECT t.key_id, k.key_norm, t.id, t.entity, t.relation, t.value, n.count,"
-            f" t.created_version FROM triples t JOIN keys k ON k.id = t.key_id JOIN n ON n.triple_id = t.id"
+            f"WITH n AS ({_COUNTS_AT}) SELECT t.key_id, {KEY_NORM}, t.id, e.name, r.name, t.value, n.count,"
+            f" t.created_version FROM {NAMED} JOIN n ON n.triple_id = t.id"
             f" WHERE {_ACTIVE_AT} ORDER BY t.key_id, n.count DESC, t.created_version DESC, t.id DESC",
             (v, v, v)).fetchall()
         return Best.per_key(rows)
@@ -51,13 +53,13 @@ class PastVersions:
         their counts and sources then."""
 
         v = self.check_version(version)
-        only, params = ("", ()) if key_norm is None else (" AND t.key_norm = ?", (key_norm,))
+        only, params = ("", ()) if key_norm is None else (f" AND {KEY_IS}", tuple(key_norm.split(KEY_SEP, 1)))
         counts = _COUNTS_AT if key_norm is None else _COUNTS_AT.replace(
-            "WHERE version <= ?", "WHERE version <= ? AND triple_id IN (SELECT id FROM triples WHERE key_norm = ?)")
+            "WHERE version <= ?", f"WHERE version <= ? AND triple_id IN (SELECT t.id FROM triples t WHERE {KEY_IS})")
         yield from _group_records(self._x(
-            f"WITH n AS ({counts}) SELECT t.id, t.entity, t.relation, t.value, n.count, t.created_version, NULL,"
-            " s.doc_id, s.position FROM triples t JOIN n ON n.triple_id = t.id"
-            " LEFT JOIN sources s ON s.triple_id = t.id AND s.version <= ?"
+            f"WITH n AS ({counts}) SELECT t.id, e.name, r.name, t.value, n.count, t.created_version, NULL,"
+            f" d.doc_id, s.position FROM {NAMED} JOIN n ON n.triple_id = t.id"
+            " LEFT JOIN sources s ON s.triple_id = t.id AND s.version <= ? LEFT JOIN documents d ON d.id = s.doc"
             f" WHERE {_ACTIVE_AT}{only} ORDER BY t.id, s.rowid", (v, *params, v, v, v, *params)))
 
     def counts_at(self, version: int) -> dict[str, int]:
@@ -68,7 +70,7 @@ class PastVersions:
             "keys": q(f"SELECT count(DISTINCT key_id) FROM triples t WHERE {_ACTIVE_AT}", v, v),
             "deleted": q("SELECT count(*) FROM triples WHERE deleted_version <= ?", v),
             "sources": q("SELECT count(*) FROM sources WHERE version <= ?", v),
-            "documents": q("SELECT count(DISTINCT doc_id) FROM sources WHERE version <= ?", v),
+            "documents": q("SELECT count(DISTINCT doc) FROM sources WHERE version <= ?", v),
             "versions": v,
         }
 
@@ -83,8 +85,8 @@ class PastVersions:
         rows = self._x(
             f"WITH lo AS ({_COUNTS_AT}), hi AS ({_COUNTS_AT}),"
             " touched AS (SELECT DISTINCT triple_id FROM changes WHERE version > ? AND version <= ?)"
-            " SELECT t.id, t.entity, t.relation, t.value, t.created_version, t.deleted_version, lo.count, hi.count"
-            " FROM touched JOIN triples t ON t.id = touched.triple_id LEFT JOIN lo ON lo.triple_id = t.id"
+            " SELECT t.id, e.name, r.name, t.value, t.created_version, t.deleted_version, lo.count, hi.count"
+            f" FROM {NAMED} JOIN touched ON touched.triple_id = t.id LEFT JOIN lo ON lo.triple_id = t.id"
             " LEFT JOIN hi ON hi.triple_id = t.id ORDER BY t.id", (lo, hi, lo, hi)).fetchall()
         out = []
         for tid, e, r, val, created, deleted, n_lo, n_hi in rows:

@@ -20,6 +20,7 @@ import psycopg  # in the [test] extra; the tests skip only where no PostgreSQL s
 
 from lmlm.kb import KBError, KnowledgeBase, NotAKnowledgeBase, Triple  # noqa: E402
 from lmlm.kb.store import KBNotFound  # noqa: E402
+from wide_layout import WIDE_LAYOUT, check_wide_layout_migrated  # noqa: E402
 
 
 def _pg_bin(name: str) -> str | None:
@@ -155,3 +156,15 @@ def test_errors_name_the_database(server, url):
         KnowledgeBase.open(url)
     with pytest.raises(KBNotFound, match="cannot reach the knowledge base at postgresql://lmlm:\\*\\*\\*@"):
         KnowledgeBase.open("postgresql://lmlm:secret@127.0.0.1:1/nowhere")
+
+
+def test_a_kb_of_the_wide_layout_is_migrated_to_the_compact_one(url, tmp_path):
+    from lmlm.kb.postgres import PG_MIGRATIONS
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        wide = WIDE_LAYOUT.replace("char(9)", "chr(9)").replace("schema_version VALUES (3)", "schema_version VALUES (2)")
+        for sql in (*PG_MIGRATIONS[:2], wide):  # PostgreSQL's migration 2 is SQLite's 3
+            conn.execute(sql)
+    kb = KnowledgeBase.open(url, index_dir=tmp_path / "idx")
+    check_wide_layout_migrated(kb)
+    kb.close()

@@ -5,6 +5,7 @@ import sqlite3
 import pytest
 
 from lmlm.kb import MIGRATIONS, KBError, KnowledgeBase, Triple
+from wide_layout import WIDE_LAYOUT, check_wide_layout_migrated
 
 
 @pytest.fixture
@@ -90,12 +91,28 @@ def test_a_kb_of_the_first_schema_is_migrated_and_readable_in_the_past(tmp_path)
         """)
     kb = KnowledgeBase.open(folder)
     with sqlite3.connect(folder / "kb.sqlite") as c:
-        assert c.execute("SELECT max(version) FROM schema_version").fetchone()[0] == len(MIGRATIONS) == 3
+        assert c.execute("SELECT max(version) FROM schema_version").fetchone()[0] == len(MIGRATIONS) == 4
     m = kb.lookup("Ada Lovelace", "Birth City")
     assert (m.value, m.support, m.sources) == ("London", 2, ("bio-ada", "bio-ada-2"))
     assert kb.checkout(1).lookup("Ada Lovelace", "Birth City").value == "London"
     assert kb.add([Triple("Ada Lovelace", "Birth City", "London", source="bio-ada-3")]) == 3
     assert _ops(kb.diff(2, 3)) == [("support", "Ada Lovelace", "London", 2, 3)]
+    kb.close()
+
+
+def test_a_kb_of_the_wide_layout_is_migrated_to_the_compact_one(tmp_path):
+    folder = tmp_path / "wide"
+    folder.mkdir()
+    with sqlite3.connect(folder / "kb.sqlite") as c:
+        c.executescript(";".join(MIGRATIONS[:3]) + ";" + WIDE_LAYOUT)
+    kb = KnowledgeBase.open(folder)
+    with sqlite3.connect(folder / "kb.sqlite") as c:
+        assert {r[1] for r in c.execute("PRAGMA table_info(triples)")} == {
+            "id", "key_id", "value", "value_norm", "count", "created_version", "deleted_version"}
+        assert c.execute("SELECT doc_id FROM documents ORDER BY id").fetchall() == [
+            ("bio-ada",), ("bio-ada-2",), ("bio-turing",), ("bio-ada-3",)]
+        assert c.execute("PRAGMA foreign_key_check").fetchall() == []
+    check_wide_layout_migrated(kb)
     kb.close()
 
 
