@@ -314,10 +314,52 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
             kind, value = _forget_item(item, n)
             {"id": ids, "key": keys, "fact": facts, "source": sources}[kind].append(value)
         with self._lock:
-            _, n = self.store.forget(who, why, ids, keys, facts, sources)
+            self.refresh()
+            known, gone = self._known_ids(keys, facts)
+            v, n = self.store.forget(who, why, ids, keys, facts, sources, known=known)
+            if n and v == known[0] + 1 and not (ids or sources or known[2] or known[3]):
+                self._take_in_forget(v, gone)  # the store used the map: every deleted fact was in it
             if n:
                 self._after_write(adds_keys=False)
             return n
+
+    def _known_ids(self, keys: list[str], facts: list[tuple[str, str]]) -> tuple[tuple, set[str]]:
+        """What this handle's map of the store (at its version) tells of a forget set: ``(version,
+        ids, keys left, facts left)`` with the triple ids of the keys and facts it resolves (a key with
+        one active value) and those left for the store to look up, and the keys those ids empty.
+        The store uses it only while still at that version."""
+        ids, keys_left, facts_left, gone = [], [], [], set()
+        best = self._best
+        for kn in keys:
+            b = best.get(kn)
+            if b is None:
+                continue  # no active value: nothing to delete
+            if b.n_active == 1:
+                ids.append(b.triple_id)
+                gone.add(kn)
+            else:
+                keys_left.append(kn)
+        for kn, vn in facts:
+            b = best.get(kn)
+            if b is None:
+                continue
+            if b.n_active > 1:
+                facts_left.append((kn, vn))
+            elif b.value == vn or normalize_value(b.value) == vn:
+                ids.append(b.triple_id)
+                gone.add(kn)
+        return (self._version, ids, keys_left, facts_left), gone
+
+    def _take_in_forget(self, version: int, gone: set[str]) -> None:
+        """Version ``version`` deleted the only value of each key in ``gone`` and nothing else: drop
+        them from the map without reading the store again."""
+        after = self._version
+        for kn in gone:
+            b = self._best.pop(kn)
+            del self._key_norm[b.key_id]
+            self._n_active -= b.n_active
+        self._version = version
+        self._ents_update(gone, [], after)
 
     def edit(self, entity: str, relation: str, new_value: str, who: str = "lmlm", why: str = "") -> int:
         """Make ``new_value`` the only active value of ``(entity, relation)``; returns the new version.
@@ -402,7 +444,9 @@ _required, _check_who = required, check_who  # the names the package used
 def _forget_item(item, n: int) -> tuple[str, object]:
     """Classify item ``n`` of a forget set as ('id', int), ('key', key_norm), ('fact', (key_norm,
     value_norm)) or ('source', doc_id)."""
-    if isinstance(item, numbers.Integral) and not isinstance(item, bool):
+    if type(item) is tuple and len(item) == 3 and type(item[0]) is type(item[1]) is type(item[2]) is str:
+        pass  # the common case, a fact as a tuple of three strings: straight to the check below
+    elif isinstance(item, numbers.Integral) and not isinstance(item, bool):
         return "id", int(item)
     if isinstance(item, dict):
         if "id" in item or "triple_id" in item:

@@ -13,7 +13,9 @@ Examples:
 from __future__ import annotations
 
 import re
+import string
 import unicodedata
+from functools import lru_cache
 
 __all__ = ["KEY_SEP", "normalize_text", "normalize_key", "normalize_value", "key_text", "clean_field", "printable"]
 
@@ -46,6 +48,8 @@ def clean_field(text: str, name: str = "text") -> str:
     """
     if not isinstance(text, str):
         raise TypeError(f"{name} must be str, got {type(text).__name__}")
+    if text.isascii() and text.isprintable():  # the common case; NFKC leaves ASCII as it is
+        return text.strip()
     s = unicodedata.normalize("NFKC", text)
     if s.isprintable() and s.isascii():
         return s.strip()
@@ -77,6 +81,16 @@ def normalize_text(text: str) -> str:
     """NFKC, casefold, underscores to spaces, collapse whitespace, strip punctuation at both ends."""
     if not isinstance(text, str):
         raise TypeError(f"expected str, got {type(text).__name__}")
+    return _normalize_text(text)
+
+
+_ASCII_EDGE = string.punctuation + string.whitespace  # the ASCII characters stripped from both ends
+
+
+@lru_cache(maxsize=1 << 16)  # names repeat (an entity has many facts, a relation many entities)
+def _normalize_text(text: str) -> str:
+    if text.isascii():  # NFKC leaves ASCII as it is, and its punctuation and symbols are string.punctuation
+        return " ".join(text.casefold().replace("_", " ").split()).strip(_ASCII_EDGE)
     s = unicodedata.normalize("NFKC", text).casefold().replace("_", " ")
     if not s.isascii():  # a zero-width variant of a name is the same name
         s = "".join(ch for ch in s if not _invisible(ch))
@@ -101,7 +115,9 @@ def normalize_value(value: str) -> str:
     """
     if not isinstance(value, str):
         raise TypeError(f"expected str, got {type(value).__name__}")
-    return _SPACE_RE.sub(" ", unicodedata.normalize("NFKC", value).casefold()).strip()
+    if not value.isascii():  # NFKC leaves ASCII as it is
+        value = unicodedata.normalize("NFKC", value)
+    return " ".join(value.casefold().split())  # split() breaks at the characters ``\s`` matches
 
 
 def key_text(entity: str, relation: str) -> str:

@@ -33,11 +33,11 @@ class Triple:
             v = getattr(self, name)
             if not isinstance(v, str):
                 raise TypeError(f"Triple.{name} must be str, got {type(v).__name__}: {v!r}")
-        for name in ("entity", "relation", "value"):
-            clean_field(getattr(self, name), f"Triple.{name}")  # control characters are refused here
-        for name in ("entity", "relation"):
-            if not normalize_text(getattr(self, name)):
-                raise ValueError(f"Triple.{name} is empty (after normalisation): {getattr(self, name)!r}")
+            clean_field(v, f"Triple.{name}")  # control characters are refused here
+        if not normalize_text(self.entity):
+            raise ValueError(f"Triple.entity is empty (after normalisation): {self.entity!r}")
+        if not normalize_text(self.relation):
+            raise ValueError(f"Triple.relation is empty (after normalisation): {self.relation!r}")
         if not self.value.strip():
             raise ValueError(f"Triple.value is blank for ({self.entity!r}, {self.relation!r})")
         if self.source is not None and not isinstance(self.source, str):

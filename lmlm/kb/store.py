@@ -18,7 +18,6 @@ import sqlite3
 import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from functools import lru_cache
 from itertools import islice
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
@@ -62,8 +61,19 @@ def _marks(n: int) -> str:
     return ",".join("?" * n)
 
 
-_norm = lru_cache(maxsize=1 << 16)(normalize_text)  # names repeat: an entity has many facts
 _COLUMNS = {"entities": ("name",), "relations": ("name",), "documents": ()}  # besides id and the name
+
+
+def _checkpoint(db: Path) -> None:
+    """A passive checkpoint of ``db``'s write-ahead log: it never waits for readers or the writer."""
+    try:
+        conn = sqlite3.connect(db.resolve().as_uri() + "?mode=rw", uri=True, timeout=0.0)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        pass  # busy or gone: the next write's checkpoint copies what this one did not
 
 
 class _Cache:
@@ -97,6 +107,7 @@ class SQLiteStore(PastVersions, StoredAliases):
         conn.execute("PRAGMA synchronous=FULL")  # one fsync per version; versions are coarse
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA cache_size=-65536")  # 64 MiB of pages: lookups at 10^6 triples stay in memory
+        conn.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run beside the writer (_checkpoint_soon)
         return conn
 
     @classmethod
@@ -130,7 +141,22 @@ class SQLiteStore(PastVersions, StoredAliases):
         return store
 
     def close(self) -> None:
+        checkpointer = getattr(self, "_checkpointer", None)
+        if checkpointer is not None:
+            checkpointer.join()
         self.conn.close()
+
+    def _checkpoint_soon(self) -> None:
+        """Copy the write-ahead log into the database file in a background thread, on a connection of
+        its own, so a write returns once it is durable in the log rather than after the copy (which
+        for a large delete is as long as the delete). One copy at a time; a write made while one runs
+        is copied by the next. A copy cut short by a crash is finished by the next one."""
+        running = getattr(self, "_checkpointer", None)
+        if running is not None and running.is_alive():
+            return
+        db = self.folder / DB_FILENAME
+        self._checkpointer = threading.Thread(target=_checkpoint, args=(db,), name="lmlm-kb-checkpoint", daemon=True)
+        self._checkpointer.start()
 
     def schema_version(self) -> int:
         self.conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
@@ -183,6 +209,8 @@ class SQLiteStore(PastVersions, StoredAliases):
                 self.conn.execute("ROLLBACK")
                 raise
             self.conn.execute("COMMIT")
+        if write:
+            self._checkpoint_soon()
 
     def _new_version(self, op: str, who: str, why: str) -> int:
         v = self.version() + 1
@@ -270,7 +298,7 @@ class SQLiteStore(PastVersions, StoredAliases):
 
     def _write_chunk(self, v: int, facts: Sequence[Fact], cache: _Cache) -> None:
         """New facts go in with one statement per table; facts already active gain support one by one."""
-        rows = [(f, _norm(f.entity), _norm(f.relation), normalize_value(f.value)) for f in facts]
+        rows = [(f, normalize_text(f.entity), normalize_text(f.relation), normalize_value(f.value)) for f in facts]
         new_entities = self._ids("entities", "name_norm", {en: (f.entity,) for f, en, _, _ in rows}, cache.entities)
         self._ids("relations", "name_norm", {rn: (f.relation,) for f, _, rn, _ in rows}, cache.relations)
         keyed = [(f, cache.keys_of(en, rn), vn) for f, en, rn, vn in rows]
@@ -340,12 +368,20 @@ class SQLiteStore(PastVersions, StoredAliases):
             return self.version(), 0
 
     def forget(self, who: str, why: str, triple_ids: Iterable[int] = (), keys: Iterable[str] = (),
-               facts: Iterable[tuple[str, str]] = (), sources: Iterable[str] = ()) -> tuple[int, int]:
+               facts: Iterable[tuple[str, str]] = (), sources: Iterable[str] = (),
+               known: tuple[int, list[int], list[str], list[tuple[str, str]]] | None = None) -> tuple[int, int]:
         """Delete, as one version, every active triple named by any of: id, key_norm, (key_norm,
-        value_norm) or source document. Returns (version, number deleted)."""
+        value_norm) or source document. Returns (version, number deleted).
+
+        ``known``, ``(version, ids, keys, facts)``: what a reader's map of the store at ``version``
+        already resolved (the ids of some of ``keys`` and ``facts``, and the ones it could not); used
+        only if the store is still at that version, so nothing written since is missed.
+        """
         try:
             with self._transaction():
                 self._start_forget_set()
+                if known is not None and known[0] == self.version():
+                    triple_ids, keys, facts = [*triple_ids, *known[1]], known[2], known[3]
                 self._xm("INSERT OR IGNORE INTO forget_ids(id) VALUES (?)", ((int(i),) for i in triple_ids))
                 named = [(*k.split(KEY_SEP, 1), None) for k in keys]
                 named += [(*k.split(KEY_SEP, 1), vn) for k, vn in facts]

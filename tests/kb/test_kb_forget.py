@@ -93,3 +93,33 @@ def test_exact_only_lookups(kb):
     assert kb.lookup("Ada Lovelace", "birthplace").value == "London"
     assert [m and m.value for m in kb.lookup_batch([("Alan Turing", "Occupation"), ("Alan Turing", "job")],
                                                    fuzzy=False)] == ["mathematician", None]
+
+
+def test_a_forget_set_resolved_from_the_map_matches_the_store(tmp_path, encoder):
+    kb = _people_kb(tmp_path / "kb", encoder)
+    kb.add([Triple("Ada Lovelace", "Birth City", "Paris")])  # a key with two values: left to the store
+    items = [(p, "Employer", "ORG  %d" % i) for i, p in enumerate(PEOPLE[:6])]  # values as another spelling
+    items += [("Alan Turing", "Spouse", "not his spouse"), ("Ada Lovelace", "Birth City", "Paris"),
+              ("Marie Curie", "Award"), ("Nobody", "Employer", "Org 0")]
+    assert kb.forget(items, who="t") == 8
+    fresh = KnowledgeBase.open(kb.path, encoder=encoder)  # reads everything from the store
+    assert len(kb) == len(fresh) == 53 and kb.key_ids() == fresh.key_ids()
+    assert kb.lookup("Ada Lovelace", "Birth City").value == "City 0"
+    assert kb.lookup("Alan Turing", "Spouse").value == "Name 1"
+    for handle in (kb, fresh):
+        assert handle.lookup("Grace Hopper", "Employer", fuzzy=False) is None
+        assert handle.lookup("Marie Curie", "Award", fuzzy=False) is None
+    fresh.close()
+    kb.close()
+
+
+def test_a_forget_set_resolved_at_an_older_version_is_looked_up_again(tmp_path, encoder):
+    kb = _people_kb(tmp_path / "kb", encoder)
+    known, _ = kb._known_ids(["ada lovelace\tbirth city"], [])  # one value now: resolved to its id
+    assert len(known[1]) == 1
+    other = KnowledgeBase.open(kb.path, encoder=encoder)
+    other.add([Triple("Ada Lovelace", "Birth City", "Paris")], who="other")  # another process writes
+    version, n = kb.store.forget("t", "", keys=["ada lovelace\tbirth city"], known=known)
+    assert n == 2  # both values: the stale resolution was not used
+    other.close()
+    kb.close()
