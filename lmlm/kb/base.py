@@ -310,9 +310,10 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
         """
         _check_who(who, why)
         ids, keys, facts, sources = [], [], [], []
+        lists = {"id": ids, "key": keys, "fact": facts, "source": sources}
         for n, item in enumerate(items):
             kind, value = _forget_item(item, n)
-            {"id": ids, "key": keys, "fact": facts, "source": sources}[kind].append(value)
+            lists[kind].append(value)
         with self._lock:
             self.refresh()
             known, gone = self._known_ids(keys, facts)
@@ -353,13 +354,17 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
     def _take_in_forget(self, version: int, gone: set[str]) -> None:
         """Version ``version`` deleted the only value of each key in ``gone`` and nothing else: drop
         them from the map without reading the store again."""
-        after = self._version
+        after, key_ids = self._version, []
         for kn in gone:
             b = self._best.pop(kn)
             del self._key_norm[b.key_id]
-            self._n_active -= b.n_active
+            key_ids.append(b.key_id)
+        self._n_active -= len(gone)  # each held one value
         self._version = version
         self._ents_update(gone, [], after)
+        if self._index is not None and self._index_version == after:  # the same keys out of the index
+            self._dirty |= bool(self._index.remove(key_ids))
+            self._index_version = version
 
     def edit(self, entity: str, relation: str, new_value: str, who: str = "lmlm", why: str = "") -> int:
         """Make ``new_value`` the only active value of ``(entity, relation)``; returns the new version.
