@@ -101,7 +101,8 @@ PG_MIGRATIONS: list[str] = [
     CREATE UNIQUE INDEX keys_pair ON keys(entity_id, relation_id);
     ALTER TABLE triples DROP COLUMN entity, DROP COLUMN relation, DROP COLUMN key_norm,
         DROP COLUMN entity_norm, DROP COLUMN relation_norm;
-    CREATE UNIQUE INDEX triples_active_fact ON triples(key_id, value_norm) WHERE deleted_version IS NULL;
+    DROP INDEX triples_key;
+    CREATE INDEX triples_fact ON triples(key_id, value_norm);
     ALTER TABLE sources ADD COLUMN doc BIGINT REFERENCES documents(id);
     UPDATE sources s SET doc = d.id FROM documents d WHERE d.doc_id = s.doc_id;
     ALTER TABLE sources ALTER COLUMN doc SET NOT NULL, DROP COLUMN doc_id;

@@ -138,8 +138,9 @@ MIGRATIONS: list[str] = [
     ALTER TABLE sources_4 RENAME TO sources;
     ALTER TABLE changes_4 RENAME TO changes;
     CREATE UNIQUE INDEX keys_pair ON keys(entity_id, relation_id);
-    CREATE UNIQUE INDEX triples_active_fact ON triples(key_id, value_norm) WHERE deleted_version IS NULL;
-    CREATE INDEX triples_key ON triples(key_id);
+    -- not unique and not partial: a delete then leaves it untouched (half the cost of a large forget);
+    -- one active row per (key, value) is kept by the writer, which checks inside its write transaction
+    CREATE INDEX triples_fact ON triples(key_id, value_norm);
     CREATE INDEX triples_deleted ON triples(deleted_version) WHERE deleted_version IS NOT NULL;
     CREATE UNIQUE INDEX sources_once ON sources(triple_id, doc, ifnull(position, -1));
     CREATE INDEX sources_doc ON sources(doc);

@@ -123,3 +123,26 @@ def test_store_methods_need_no_encoder(tmp_path):
     assert v == 1 and store.counts()["triples"] == 1  # second is the same fact from the same place
     assert store.get(1).count == 1
     store.close()
+
+
+def _add_same_facts(path: str, name: str, rounds: int) -> None:
+    kb = KnowledgeBase.open(path)
+    for i in range(rounds):
+        kb.add([Triple(f"Person {j}", "Employer", f"Org {j}", source=f"{name}-{i}") for j in range(20)],
+               who=name, embed=False)
+    kb.close()
+
+
+def test_writers_adding_the_same_facts_at_once_keep_one_row_per_fact(tmp_path):
+    # no unique index holds this: the writer checks for the active row inside its write transaction
+    KnowledgeBase.create(tmp_path / "kb").close()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_add_same_facts, args=(str(tmp_path / "kb"), f"w{n}", 5)) for n in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    with sqlite3.connect(tmp_path / "kb" / "kb.sqlite") as c:
+        assert c.execute("SELECT count(*), sum(count) FROM triples WHERE deleted_version IS NULL").fetchone() == (20, 300)
+        assert c.execute("SELECT count(*) FROM sources").fetchone()[0] == 300
