@@ -86,9 +86,6 @@ class _Cache:
         self.keys: dict[tuple[int, int], int] = {}
         self.documents: dict[str, int] = {}
 
-    def keys_of(self, entity_norm: str, relation_norm: str) -> tuple[int, int]:
-        return self.entities[entity_norm], self.relations[relation_norm]
-
 
 class SQLiteStore(PastVersions, StoredAliases):
     """The SQLite store of one KB folder. One connection, WAL mode; safe to share between threads."""
@@ -298,21 +295,36 @@ class SQLiteStore(PastVersions, StoredAliases):
 
     def _write_chunk(self, v: int, facts: Sequence[Fact], cache: _Cache) -> None:
         """New facts go in with one statement per table; facts already active gain support one by one."""
-        rows = [(f, normalize_text(f.entity), normalize_text(f.relation), normalize_value(f.value)) for f in facts]
-        new_entities = self._ids("entities", "name_norm", {en: (f.entity,) for f, en, _, _ in rows}, cache.entities)
-        self._ids("relations", "name_norm", {rn: (f.relation,) for f, _, rn, _ in rows}, cache.relations)
-        keyed = [(f, cache.keys_of(en, rn), vn) for f, en, rn, vn in rows]
-        fresh = self._key_ids({p for _, p, _ in keyed}, {cache.entities[en] for en in new_entities}, cache)
-        kids = [cache.keys[p] for _, p, _ in keyed]
+        ents, rels, docs = cache.entities, cache.relations, cache.documents
+        new_e: dict[str, tuple] = {}  # names not yet in the cache, as first written
+        new_r: dict[str, tuple] = {}
+        new_d: dict[str, tuple] = {}
+        rows = []
+        for f in facts:
+            en, rn = normalize_text(f.entity), normalize_text(f.relation)
+            if en not in ents and en not in new_e:
+                new_e[en] = (f.entity,)
+            if rn not in rels and rn not in new_r:
+                new_r[rn] = (f.relation,)
+            for d, _ in f.sources:
+                if d not in docs:
+                    new_d[d] = ()
+            rows.append((f, en, rn, normalize_value(f.value)))
+        new_entities = self._ids("entities", "name_norm", new_e, ents)
+        self._ids("relations", "name_norm", new_r, rels)
+        self._ids("documents", "doc_id", new_d, docs)
+        pairs = [(ents[en], rels[rn]) for _, en, rn, _ in rows]
+        fresh = self._key_ids(set(pairs), {ents[en] for en in new_entities}, cache)
+        keys = cache.keys
+        kids = [keys[p] for p in pairs]
         active: dict[tuple[int, str], int] = {}  # (key id, value_norm) -> triple id
         for ch in _chunks(sorted(set(kids) - fresh)):  # a key made by this chunk has no triple yet
             active.update(((kid, vn), tid) for tid, kid, vn in self._x(
                 "SELECT id, key_id, value_norm FROM triples WHERE deleted_version IS NULL"
                 f" AND key_id IN ({_marks(len(ch))})", ch))
-        self._ids("documents", "doc_id", {d: () for f in facts for d, _ in f.sources}, cache.documents)
         next_id = (self._x("SELECT max(id) FROM triples").fetchone()[0] or 0) + 1
         new_triples, new_sources, new_changes, support = [], [], [], []
-        for (f, _, vn), kid in zip(keyed, kids):
+        for (f, _, _, vn), kid in zip(rows, kids):
             tid = active.get((kid, vn))
             if tid is not None:
                 support.append((tid, f))
@@ -320,7 +332,8 @@ class SQLiteStore(PastVersions, StoredAliases):
             tid = active[(kid, vn)] = next_id
             next_id += 1
             new_triples.append((tid, kid, f.value, vn, f.count, v))
-            new_sources += [(tid, cache.documents[d], p, v) for d, p in f.sources]
+            for d, p in f.sources:
+                new_sources.append((tid, docs[d], p, v))
             new_changes.append((v, tid, f.count))
         self._xm("INSERT INTO triples(id, key_id, value, value_norm, count, created_version)"
                  " VALUES (?, ?, ?, ?, ?, ?)", new_triples)
