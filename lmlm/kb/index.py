@@ -232,7 +232,9 @@ class VectorKeyIndex:
         if n <= cap:
             return
         cap = max(n, int(cap * 1.5), 1024)
-        vecs = np.empty((cap, self.dim), dtype=self._vecs.dtype)
+        # stored as the structure the size calls for will store them: no float32 copy of an IVF's rows
+        dtype = np.float16 if (self.forced or self.config.choose(n)) == "ivf" else self._vecs.dtype
+        vecs = np.empty((cap, self.dim), dtype=dtype)
         vecs[:self._n] = self._vecs[:self._n]
         keys, alive = np.empty(cap, dtype=np.int64), np.zeros(cap, dtype=bool)
         keys[:self._n], alive[:self._n] = self._keys[:self._n], self._alive[:self._n]
@@ -253,7 +255,10 @@ class VectorKeyIndex:
     def rebuild(self, ann: str | None = None, progress: bool | None = None) -> None:
         """Drop dead rows and build the structure afresh (``ann`` or the one the size calls for)."""
         live = np.flatnonzero(self._alive[:self._n])
-        self._vecs, self._keys = self._vecs[live], self._keys[live]
+        if len(live) < self._n:
+            self._vecs, self._keys = self._vecs[live], self._keys[live]
+        else:  # every row live: views of the rows, no copy
+            self._vecs, self._keys = self._vecs[:self._n], self._keys[:self._n]
         self._alive = np.ones(len(live), dtype=bool)
         self._n = self._n_alive = len(live)
         self._row = dict(zip(self._keys.tolist(), range(self._n)))

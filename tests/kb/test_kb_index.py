@@ -162,3 +162,21 @@ def test_many_queries_are_searched_in_blocks_with_the_same_answers():
     one_scores, one_ids = zip(*(index.search(queries[i:i + 1], 2) for i in range(0, 1700, 97)))
     np.testing.assert_array_equal(np.concatenate(one_ids), ids[::97])
     np.testing.assert_allclose(np.concatenate(one_scores), scores[::97], atol=1e-6)
+
+
+def test_an_index_growing_into_ivf_stores_float16_and_finds_what_it_held(tmp_path):
+    vectors = _unit(3000, 32, seed=4)
+    index = VectorKeyIndex(32, SMALL)
+    kinds = []
+    for start, end in zip([0, 150, 500, 1000, 2000], [150, 500, 1000, 2000, 3000]):  # flat, HNSW, IVF (from 1000)
+        index.add(np.arange(start, end), vectors[start:end], build=False)
+        index.settle()
+        kinds.append((index.ann_kind, index.header()["vectors"]))
+    assert kinds[0] == ("flat", "float32") and ("hnsw", "float32") in kinds and kinds[-1] == ("ivf", "float16")
+    index.remove(range(0, 3000, 2))
+    scores, ids = index.search(_near(vectors[1::2][:300], scale=0.3), 1)
+    assert (ids[:, 0] == np.arange(1, 600, 2)).mean() >= 0.99
+    np.testing.assert_allclose(index.vectors([1, 2999]), vectors[[1, 2999]], atol=1e-3)
+    save_index(index, tmp_path / "i.idx", {"version": 1})
+    loaded, header = load_index(tmp_path / "i.idx")
+    assert header["vectors"] == "float16" and loaded.search(vectors[[1]], 1)[1][0, 0] == 1
