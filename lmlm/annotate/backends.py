@@ -12,7 +12,7 @@ Query options after ``?``: ``model``, ``key_env`` (the environment variable hold
 default ``LMLM_API_KEY``, then ``OPENAI_API_KEY``), ``timeout`` (seconds), ``retries``, ``rpm``
 (requests per minute), ``concurrency`` (requests in flight), ``device``, ``dtype``, ``batch_size``.
 A backend answers ``complete(prompts)`` where each prompt is a list of chat messages; HTTP calls
-are retried with exponential backoff on timeouts, 429 and 5xx (``Retry-After`` honoured). Every
+are retried (tenacity) with exponential backoff on timeouts, 429 and 5xx (``Retry-After`` honoured). Every
 answer is cached in SQLite keyed by (backend, model, messages, parameters), so a re-run costs
 nothing. Backends are registered by scheme with :func:`register_backend`, the built-in ones too.
 
@@ -246,26 +246,40 @@ class OpenAIBackend(Backend):
 
     def _one(self, messages: Messages, body: dict[str, Any]) -> str:
         import httpx
+        from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
-        last = ""
-        for attempt in range(self.retries + 1):
+        def attempt() -> str:
             self.limiter.wait()
             try:
                 r = self._client.post("/chat/completions", json={**body, "messages": messages})
             except (httpx.TimeoutException, httpx.TransportError) as e:
-                last, wait = f"{type(e).__name__}: {e}", None
-            else:
-                if r.status_code == 200:
-                    return _message_text(r.json(), self.endpoint)
-                if r.status_code not in _RETRY_STATUS:
-                    raise BackendError(f"{self.endpoint}/chat/completions answered {r.status_code}: {r.text[:300]}")
-                last, wait = f"HTTP {r.status_code}: {r.text[:200]}", _retry_after(r.headers.get("retry-after"))
-            if attempt < self.retries:
-                time.sleep(wait if wait is not None else self.backoff * 2 ** attempt * (0.5 + random.random()))
-        raise BackendError(f"{self.endpoint}: no answer after {self.retries + 1} attempts ({last})")
+                raise _Retryable(f"{type(e).__name__}: {e}") from None
+            if r.status_code == 200:
+                return _message_text(r.json(), self.endpoint)
+            if r.status_code not in _RETRY_STATUS:
+                raise BackendError(f"{self.endpoint}/chat/completions answered {r.status_code}: {r.text[:300]}")
+            raise _Retryable(f"HTTP {r.status_code}: {r.text[:200]}", _retry_after(r.headers.get("retry-after")))
+
+        def wait(state) -> float:  # the server's Retry-After, else exponential backoff with jitter
+            asked = getattr(state.outcome.exception(), "wait", None)
+            return asked if asked is not None else self.backoff * 2 ** (state.attempt_number - 1) * (0.5 + random.random())
+
+        try:
+            return Retrying(stop=stop_after_attempt(self.retries + 1), wait=wait,
+                            retry=retry_if_exception_type(_Retryable), reraise=True)(attempt)
+        except _Retryable as e:
+            raise BackendError(f"{self.endpoint}: no answer after {self.retries + 1} attempts ({e})") from None
 
     def close(self) -> None:
         self._client.close()
+
+
+class _Retryable(Exception):
+    """A failed attempt worth repeating (timeout, connection error, 429, 5xx); ``wait``: the server's Retry-After."""
+
+    def __init__(self, message: str, wait: float | None = None):
+        super().__init__(message)
+        self.wait = wait
 
 
 def _retry_after(value: str | None) -> float | None:

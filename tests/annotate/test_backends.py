@@ -118,6 +118,19 @@ def test_retries_on_server_errors_then_answers(tmp_path):
     assert [(c.entity, c.relation, c.value) for c in result.kept] == [("Bob", "Birth City", "Oslo")]
 
 
+def test_gives_up_after_its_retries_and_names_the_last_error(tmp_path):
+    _Flaky.calls = -10  # 503 for longer than the backend tries
+    server = HTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        backend = get_backend(f"http://127.0.0.1:{server.server_port}/v1?model=m&retries=2&backoff=0.01", cache=False)
+        with pytest.raises(BackendError, match="no answer after 3 attempts .HTTP 503"):
+            backend.complete([[{"role": "user", "content": "hi"}]])
+    finally:
+        server.shutdown()
+    assert _Flaky.calls == -7
+
+
 def test_registry_and_errors(tmp_path):
     assert {"openai", "http", "https", "hf", "vllm"} <= set(backend_schemes())
     with pytest.raises(BackendError, match="unknown backend scheme"):
