@@ -6,9 +6,8 @@ FAISS structure chosen by size (:class:`AnnConfig`): exact search below ``flat_m
 scanned with SIMD "fast scan", ten times faster than 8-bit codes at 10^6 keys). The approximate
 structure only proposes candidates; each query's top candidates (``rescore`` for HNSW,
 ``ivf_rescore`` for IVF) are re-scored against the stored vectors, so the scores a lookup compares
-with its threshold are true cosines. The stored copy is float32 below ``ivf_min`` keys and float16
-from there (half the memory and file: 768 bytes a key at 384 dims; cosines re-scored from it are
-within 1e-3 of float32's, and only candidates are read, so the flat search never scans float16). Deleting a key clears its bit in an alive
+with its threshold are true cosines; the stored copy is float16 for IVF (half the memory; cosines
+within 1e-3 of float32's, and only candidates are read from it), float32 below ``ivf_min`` keys. Deleting a key clears its bit in an alive
 mask that every search filters on (FAISS ``IDSelectorBitmap``), so a delete is immediate and costs
 no rebuild; a dead row keeps its vector (a past version may need it) until :meth:`rebuild`.
 Exercised by every fuzzy ``KnowledgeBase.lookup`` and by ``lmlm bench kb``.
@@ -255,10 +254,8 @@ class VectorKeyIndex:
     def rebuild(self, ann: str | None = None, progress: bool | None = None) -> None:
         """Drop dead rows and build the structure afresh (``ann`` or the one the size calls for)."""
         live = np.flatnonzero(self._alive[:self._n])
-        if len(live) < self._n:
-            self._vecs, self._keys = self._vecs[live], self._keys[live]
-        else:  # every row live: views of the rows, no copy
-            self._vecs, self._keys = self._vecs[:self._n], self._keys[:self._n]
+        keep = live if len(live) < self._n else slice(0, self._n)  # every row live: views, no copy
+        self._vecs, self._keys = self._vecs[keep], self._keys[keep]
         self._alive = np.ones(len(live), dtype=bool)
         self._n = self._n_alive = len(live)
         self._row = dict(zip(self._keys.tolist(), range(self._n)))
@@ -363,8 +360,7 @@ class VectorKeyIndex:
             params.sel = sel
         _, rows = self._ann.search(q, cand, params=params)  # (n, cand) rows, -1 where none
         ok = rows >= 0
-        cands = self._vecs[np.where(ok, rows, 0)].astype(np.float32, copy=False)  # (n, cand, dim)
-        exact = np.einsum("ncd,nd->nc", cands, q)  # (n, cand) true cosines
+        exact = np.einsum("ncd,nd->nc", self._vecs[np.where(ok, rows, 0)].astype(np.float32), q)  # (n, cand)
         exact[~ok] = -np.inf
         cols, vals = _top_k(exact, k)
         picked = np.take_along_axis(rows, cols, axis=1)

@@ -2,14 +2,18 @@
 
 Never edit a migration that has shipped; append a new one. ``SQLiteStore.migrate`` applies the ones
 a folder lacks, in order (a folder newer than this code is refused). Exercised by every ``lmlm kb``
-command; the PostgreSQL store keeps its own list (:data:`lmlm.kb.postgres.PG_MIGRATIONS`).
+command; the PostgreSQL store keeps its own list (:data:`lmlm.kb.postgres.PG_MIGRATIONS`). Also the
+SQL fragments and helpers the store's modules share (``store``, ``versions``, ``store_aliases``,
+``store_deletes``).
 """
 
 from __future__ import annotations
 
+from typing import Iterator, Sequence
+
 from .keys import KEY_SEP
 
-__all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "NAMED", "KEY_NORM", "KEY_IS"]
+__all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "NAMED", "KEY_NORM", "KEY_IS", "NoChange", "chunks", "marks"]
 
 DB_FILENAME = "kb.sqlite"
 FORMAT = "lmlm-kb"
@@ -22,6 +26,22 @@ KEY_NORM = f"e.name_norm || '{KEY_SEP}' || r.name_norm"
 # triple ``t`` is under the key of (entity_norm, relation_norm) given as two parameters
 KEY_IS = ("t.key_id = (SELECT k.id FROM keys k JOIN entities e ON e.id = k.entity_id"
           " JOIN relations r ON r.id = k.relation_id WHERE e.name_norm = ? AND r.name_norm = ?)")
+
+IN_CHUNK = 500  # ids per "IN (...)" clause, below SQLite's variable limit
+
+
+class NoChange(Exception):
+    """Raised inside a write transaction that changed nothing, to roll it back without a version."""
+
+
+def chunks(items: Sequence, n: int = IN_CHUNK) -> Iterator[Sequence]:
+    for i in range(0, len(items), n):
+        yield items[i:i + n]
+
+
+def marks(n: int) -> str:
+    """``n`` placeholders for an ``IN (...)`` clause."""
+    return ",".join("?" * n)
 
 
 MIGRATIONS: list[str] = [

@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 from .keys import normalize_text
+from .schema import chunks as _chunks, marks as _marks
 
 __all__ = ["AliasRow", "StoredAliases", "ALIAS_COLUMNS"]
 
 ALIAS_COLUMNS = "alias, alias_norm, entity, entity_norm"
-_IN_CHUNK = 500
 
 
 class AliasRow(NamedTuple):
@@ -110,12 +110,3 @@ class StoredAliases:
         rows += self._x("SELECT min(alias), alias_norm, entity_norm FROM aliases"
                         f" WHERE deleted_version IS NOT NULL{upto} GROUP BY alias_norm, entity_norm").fetchall()
         return [tuple(r) for r in rows]
-
-
-def _chunks(items: Sequence, n: int = _IN_CHUNK):
-    for i in range(0, len(items), n):
-        yield items[i:i + n]
-
-
-def _marks(n: int) -> str:
-    return ",".join("?" * n)
