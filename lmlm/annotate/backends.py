@@ -262,7 +262,9 @@ class OpenAIBackend(Backend):
 
         def wait(state) -> float:  # the server's Retry-After, else exponential backoff with jitter
             asked = getattr(state.outcome.exception(), "wait", None)
-            return asked if asked is not None else self.backoff * 2 ** (state.attempt_number - 1) * (0.5 + random.random())
+            if asked is not None:
+                return asked
+            return self.backoff * 2 ** (state.attempt_number - 1) * (0.5 + random.random())
 
         try:
             return Retrying(stop=stop_after_attempt(self.retries + 1), wait=wait,

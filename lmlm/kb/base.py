@@ -346,7 +346,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
                 continue
             if b.n_active > 1:
                 facts_left.append((kn, vn))
-            elif b.value == vn or normalize_value(b.value) == vn:
+            elif normalize_value(b.value) == vn:
                 ids.append(b.triple_id)
                 gone.add(kn)
         return (self._version, ids, keys_left, facts_left), gone

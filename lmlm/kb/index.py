@@ -1,15 +1,15 @@
 """Vector index over KB keys: one unit-norm embedding per distinct ``(entity, relation)`` key.
 
-:class:`VectorKeyIndex` keeps every key's float32 vector (the exact copy) and, once there are enough keys, an approximate
-FAISS structure chosen by size (:class:`AnnConfig`): exact search below ``flat_max`` keys, HNSW
-(8-bit scalar-quantised codes) up to ``ivf_min``, IVF from there (4-bit product-quantised codes
-scanned with SIMD "fast scan", ten times faster than 8-bit codes at 10^6 keys). The approximate
-structure only proposes candidates; each query's top candidates (``rescore`` for HNSW,
-``ivf_rescore`` for IVF) are re-scored against the stored vectors, so the scores a lookup compares
-with its threshold are true cosines; the stored copy is float16 for IVF (half the memory; cosines
-within 1e-3 of float32's, and only candidates are read from it), float32 below ``ivf_min`` keys. Deleting a key clears its bit in an alive
-mask that every search filters on (FAISS ``IDSelectorBitmap``), so a delete is immediate and costs
-no rebuild; a dead row keeps its vector (a past version may need it) until :meth:`rebuild`.
+:class:`VectorKeyIndex` keeps every key's vector (float32; float16 for IVF: half the memory, cosines
+within 1e-3 of float32's) and, once there are enough keys, an approximate FAISS structure chosen by
+size (:class:`AnnConfig`): exact search below ``flat_max`` keys, HNSW (8-bit scalar-quantised codes)
+up to ``ivf_min``, IVF from there (4-bit product-quantised codes scanned with SIMD "fast scan", ten
+times faster than 8-bit codes at 10^6 keys). The approximate structure only proposes candidates;
+each query's top candidates (``rescore`` for HNSW, ``ivf_rescore`` for IVF) are re-scored against
+the stored vectors, so the scores a lookup compares with its threshold are cosines. Deleting a key
+clears its bit in an alive mask that every search filters on (FAISS ``IDSelectorBitmap``), so a
+delete is immediate and costs no rebuild; a dead row keeps its vector (a past version may need it)
+until :meth:`rebuild`.
 Exercised by every fuzzy ``KnowledgeBase.lookup`` and by ``lmlm bench kb``.
 
 An index file is one file, replaced atomically: an 8-byte magic, a 4-byte little-endian header

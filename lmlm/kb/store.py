@@ -6,8 +6,9 @@ Nothing is ever overwritten: a deleted or edited fact keeps its row with ``delet
 and ``changes`` says what each version did to each triple. The schema is built by numbered,
 append-only migrations (:data:`lmlm.kb.schema.MIGRATIONS`).
 
-The knowledge base uses only the methods of :class:`SQLiteStore` (no SQL outside this module,
-:mod:`lmlm.kb.versions`, which reads past versions, and :mod:`lmlm.kb.store_aliases`), so a
+The knowledge base uses only the methods of :class:`SQLiteStore` (no SQL outside this module and
+its mixins: :mod:`lmlm.kb.versions`, which reads past versions, :mod:`lmlm.kb.store_aliases` and
+:mod:`lmlm.kb.store_deletes`; the layout's shared fragments are in :mod:`lmlm.kb.schema`), so a
 server-backed store implements the same methods (:class:`lmlm.kb.postgres.PostgresStore`).
 Exercised by every ``lmlm kb`` command.
 """
@@ -24,7 +25,8 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from .keys import normalize_text, normalize_value
 from .records import Best, Change, KBError, KBNotFound, NotAKnowledgeBase, TripleRecord, VersionRecord, _group_records
-from .schema import DB_FILENAME, FORMAT, KEY_IS, KEY_NORM, MIGRATIONS, NAMED, NoChange as _NoChange, chunks as _chunks, marks as _marks
+from .schema import DB_FILENAME, FORMAT, KEY_IS, KEY_NORM, MIGRATIONS, NAMED
+from .schema import NoChange as _NoChange, chunks as _chunks, marks as _marks
 from .store_aliases import StoredAliases
 from .store_deletes import StoredDeletes
 from .versions import PastVersions
@@ -79,6 +81,7 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes):
         self.folder = folder
         self.conn = conn
         self._lock = threading.RLock()
+        self._checkpointer: threading.Thread | None = None  # the WAL copy running beside the writer
 
     # -- opening ---------------------------------------------------------------------------------
     @staticmethod
@@ -123,9 +126,8 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes):
         return store
 
     def close(self) -> None:
-        checkpointer = getattr(self, "_checkpointer", None)
-        if checkpointer is not None:
-            checkpointer.join()
+        if getattr(self, "_checkpointer", None) is not None:  # the PostgreSQL store has none
+            self._checkpointer.join()
         self.conn.close()
 
     def _checkpoint_soon(self) -> None:
@@ -133,8 +135,7 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes):
         its own, so a write returns once it is durable in the log rather than after the copy (which
         for a large delete is as long as the delete). One copy at a time; a write made while one runs
         is copied by the next. A copy cut short by a crash is finished by the next one."""
-        running = getattr(self, "_checkpointer", None)
-        if running is not None and running.is_alive():
+        if self._checkpointer is not None and self._checkpointer.is_alive():
             return
         db = self.folder / DB_FILENAME
         self._checkpointer = threading.Thread(target=_checkpoint, args=(db,), name="lmlm-kb-checkpoint", daemon=True)

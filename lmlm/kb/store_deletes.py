@@ -17,8 +17,8 @@ __all__ = ["StoredDeletes"]
 
 
 class StoredDeletes:
-    """Deletes; expects the store's ``_x``, ``_xm``, ``_transaction``, ``_new_version``, ``version``
-    and ``_drop_orphan_aliases``."""
+    """Deletes; expects the store's ``_x``, ``_xm``, ``_transaction``, ``_new_version``,
+    ``_finish_version``, ``version`` and ``_drop_orphan_aliases``."""
 
     def delete(self, who: str, why: str, triple_ids: Sequence[int] | None = None, entity_norm: str | None = None,
                relation_norm: str | None = None, source: str | None = None) -> tuple[int, int]:
@@ -77,6 +77,7 @@ class StoredDeletes:
             return self.version(), 0
 
     def _start_forget_set(self) -> None:
+        """Empty this connection's temporary tables of ids and facts to delete."""
         self._x("CREATE TEMP TABLE IF NOT EXISTS forget_ids (id INTEGER PRIMARY KEY)")
         self._x("CREATE TEMP TABLE IF NOT EXISTS forget_facts (en TEXT NOT NULL, rn TEXT NOT NULL, vn TEXT)")
         self._x("DELETE FROM forget_ids")
@@ -92,8 +93,6 @@ class StoredDeletes:
         v = self._new_version("delete", who, why)
         self._x("INSERT INTO changes(version, triple_id, op) SELECT ?, id, 'delete' FROM forget_ids ORDER BY id", (v,))
         self._x("UPDATE triples SET deleted_version = ? WHERE id IN (SELECT id FROM forget_ids)", (v,))
-        self._x("DELETE FROM forget_ids")
-        self._x("DELETE FROM forget_facts")
         self._drop_orphan_aliases(v)
-        self._x("UPDATE versions SET n_changed = ? WHERE version = ?", (n, v))
+        self._finish_version(v)
         return v, n

@@ -3,7 +3,7 @@
 A triple is active at version ``V`` when ``created_version <= V`` and it was not deleted by ``V``;
 its count at ``V`` is the sum of the ``count_delta`` of its changes up to ``V``; its sources at
 ``V`` are those recorded by ``V``. :class:`PastVersions` holds the SQL for this and is mixed into
-:class:`lmlm.kb.store.SQLiteStore` (the store's SQL lives in these two modules only). Exercised by
+:class:`lmlm.kb.store.SQLiteStore` (see there for where the store's SQL lives). Exercised by
 ``lmlm kb diff`` and ``lmlm kb checkout``.
 """
 
