@@ -39,7 +39,7 @@ from .index import AnnConfig, VectorKeyIndex, read_header
 from .indexing import INDEX_FILENAME, PROGRESS_MIN, KeyIndexing
 from .keys import KEY_SEP, clean_field, normalize_text, normalize_value
 from .reader import MAX_SOURCES, KnowledgeBaseReader
-from .records import Triple, as_triple, check_who, required
+from .records import Triple, as_triple, check_who, gc_paused, required
 from .resolve import MATCHINGS
 from .store import DB_FILENAME, Best, KBNotFound, NotAKnowledgeBase, SQLiteStore
 
@@ -82,7 +82,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
         self._dirty = False  # any index change (removals too) since then
         self._ents = None  # the entity index (lmlm.kb.entities), built on first entity-aware lookup
         self._rel_vecs = None  # relation name -> embedding
-        self._sync()
+        self._loaded = False  # the map is read at the first lookup: a write (an import) never needs it
 
     # -- opening ---------------------------------------------------------------------------------
     @classmethod
@@ -152,7 +152,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
 
 
     def __repr__(self) -> str:
-        return f"KnowledgeBase({str(self.store.folder)!r}, version={self._version}, triples={self._n_active})"
+        return f"KnowledgeBase({str(self.store.folder)!r}, version={self.version}, triples={len(self)})"
 
     @property
     def encoder(self) -> Encoder:
@@ -164,13 +164,16 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
     def refresh(self) -> int:
         """Pick up changes made by other processes since the last call (cheap when there are none)."""
         with self._lock:
-            if self.store.version() != self._version:
+            if not self._loaded or self.store.version() != self._version:
                 self._sync()
             return self._version
 
     def _sync(self) -> None:
+        with gc_paused():  # 10^6 map entries at a first load
+            self._take_in(*self.store.catch_up(self._version))
+
+    def _take_in(self, version: int, keys: list[int] | None, rows: list[Best]) -> None:
         after = self._version
-        version, keys, rows = self.store.catch_up(after)
         removed = []
         if keys is None:
             self._best, self._key_norm = {}, {}
@@ -188,13 +191,17 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
             self._n_active = sum(b.n_active for b in rows)
         else:
             self._n_active += sum(b.n_active for b in rows)
-        self._version = version
+        self._version, self._loaded = version, True
         if keys is not None and after != version:
             self._ents_update(removed, rows, after)
 
     def _after_write(self, progress: bool | None = None, adds_keys: bool = True, embed: bool = True) -> None:
         """Take in a write just made. An add embeds its new keys now (unless ``embed`` is False); a
-        delete or edit never adds a key, so an index not yet loaded is left for the next fuzzy lookup."""
+        delete or edit never adds a key, so an index not yet loaded is left for the next fuzzy lookup.
+        A handle that has not read the store's map yet (one that only writes, such as an import) does
+        not read it now unless the index needs it."""
+        if not self._loaded and not (embed and adds_keys):
+            return
         self._sync()
         if embed and (adds_keys or self._index is not None):
             self._sync_index(progress)
@@ -315,10 +322,12 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
             kind, value = _forget_item(item, n)
             lists[kind].append(value)
         with self._lock:
-            self.refresh()
-            known, gone = self._known_ids(keys, facts)
+            known, gone = None, set()
+            if self._loaded:  # a handle that has not read the map leaves the lookups to the store
+                self.refresh()
+                known, gone = self._known_ids(keys, facts)
             v, n = self.store.forget(who, why, ids, keys, facts, sources, known=known)
-            if n and v == known[0] + 1 and not (ids or sources or known[2] or known[3]):
+            if n and known and v == known[0] + 1 and not (ids or sources or known[2] or known[3]):
                 self._take_in_forget(v, gone)  # the store used the map: every deleted fact was in it
             if n:
                 self._after_write(adds_keys=False)

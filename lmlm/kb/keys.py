@@ -115,6 +115,11 @@ def normalize_value(value: str) -> str:
     """
     if not isinstance(value, str):
         raise TypeError(f"expected str, got {type(value).__name__}")
+    return _normalize_value(value)
+
+
+@lru_cache(maxsize=1 << 16)  # values repeat too (cities, years, employers)
+def _normalize_value(value: str) -> str:
     if not value.isascii():  # NFKC leaves ASCII as it is
         value = unicodedata.normalize("NFKC", value)
     return " ".join(value.casefold().split())  # split() breaks at the characters ``\s`` matches

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, NamedTuple
 
 from .keys import clean_field, normalize_text
 
 __all__ = ["Triple", "Match", "Miss", "TripleRecord", "VersionRecord", "Change", "DiffEntry", "as_triple",
-           "KBError", "NotAKnowledgeBase", "KBNotFound", "Best", "check_who", "required"]
+           "KBError", "NotAKnowledgeBase", "KBNotFound", "Best", "check_who", "required", "gc_paused"]
 
 
 @dataclass(frozen=True)
@@ -29,21 +31,28 @@ class Triple:
     position: int | None = None
 
     def __post_init__(self) -> None:
+        e, r, v = self.entity, self.relation, self.value
+        if type(e) is str and type(r) is str and type(v) is str and (e + r + v).isascii() and (e + r + v).isprintable():
+            pass  # no control character to refuse (the common case, checked at C speed)
+        else:
+            self._check_fields()
+        if not normalize_text(e):
+            raise ValueError(f"Triple.entity is empty (after normalisation): {e!r}")
+        if not normalize_text(r):
+            raise ValueError(f"Triple.relation is empty (after normalisation): {r!r}")
+        if not v.strip():
+            raise ValueError(f"Triple.value is blank for ({e!r}, {r!r})")
+        if self.source is not None and not isinstance(self.source, str):
+            raise TypeError(f"Triple.source must be str or None, got {type(self.source).__name__}")
+        if self.position is not None and (isinstance(self.position, bool) or not isinstance(self.position, int)):
+            raise TypeError(f"Triple.position must be int or None, got {type(self.position).__name__}")
+
+    def _check_fields(self) -> None:
         for name in ("entity", "relation", "value"):
             v = getattr(self, name)
             if not isinstance(v, str):
                 raise TypeError(f"Triple.{name} must be str, got {type(v).__name__}: {v!r}")
             clean_field(v, f"Triple.{name}")  # control characters are refused here
-        if not normalize_text(self.entity):
-            raise ValueError(f"Triple.entity is empty (after normalisation): {self.entity!r}")
-        if not normalize_text(self.relation):
-            raise ValueError(f"Triple.relation is empty (after normalisation): {self.relation!r}")
-        if not self.value.strip():
-            raise ValueError(f"Triple.value is blank for ({self.entity!r}, {self.relation!r})")
-        if self.source is not None and not isinstance(self.source, str):
-            raise TypeError(f"Triple.source must be str or None, got {type(self.source).__name__}")
-        if self.position is not None and (isinstance(self.position, bool) or not isinstance(self.position, int)):
-            raise TypeError(f"Triple.position must be int or None, got {type(self.position).__name__}")
 
 
 def as_triple(item) -> Triple:
@@ -253,6 +262,19 @@ def _group_records(rows: Iterable[tuple]) -> Iterator[TripleRecord]:
             srcs.append((r[7], r[8]))
     if rec is not None:
         yield TripleRecord(*rec, sources=tuple(srcs))
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside: a loop making 10^6 tuples (a write, a reader's map) would
+    otherwise trigger full collections that each walk every object alive, a third of its time."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def required(norm: str, name: str, raw: str) -> str:

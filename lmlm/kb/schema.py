@@ -4,7 +4,7 @@ Never edit a migration that has shipped; append a new one. ``SQLiteStore.migrate
 a folder lacks, in order (a folder newer than this code is refused). Exercised by every ``lmlm kb``
 command; the PostgreSQL store keeps its own list (:data:`lmlm.kb.postgres.PG_MIGRATIONS`). Also the
 SQL fragments and helpers the store's modules share (``store``, ``versions``, ``store_aliases``,
-``store_deletes``).
+``store_deletes``, ``store_map``).
 """
 
 from __future__ import annotations

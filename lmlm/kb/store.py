@@ -7,9 +7,9 @@ and ``changes`` says what each version did to each triple. The schema is built b
 append-only migrations (:data:`lmlm.kb.schema.MIGRATIONS`).
 
 The knowledge base uses only the methods of :class:`SQLiteStore` (no SQL outside this module and
-its mixins: :mod:`lmlm.kb.versions`, which reads past versions, :mod:`lmlm.kb.store_aliases` and
-:mod:`lmlm.kb.store_deletes`; the layout's shared fragments are in :mod:`lmlm.kb.schema`), so a
-server-backed store implements the same methods (:class:`lmlm.kb.postgres.PostgresStore`).
+its mixins: :mod:`lmlm.kb.versions`, which reads past versions, :mod:`lmlm.kb.store_aliases`,
+:mod:`lmlm.kb.store_deletes` and :mod:`lmlm.kb.store_map`, which a reader's map is read from; the
+layout's shared fragments are in :mod:`lmlm.kb.schema`), so a server-backed store implements the same methods (:class:`lmlm.kb.postgres.PostgresStore`).
 Exercised by every ``lmlm kb`` command.
 """
 
@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from .keys import normalize_text, normalize_value
-from .records import Best, Change, KBError, KBNotFound, NotAKnowledgeBase, TripleRecord, VersionRecord, _group_records
-from .schema import DB_FILENAME, FORMAT, KEY_IS, KEY_NORM, MIGRATIONS, NAMED
+from .records import (Best, Change, KBError, KBNotFound, NotAKnowledgeBase, TripleRecord, VersionRecord, _group_records,
+                      gc_paused)
+from .schema import DB_FILENAME, FORMAT, KEY_IS, MIGRATIONS, NAMED
 from .schema import NoChange as _NoChange, chunks as _chunks, marks as _marks
 from .store_aliases import StoredAliases
 from .store_deletes import StoredDeletes
+from .store_map import StoredMap
 from .versions import PastVersions
 
 __all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "Fact", "Best",
@@ -74,7 +76,7 @@ class _Cache:
         self.documents: dict[str, int] = {}
 
 
-class SQLiteStore(PastVersions, StoredAliases, StoredDeletes):
+class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
     """The SQLite store of one KB folder. One connection, WAL mode; safe to share between threads."""
 
     def __init__(self, folder: Path, conn: sqlite3.Connection):
@@ -222,7 +224,7 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes):
         """
         it = iter(facts)
         try:
-            with self._transaction():
+            with gc_paused(), self._transaction():
                 v = self._new_version(op, who, why)
                 cache = _Cache()
                 while chunk := list(islice(it, batch_size)):
@@ -367,50 +369,6 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes):
         except _NoChange:
             return self.version()
         return v
-
-    # -- reads for keeping a reader in step --------------------------------------------------------
-    def catch_up(self, after: int) -> tuple[int, list[int] | None, list[Best]]:
-        """What changed since version ``after``, read as one snapshot.
-
-        Returns (version, ids of keys touched or None for all keys, best triple of each touched key
-        that still has an active value).
-        """
-        with self._transaction(write=False):
-            v = self.version()
-            if after <= 0:
-                return v, None, self.best()
-            keys = self.changed_keys(after, v)
-            return v, keys, self.best(keys)
-
-    def changed_keys(self, after: int, upto: int) -> list[int]:
-        """Ids of keys touched by versions in ``(after, upto]``."""
-        return [r[0] for r in self._x(
-            "SELECT DISTINCT t.key_id FROM changes c JOIN triples t ON t.id = c.triple_id"
-            " WHERE c.version > ? AND c.version <= ?", (after, upto))]
-
-    def best(self, key_ids: Sequence[int] | None = None) -> list[Best]:
-        """The best-supported active triple per key (highest count, then newest), for ``key_ids`` or all keys."""
-        sql = (f"SELECT t.key_id, {KEY_NORM}, t.id, e.name, r.name, t.value, t.count, t.created_version"
-               f" FROM {NAMED} WHERE t.deleted_version IS NULL {{}}"
-               " ORDER BY t.key_id, t.count DESC, t.created_version DESC, t.id DESC")
-        if key_ids is None:
-            rows = self._x(sql.format("")).fetchall()
-        else:
-            rows = []
-            for ch in _chunks(sorted(set(key_ids))):
-                rows += self._x(sql.format(f"AND t.key_id IN ({_marks(len(ch))})"), list(ch)).fetchall()
-        return Best.per_key(rows)
-
-    def key_texts(self, key_ids: Sequence[int] | None = None) -> list[tuple[int, str, str]]:
-        """(key_id, entity, relation) as first written, for embedding; None: every key with an active value."""
-        sql = ("SELECT k.id, e.name, r.name FROM keys k JOIN entities e ON e.id = k.entity_id"
-               " JOIN relations r ON r.id = k.relation_id WHERE k.id IN ")
-        if key_ids is None:
-            return self._x(sql + "(SELECT key_id FROM triples WHERE deleted_version IS NULL) ORDER BY k.id").fetchall()
-        out = []
-        for ch in _chunks(list(key_ids)):
-            out += self._x(f"{sql}({_marks(len(ch))})", list(ch)).fetchall()
-        return out
 
     def sources(self, triple_ids: Sequence[int], limit: int = 32, at: int | None = None) -> dict[int, tuple[str, ...]]:
         """Distinct document ids per triple, first recorded first, at most ``limit`` each (as of version ``at``)."""

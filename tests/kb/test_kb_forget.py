@@ -123,3 +123,23 @@ def test_a_forget_set_resolved_at_an_older_version_is_looked_up_again(tmp_path, 
     assert n == 2  # both values: the stale resolution was not used
     other.close()
     kb.close()
+
+
+def test_a_handle_that_has_read_nothing_forgets_and_adds_through_the_store(tmp_path, encoder):
+    kb = _people_kb(tmp_path / "kb", encoder)
+    kb.add([Triple("Ada Lovelace", "Birth City", "Paris")])
+    items = [(p, "Employer", "ORG  %d" % i) for i, p in enumerate(PEOPLE[:6])]
+    items += [("Alan Turing", "Spouse", "not his spouse"), ("Ada Lovelace", "Birth City", "Paris"),
+              ("Marie Curie", "Award"), ("Nobody", "Employer", "Org 0")]
+    cold = KnowledgeBase.open(kb.path, encoder=encoder)  # no lookup yet: its map of the store is unread
+    assert cold.forget(items, who="t") == 8  # what the map-resolved forget above deletes
+    writer = KnowledgeBase.open(kb.path, encoder=encoder)
+    writer.add([Triple("Alan Turing", "Spouse", "Nobody")], who="t", embed=False)  # writes without reading
+    for handle in (kb, cold, writer):
+        assert len(handle) == 54
+        assert handle.lookup("Grace Hopper", "Employer", fuzzy=False) is None
+        assert handle.lookup("Ada Lovelace", "Birth City", fuzzy=False).value == "City 0"
+        assert handle.lookup("Alan Turing", "Spouse", fuzzy=False).alternatives == 1
+    assert cold.key_ids() == kb.key_ids() == writer.key_ids()
+    for handle in (kb, cold, writer):
+        handle.close()
