@@ -114,10 +114,14 @@ def _triple(item, source: str) -> Triple | None:
     if not isinstance(item, list) or len(item) != 3 or any(isinstance(x, (list, dict)) for x in item):
         return None
     try:
-        e, r, v = (_ESCAPED_QUOTE.sub(r"\1", str(x)).strip() for x in item)
+        e, r, v = (_unescape(x if type(x) is str else str(x)).strip() for x in item)
         return Triple(e, r, v, source=source)
     except (ValueError, TypeError):
         return None
+
+
+def _unescape(text: str) -> str:
+    return _ESCAPED_QUOTE.sub(r"\1", text) if "\\" in text else text
 
 
 def read_authors_json(path: str | Path) -> tuple[list[Triple], int]:

@@ -257,7 +257,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
                  batch_size=batch_size)
         with self._lock:
             self._after_write(progress, embed=embed)
-            return self.version
+            return self.store.version()
 
     def import_jsonl(self, path: str | Path, who: str = "lmlm", why: str = "", batch_size: int = 1000,
                      progress: bool | None = None) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import formats
 from .indexing import PROGRESS_MIN
-from .records import check_who
+from .records import check_who, gc_paused
 
 __all__ = ["add_file", "fingerprint"]
 
@@ -65,8 +65,8 @@ def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int 
     show = (total or 0) >= PROGRESS_MIN if progress is None else progress
     it = islice(facts, done, None)  # a resumed build reads past what is already in
     chunks, longest = 0, 0.0
-    with tqdm(total=total, initial=done, desc=f"adding {source.name}", unit="triple", disable=not show,
-              dynamic_ncols=True) as bar:
+    with gc_paused(), tqdm(total=total, initial=done, desc=f"adding {source.name}", unit="triple",
+                           disable=not show, dynamic_ncols=True) as bar:
         while chunk := list(islice(it, chunk_size)):
             end = done + len(chunk)
             t = time.perf_counter()
