@@ -363,11 +363,10 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
     def _take_in_forget(self, version: int, gone: set[str]) -> None:
         """Version ``version`` deleted the only value of each key in ``gone`` and nothing else: drop
         them from the map without reading the store again."""
-        after, key_ids = self._version, []
-        for kn in gone:
-            b = self._best.pop(kn)
-            del self._key_norm[b.key_id]
-            key_ids.append(b.key_id)
+        after, best, key_norm = self._version, self._best, self._key_norm
+        key_ids = [best.pop(kn).key_id for kn in gone]
+        for kid in key_ids:
+            del key_norm[kid]
         self._n_active -= len(gone)  # each held one value
         self._version = version
         self._ents_update(gone, [], after)
@@ -459,7 +458,9 @@ def _forget_item(item, n: int) -> tuple[str, object]:
     """Classify item ``n`` of a forget set as ('id', int), ('key', key_norm), ('fact', (key_norm,
     value_norm)) or ('source', doc_id)."""
     if type(item) is tuple and len(item) == 3 and type(item[0]) is type(item[1]) is type(item[2]) is str:
-        pass  # the common case, a fact as a tuple of three strings: straight to the check below
+        en, rn = normalize_text(item[0]), normalize_text(item[1])  # the common case: a fact, three strings
+        if en and rn:
+            return "fact", (en + KEY_SEP + rn, normalize_value(item[2]))
     elif isinstance(item, numbers.Integral) and not isinstance(item, bool):
         return "id", int(item)
     if isinstance(item, dict):

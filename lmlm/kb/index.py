@@ -215,12 +215,12 @@ class VectorKeyIndex:
         return missing
 
     def remove(self, ids: Iterable[int]) -> int:
-        n = 0
-        for i in ids:
-            row = self._row.get(int(i))
-            if row is not None and self._alive[row]:
-                self._alive[row] = False
-                n += 1
+        get = self._row.get
+        rows = np.fromiter((get(int(i), -1) for i in ids), dtype=np.int64)
+        rows = np.unique(rows[rows >= 0])
+        rows = rows[self._alive[rows]]
+        self._alive[rows] = False
+        n = len(rows)
         if n:
             self._n_alive -= n
             self._dead_sel = None
