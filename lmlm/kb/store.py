@@ -288,16 +288,18 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
         new_r: dict[str, tuple] = {}
         new_d: dict[str, tuple] = {}
         rows = []
+        norm, norm_value, add = normalize_text, normalize_value, rows.append
         for f in facts:
-            en, rn = normalize_text(f.entity), normalize_text(f.relation)
+            entity, relation, value, _, sources = f
+            en, rn = norm(entity), norm(relation)
             if en not in ents and en not in new_e:
-                new_e[en] = (f.entity,)
+                new_e[en] = (entity,)
             if rn not in rels and rn not in new_r:
-                new_r[rn] = (f.relation,)
-            for d, _ in f.sources:
+                new_r[rn] = (relation,)
+            for d, _ in sources:
                 if d not in docs:
                     new_d[d] = ()
-            rows.append((f, en, rn, normalize_value(f.value)))
+            add((f, en, rn, norm_value(value)))
         new_entities = self._ids("entities", "name_norm", new_e, ents)
         self._ids("relations", "name_norm", new_r, rels)
         self._ids("documents", "doc_id", new_d, docs)
@@ -313,16 +315,15 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
         next_id = (self._x("SELECT max(id) FROM triples").fetchone()[0] or 0) + 1
         new_triples, new_sources, new_changes, support = [], [], [], []
         for (f, _, _, vn), kid in zip(rows, kids):
-            tid = active.get((kid, vn))
-            if tid is not None:
+            tid = active.setdefault((kid, vn), next_id)
+            if tid != next_id:
                 support.append((tid, f))
                 continue
-            tid = active[(kid, vn)] = next_id
             next_id += 1
-            new_triples.append((tid, kid, f.value, vn, f.count, v))
-            for d, p in f.sources:
+            new_triples.append((tid, kid, f[2], vn, f[3], v))
+            for d, p in f[4]:
                 new_sources.append((tid, docs[d], p, v))
-            new_changes.append((v, tid, f.count))
+            new_changes.append((v, tid, f[3]))
         self._xm("INSERT INTO triples(id, key_id, value, value_norm, count, created_version)"
                  " VALUES (?, ?, ?, ?, ?, ?)", new_triples)
         self._xm("INSERT OR IGNORE INTO sources(triple_id, doc, position, version) VALUES (?, ?, ?, ?)",
