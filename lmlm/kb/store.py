@@ -312,8 +312,8 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
             active.update(((kid, vn), tid) for tid, kid, vn in self._x(
                 "SELECT id, key_id, value_norm FROM triples WHERE deleted_version IS NULL"
                 f" AND key_id IN ({_marks(len(ch))})", ch))
-        next_id = (self._x("SELECT max(id) FROM triples").fetchone()[0] or 0) + 1
-        new_triples, new_sources, new_changes, support = [], [], [], []
+        first = next_id = (self._x("SELECT max(id) FROM triples").fetchone()[0] or 0) + 1
+        new_triples, new_sources, support = [], [], []
         for (f, _, _, vn), kid in zip(rows, kids):
             tid = active.setdefault((kid, vn), next_id)
             if tid != next_id:
@@ -323,12 +323,13 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
             new_triples.append((tid, kid, f[2], vn, f[3], v))
             for d, p in f[4]:
                 new_sources.append((tid, docs[d], p, v))
-            new_changes.append((v, tid, f[3]))
         self._xm("INSERT INTO triples(id, key_id, value, value_norm, count, created_version)"
                  " VALUES (?, ?, ?, ?, ?, ?)", new_triples)
         self._xm("INSERT OR IGNORE INTO sources(triple_id, doc, position, version) VALUES (?, ?, ?, ?)",
                  new_sources)
-        self._xm("INSERT INTO changes(version, triple_id, op, count_delta) VALUES (?, ?, 'add', ?)", new_changes)
+        # the chunk's new triples have the ids first..next_id-1: their 'add' changes in one statement
+        self._x("INSERT INTO changes(version, triple_id, op, count_delta) SELECT ?, id, 'add', count FROM triples"
+                " WHERE id >= ? AND id < ?", (v, first, next_id))
         for tid, f in support:
             self._support(v, tid, f, cache)
 
