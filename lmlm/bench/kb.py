@@ -138,19 +138,6 @@ def _synthesize(real: np.ndarray, real_rel: np.ndarray, rel_of: np.ndarray, rng:
     return out
 
 
-class _Triples:
-    """The rows as Triple objects, made one at a time (10^7 of them at once would not fit), with a length."""
-
-    def __init__(self, rows: list[tuple], make):
-        self.rows, self.make = rows, make
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __iter__(self):
-        return (self.make(*r) for r in self.rows)
-
-
 def _check_other_process(kb_dir: Path, deleted: list, vectors: np.ndarray | None) -> int:
     """Open the KB in a fresh process; count deleted facts it can still retrieve (exactly or by vector)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -209,12 +196,12 @@ class _KBBench:
         self.vectors: np.ndarray | None = None
 
     def build(self) -> None:
-        from ..kb import KnowledgeBase, Triple
+        from ..kb import KnowledgeBase
 
         self.log(f"building a KB of {self.n:,} triples in {self.kb_dir}")
         t = time.perf_counter()
         self.kb = KnowledgeBase.create(self.kb_dir, encoder=self.enc)
-        self.kb.add(_Triples(self.rows, Triple), who="bench", why="build", batch_size=5000,
+        self.kb.add(self.rows, who="bench", why="build", batch_size=5000,  # tuples: checked as Triple would be
                     progress=self.n >= 50_000, embed=False)
         self.store_s = time.perf_counter() - t
         build_rss = peak_rss_mb()

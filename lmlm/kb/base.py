@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 
 from .encoder import DEFAULT_MODEL, Encoder, get_encoder
-from .formats import Fact, fact_of
+from .formats import Fact, fact_from
 from .index import AnnConfig, VectorKeyIndex, read_header
 from .indexing import INDEX_FILENAME, PROGRESS_MIN, KeyIndexing
 from .keys import KEY_SEP, clean_field, normalize_text, normalize_value
 from .reader import MAX_SOURCES, KnowledgeBaseReader
-from .records import Triple, as_triple, check_who, gc_paused, required
+from .records import Triple, check_who, gc_paused, required
 from .resolve import MATCHINGS
 from .store import DB_FILENAME, Best, KBNotFound, NotAKnowledgeBase, SQLiteStore
 
@@ -232,7 +232,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
                 first fuzzy lookup (exact lookups never need it).
         """
         total = len(triples) if hasattr(triples, "__len__") else None
-        facts = (fact_of(as_triple(t)) for t in triples)
+        facts = (fact_from(t) for t in triples)
         return self._write(facts, "add", who, why, batch_size, progress, total, embed=embed)
 
     def import_file(self, path: str | Path, format: str | None = None, who: str = "lmlm", why: str = "",

@@ -9,7 +9,7 @@ from typing import Iterable, Iterator, NamedTuple
 
 from .keys import clean_field, normalize_text
 
-__all__ = ["Triple", "Match", "Miss", "TripleRecord", "VersionRecord", "Change", "DiffEntry", "as_triple",
+__all__ = ["Triple", "check_triple", "Match", "Miss", "TripleRecord", "VersionRecord", "Change", "DiffEntry", "as_triple",
            "KBError", "NotAKnowledgeBase", "KBNotFound", "Best", "check_who", "required", "gc_paused"]
 
 
@@ -31,28 +31,29 @@ class Triple:
     position: int | None = None
 
     def __post_init__(self) -> None:
-        e, r, v = self.entity, self.relation, self.value
-        if type(e) is str and type(r) is str and type(v) is str and (e + r + v).isascii() and (e + r + v).isprintable():
-            pass  # no control character to refuse (the common case, checked at C speed)
-        else:
-            self._check_fields()
-        if not normalize_text(e):
-            raise ValueError(f"Triple.entity is empty (after normalisation): {e!r}")
-        if not normalize_text(r):
-            raise ValueError(f"Triple.relation is empty (after normalisation): {r!r}")
-        if not v.strip():
-            raise ValueError(f"Triple.value is blank for ({e!r}, {r!r})")
-        if self.source is not None and not isinstance(self.source, str):
-            raise TypeError(f"Triple.source must be str or None, got {type(self.source).__name__}")
-        if self.position is not None and (isinstance(self.position, bool) or not isinstance(self.position, int)):
-            raise TypeError(f"Triple.position must be int or None, got {type(self.position).__name__}")
+        check_triple(self.entity, self.relation, self.value, self.source, self.position)
 
-    def _check_fields(self) -> None:
-        for name in ("entity", "relation", "value"):
-            v = getattr(self, name)
-            if not isinstance(v, str):
-                raise TypeError(f"Triple.{name} must be str, got {type(v).__name__}: {v!r}")
-            clean_field(v, f"Triple.{name}")  # control characters are refused here
+
+def check_triple(entity, relation, value, source=None, position=None) -> None:
+    """Raise what :class:`Triple` raises for these fields (a ValueError or TypeError naming the
+    field); nothing when they make a valid triple."""
+    e, r, v = entity, relation, value
+    if not (type(e) is str and type(r) is str and type(v) is str and (e + r + v).isascii()
+            and (e + r + v).isprintable()):  # else the slow check (the common case passes at C speed)
+        for name, x in (("entity", e), ("relation", r), ("value", v)):
+            if not isinstance(x, str):
+                raise TypeError(f"Triple.{name} must be str, got {type(x).__name__}: {x!r}")
+            clean_field(x, f"Triple.{name}")  # control characters are refused here
+    if not normalize_text(e):
+        raise ValueError(f"Triple.entity is empty (after normalisation): {e!r}")
+    if not normalize_text(r):
+        raise ValueError(f"Triple.relation is empty (after normalisation): {r!r}")
+    if not v.strip():
+        raise ValueError(f"Triple.value is blank for ({e!r}, {r!r})")
+    if source is not None and not isinstance(source, str):
+        raise TypeError(f"Triple.source must be str or None, got {type(source).__name__}")
+    if position is not None and (isinstance(position, bool) or not isinstance(position, int)):
+        raise TypeError(f"Triple.position must be int or None, got {type(position).__name__}")
 
 
 def as_triple(item) -> Triple:

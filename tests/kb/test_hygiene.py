@@ -38,6 +38,23 @@ def test_control_characters_are_refused_at_the_door(tmp_path, bad):
     kb.close()
 
 
+@pytest.mark.parametrize("fields", [("  ", "Birth City", "Paris"), ("Eve", "!!", "Paris"), ("Eve", "Birth City", " "),
+                                    ("Eve", 3, "Paris"), ("Eve", "Birth City", "Paris", 7),
+                                    ("Eve", "Birth City", "Paris", "doc", "12"), ("Eve", "Birth City", "Paris", "doc", True),
+                                    ("Eve\x1b", "Birth City", "Paris")])
+def test_a_tuple_is_refused_as_the_triple_of_its_fields_would_be(tmp_path, fields):
+    with pytest.raises((ValueError, TypeError)) as made:
+        Triple(*fields)
+    kb = KnowledgeBase.create(tmp_path / "kb")
+    with pytest.raises(made.type) as added:  # a tuple goes in without a Triple being made
+        kb.add([("Ada", "Birth City", "London"), fields])
+    assert str(added.value) == str(made.value) and kb.version == 0
+    kb.add([(" Ada\u200b ", "Birth City", "Lon\ndon", "doc-1", 4), Triple(" Ada\u200b ", "Birth City", "Lon\ndon", "doc-1", 5)])
+    (row,) = list(kb.triples())
+    assert (row.entity, row.value, row.count, row.sources) == ("Ada", "Lon don", 2, (("doc-1", 4), ("doc-1", 5)))
+    kb.close()
+
+
 def test_an_invisible_variant_of_a_name_is_the_same_name(tmp_path):
     kb = KnowledgeBase.create(tmp_path / "kb")
     kb.add([Triple("Eve Lind", "Birth City", "Paris")])
