@@ -12,9 +12,7 @@ Exercised by ``lmlm annotate correct`` and ``lmlm annotate distill``.
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,9 +22,9 @@ import torch
 
 from ..lookup import PAPER_TOKENS, Segment, strip
 from ..train.config import TrainConfig
-from ..train.data import Batches, shift_left
-from ..train.loop import accelerator_for, learning_rate, lm_loss_sum, make_optimizer, optimizer_step
-from ..tokens import IGNORE_INDEX, LookupTokenizer
+from ..train.data import Packed
+from ..train.loop import accelerator_for, make_optimizer, run_steps
+from ..tokens import IGNORE_INDEX, ORG, LookupTokenizer
 
 __all__ = ["FitConfig", "new_model", "load_base", "add_lora", "pack_examples", "fit",
            "default_device", "lora_targets", "cpu_threads"]
@@ -180,50 +178,33 @@ def fit(model, ids: torch.Tensor, labels: torch.Tensor, cfg: FitConfig, *, progr
 
 
 def _fit(model, ids, labels, cfg: FitConfig, progress, log_path, on_step) -> dict[str, Any]:
-    """The trainer's own optimizer, step (micro-batches, loss over the batch's trained tokens, clipping)
-    and schedule (:mod:`lmlm.train.loop`), over blocks already packed; no checkpoint is written."""
+    """The trainer's loop (:func:`lmlm.train.loop.run_steps`: its optimizer, step, schedule and log
+    lines) over blocks already packed; no checkpoint and no optimizer state are written."""
     device = next(model.parameters()).device
     mb = min(cfg.micro_batch_size or cfg.batch_size, cfg.batch_size, len(ids))
     batch = max(mb, min(cfg.batch_size, len(ids)) // mb * mb)  # a whole number of micro-batches
     run = TrainConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio,
                       weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, betas=(0.9, 0.95), seed=cfg.seed,
                       micro_batch_size=mb, batch_size=batch, grad_accum=batch // mb, max_steps=cfg.steps,
-                      cpu=device.type != "cuda", precision="bf16" if device.type == "cuda" else "no", progress=False)
+                      max_seconds=cfg.max_seconds, log_every=cfg.log_every, compile=False, seq_len=ids.shape[1],
+                      cpu=device.type != "cuda", precision="bf16" if device.type == "cuda" else "no",
+                      progress=progress and not os.environ.get("LMLM_NO_PROGRESS"))
     accelerator = accelerator_for(run)
     model, opt = accelerator.prepare(model, make_optimizer(model, run))
-    targets = shift_left(labels, IGNORE_INDEX)  # the trainer's blocks carry next-token targets
-    batches = Batches(len(ids), batch, cfg.seed)
-    bar = _bar(progress, cfg.steps)
-    losses, tokens, t0 = [], 0, time.perf_counter()
-    model.train()
-    for step in range(cfg.steps):
-        idx = batches(step)
-        lr = learning_rate(step, cfg, cfg.steps)
-        total, _ = optimizer_step(accelerator, model, opt, lm_loss_sum, (ids[idx], targets[idx]), run, lr)
-        tokens += idx.numel() * ids.shape[1]
-        losses.append(total)
-        speed = tokens / (time.perf_counter() - t0)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{speed:,.0f}", refresh=False)
-        if log_path and ((step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == cfg.steps):
-            with open(log_path, "a") as f:
-                f.write(json.dumps({"step": step + 1, "loss": total, "lr": lr, "tokens_per_second": speed}) + "\n")
+    losses: list[float] = []
+
+    def step_done(step: int, loss: float) -> None:
+        losses.append(loss)
         if on_step:
-            on_step(step + 1, total)
-        if cfg.max_seconds and time.perf_counter() - t0 > cfg.max_seconds:
-            break
-    if bar is not None:
-        bar.close()
+            on_step(step, loss)
+
+    model.train()
+    done = run_steps(accelerator, model, opt, run, Packed(ids, torch.full_like(ids, ORG), labels), on_step=step_done,
+                     log_path=Path(log_path) if log_path else None)
     model.eval()
-    seconds = time.perf_counter() - t0
-    return {"steps": len(losses), "seconds": seconds, "tokens": tokens, "tokens_per_second": tokens / seconds,
-            "first_loss": losses[0], "final_loss": losses[-1], "losses": losses}
+    tokens = done["step"] * batch * ids.shape[1]
+    return {"steps": done["step"], "seconds": done["seconds"], "tokens": tokens,
+            "tokens_per_second": tokens / max(done["seconds"], 1e-9), "first_loss": losses[0],
+            "final_loss": losses[-1], "losses": losses}
 
 
-def _bar(enabled: bool, total: int):
-    if not enabled or os.environ.get("LMLM_NO_PROGRESS"):
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)

@@ -19,7 +19,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -196,7 +196,9 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
         accelerator.init_trackers("lmlm", config={k: v for k, v in config.to_dict().items()
                                                   if isinstance(v, (int, float, str, bool))})
 
-    progress = _loop(accelerator, model, optimizer, config, data, eval_data, start)
+    out_dir = Path(config.out_dir)
+    progress = run_steps(accelerator, model, optimizer, config, data, start, eval_data=eval_data,
+                         log_path=out_dir / LOG_FILE, state_dir=out_dir / STATE_DIR)
     unwrapped = accelerator.unwrap_model(model)
     stats = {"steps": progress["step"], "completed": progress["step"] >= config.max_steps,
              "tokens": progress["step"] * config.batch_size * config.seq_len,
@@ -257,14 +259,24 @@ def _kb_reference(kb: str | None) -> str | None:
     return str(Path(kb).resolve())
 
 
-def _loop(accelerator, model, optimizer, config: TrainConfig, data, eval_data: Packed | None,
-          start: dict[str, Any]) -> dict[str, Any]:
-    """Optimizer steps from ``start["step"]`` until ``max_steps``, ``stop_step`` or ``max_seconds``.
+def run_steps(accelerator, model, optimizer, config: TrainConfig, data: Packed, start: dict[str, Any] | None = None,
+              *, eval_data: Packed | None = None, log_path: Path | None = None, state_dir: Path | None = None,
+              on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+    """Optimizer steps from ``start["step"]`` (default 0) until ``max_steps``, ``stop_step`` or ``max_seconds``:
+    the training loop of :func:`train`, and of the annotator's and corrector's ``fit``.
+
+    Args:
+        data: the packed blocks; each step takes the blocks :class:`Batches` gives it.
+        eval_data: held-out blocks, evaluated every ``eval_every`` steps.
+        log_path: where a JSON line goes every ``log_every`` steps and at the last (None: nowhere).
+        state_dir: where the optimizer state is saved every ``save_every`` steps and at the end, so
+            a run resumes (None: not saved).
+        on_step: called with (step, loss) after every step.
 
     Returns the progress (``step, trained_tokens, seconds, loss``, cumulative over resumed runs),
-    ``tokens_per_second`` and ``mfu`` of this invocation; the state is saved at the end.
+    ``tokens_per_second`` and ``mfu`` of this invocation.
     """
-    out_dir = Path(config.out_dir)
+    start = start or {"step": 0, "trained_tokens": 0, "seconds": 0.0, "loss": None}
     batches = Batches(len(data), config.batch_size, config.seed)
     compile_ = config.compile if config.compile is not None else accelerator.device.type == "cuda"
     loss_fn = torch.compile(lm_loss_sum) if compile_ else lm_loss_sum
@@ -291,15 +303,17 @@ def _loop(accelerator, model, optimizer, config: TrainConfig, data, eval_data: P
         if step % config.log_every == 0 or step == stop_at:
             record = {"step": step, "loss": loss, "lr": lr, "tokens": step * tokens_per_step}
             record.update({k: progress[k] for k in ("trained_tokens", "seconds", "tokens_per_second", "mfu")})
-            if accelerator.is_main_process:
-                _append(out_dir / LOG_FILE, record)
+            if accelerator.is_main_process and log_path is not None:
+                _append(log_path, record)
             if config.report_to:
                 accelerator.log({k: v for k, v in record.items() if v is not None and k != "step"}, step=step)
             window = (time.perf_counter(), step)
         if eval_data is not None and config.eval_every and step % config.eval_every == 0 and step < stop_at:
             _evaluate_and_log(accelerator, model, eval_data, config, step)
-        if config.save_every and step % config.save_every == 0 and step < stop_at:
-            _save_state(accelerator, out_dir / STATE_DIR, progress)
+        if on_step is not None:
+            on_step(step, loss)
+        if state_dir is not None and config.save_every and step % config.save_every == 0 and step < stop_at:
+            _save_state(accelerator, state_dir, progress)
         if config.max_seconds and _any_process(accelerator, now - t0 >= config.max_seconds):
             break
     if bar is not None:
@@ -307,7 +321,8 @@ def _loop(accelerator, model, optimizer, config: TrainConfig, data, eval_data: P
     progress["tokens_per_second"] = (progress["step"] - start["step"]) * tokens_per_step / max(
         time.perf_counter() - t0, 1e-9)
     progress["mfu"] = mfu(progress["tokens_per_second"], flops, peak)
-    _save_state(accelerator, out_dir / STATE_DIR, progress)
+    if state_dir is not None:
+        _save_state(accelerator, state_dir, progress)
     return progress
 
 
