@@ -151,6 +151,21 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
 
 
 
+    @property
+    def version(self) -> int:
+        """The store's latest version. Reading it (or ``len``, or :meth:`stats`) does not load this
+        handle's map of the store: a handle that only writes and reports never reads 10^7 keys."""
+        with self._lock:
+            return self.store.version()
+
+    def __len__(self) -> int:
+        """Number of active triples."""
+        with self._lock:
+            if self._loaded:
+                self.refresh()
+                return self._n_active
+            return self.store.n_active()
+
     def __repr__(self) -> str:
         return f"KnowledgeBase({str(self.store.folder)!r}, version={self.version}, triples={len(self)})"
 
@@ -424,10 +439,9 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
 
     def stats(self) -> dict:
         with self._lock:
-            self.refresh()
             header = read_header(self.path / INDEX_FILENAME) or {}
             loaded = self._index is not None
-            return {"path": str(self.path), "version": self._version, **self.store.counts(),
+            return {"path": str(self.path), "version": self.store.version(), **self.store.counts(),
                     "encoder": self.encoder_name, "matching": self.matching, "threshold": self.threshold,
                     "relation_threshold": self.relation_threshold,
                     "index_size": len(self._index) if loaded else header.get("size", 0),

@@ -33,6 +33,10 @@ class StoredMap:
             keys = self.changed_keys(after, v)
             return v, keys, self.best(keys)
 
+    def n_active(self) -> int:
+        """How many triples are active."""
+        return self._x("SELECT count(*) FROM triples WHERE deleted_version IS NULL").fetchone()[0]
+
     def changed_keys(self, after: int, upto: int) -> list[int]:
         """Ids of keys touched by versions in ``(after, upto]``."""
         return [r[0] for r in self._x(

@@ -195,3 +195,15 @@ def test_errors_name_the_problem(kb):
         kb.get(99)
     with pytest.raises(ValueError, match="who must be"):
         kb.add([Triple("Ada", "r", "v")], who="")
+
+
+def test_a_handle_that_writes_and_reports_never_reads_the_map(tmp_path):
+    kb = KnowledgeBase.create(tmp_path / "kb")
+    kb.add([("Ada Lovelace", "Birth City", "London"), ("Ada Lovelace", "Birth City", "Paris"),
+            ("Alan Turing", "Birth City", "London")], embed=False)
+    kb.forget([("Ada Lovelace", "Birth City", "Paris")])
+    assert (kb.version, len(kb), kb.stats()["triples"], kb.stats()["keys"]) == (2, 2, 2, 2)
+    assert not kb._loaded  # an import at 10^7 keys never holds the map of the store in memory
+    assert kb.lookup("ada lovelace", "birth city", fuzzy=False).value == "London"
+    assert kb._loaded and len(kb) == 2
+    kb.close()
