@@ -5,8 +5,10 @@ Everything runs in one process on a synthetic KB and prints one JSON object as i
 1. **Triples.** N/10 people (first name, middle initial, last name from fixed pools), ten relations
    each, one value and one source document (with a position) per fact.
 2. **Build.** ``KnowledgeBase.add`` of all N triples as one version, store only: triples/s and
-   peak memory. A handle that only writes never reads the store back; the map a reader keeps of
-   it (key -> best value) is read at the first lookup, timed as ``reader_load_s``.
+   peak memory. The rows are made as the store reads them (10^7 tuples would take gigabytes);
+   ``rows_s``, included in ``store_s``, is what making them costs on its own. A handle that only
+   writes never reads the store back; the map a reader keeps of it (key -> best value) is read at
+   the first lookup, timed as ``reader_load_s``.
 3. **Embeddings.** MiniLM runs at about 10^2-10^3 keys/s on two CPU cores, so a build of 10^6 keys
    would spend most of its time encoding. The bench encodes ``--embed-keys`` sampled keys with the
    real encoder (their rate is reported as ``encode_keys_per_s``) and gives every other key a
@@ -46,6 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Iterator, Sequence
 from typing import Optional
 
 import numpy as np
@@ -53,7 +56,7 @@ import typer
 
 from . import bench_app, peak_rss_mb, percentile_ms
 
-__all__ = ["RELATIONS", "synthetic_triples", "perturb", "run_kb_bench"]
+__all__ = ["RELATIONS", "SyntheticTriples", "perturb", "run_kb_bench"]
 
 # relation -> paraphrases a model might write instead
 RELATIONS = {
@@ -79,26 +82,67 @@ _LAST = ("Lovelace Turing Hopper Curie Babbage Noether Bohr Meitner Dirac Frankl
          "Abara Brandt Castillo Dubois Eriksen Fischer").split()
 
 
-def synthetic_triples(n: int, seed: int = 0) -> list[tuple[str, str, str, str, int]]:
-    """``n`` facts ``(entity, relation, value, source, position)``: ten relations per person, in order."""
-    rng = np.random.default_rng(seed)
-    rels = list(RELATIONS)
-    people = -(-n // len(rels))
-    space = len(_FIRST) * 26 * len(_LAST) * 100
-    if people > space:
-        raise ValueError(f"at most {space * len(rels)} synthetic triples, asked for {n}")
-    codes = rng.choice(space, size=people, replace=False)
-    out = []
-    for p, c in enumerate(codes.tolist()):
-        c, suffix = divmod(c, 100)
-        c, last = divmod(c, len(_LAST))
-        first, initial = divmod(c, 26)
-        name = f"{_FIRST[first]} {chr(65 + initial)}. {_LAST[last]}" + (f" {suffix}" if suffix else "")
-        for j, rel in enumerate(rels):
-            if len(out) == n:
-                break
-            out.append((name, rel, f"{rel.split()[-1]} {(p * 7919 + j * 104729) % 5003}", f"doc-{p}", 60 * j))
-    return out
+class SyntheticTriples(Sequence):
+    """``n`` facts ``(entity, relation, value, source, position)``, ten relations per person in order,
+    made when read from one integer per person: 10^7 facts as tuples would take gigabytes of the
+    memory the benchmark measures."""
+
+    def __init__(self, n: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        people = -(-n // len(_RELS))
+        space = len(_FIRST) * 26 * len(_LAST) * 100
+        if people > space:
+            raise ValueError(f"at most {space * len(_RELS)} synthetic triples, asked for {n}")
+        self.n, self.codes = n, rng.choice(space, size=people, replace=False)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(f"fact {i} of {self.n}")
+        p, j = divmod(i % self.n, len(_RELS))
+        return _fact(p, _name(int(self.codes[p])), j)
+
+    def __iter__(self) -> Iterator[tuple[str, str, str, str, int]]:
+        for p, code in enumerate(self.codes.tolist()):
+            name = _name(code)
+            for j in range(min(len(_RELS), self.n - p * len(_RELS))):
+                yield _fact(p, name, j)
+
+    def keys(self) -> "Sequence[tuple[str, str]]":
+        """The ``(entity, relation)`` of each fact, the same way (one key per fact here)."""
+        return _Keys(self)
+
+
+class _Keys(Sequence):
+    """The keys of :class:`SyntheticTriples`, made the same way."""
+
+    def __init__(self, rows: SyntheticTriples):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i][:2] if not isinstance(i, slice) else [r[:2] for r in self.rows[i]]
+
+
+_RELS = list(RELATIONS)
+
+
+def _name(code: int) -> str:
+    code, suffix = divmod(code, 100)
+    code, last = divmod(code, len(_LAST))
+    first, initial = divmod(code, 26)
+    return f"{_FIRST[first]} {chr(65 + initial)}. {_LAST[last]}" + (f" {suffix}" if suffix else "")
+
+
+def _fact(p: int, name: str, j: int) -> tuple[str, str, str, str, int]:
+    rel = _RELS[j]
+    return name, rel, f"{rel.split()[-1]} {(p * 7919 + j * 104729) % 5003}", f"doc-{p}", 60 * j
 
 
 def perturb(rng: np.random.Generator, entity: str, relation: str) -> tuple[str, str]:
@@ -190,18 +234,22 @@ class _KBBench:
             else:
                 self.enc.threads = encoder_threads
             self.report["encoder_threads"] = self.enc.threads
-        self.rows = synthetic_triples(n, seed)
-        self.keys = [(e, r) for e, r, *_ in self.rows]  # one key per fact here
+        self.rows = SyntheticTriples(n, seed)  # made when read, not held
+        self.keys = self.rows.keys()
         self.sample = np.zeros(0, dtype=np.int64)  # keys embedded for real
         self.vectors: np.ndarray | None = None
 
     def build(self) -> None:
         from ..kb import KnowledgeBase
 
+        t = time.perf_counter()
+        for _ in self.rows:  # what making the rows costs on its own (the build below makes them again)
+            pass
+        self.report["rows_s"] = round(time.perf_counter() - t, 2)
         self.log(f"building a KB of {self.n:,} triples in {self.kb_dir}")
         t = time.perf_counter()
         self.kb = KnowledgeBase.create(self.kb_dir, encoder=self.enc)
-        self.kb.add(self.rows, who="bench", why="build", batch_size=5000,  # tuples: checked as Triple would be
+        self.kb.add(self.rows, who="bench", why="build", batch_size=5000,  # tuples made as the store takes them
                     progress=self.n >= 50_000, embed=False)
         self.store_s = time.perf_counter() - t
         build_rss = peak_rss_mb()

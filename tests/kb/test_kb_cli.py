@@ -102,6 +102,19 @@ def test_bench_kb_prints_its_json_last(tmp_path, encoder):
     assert report["ann_top1_agreement"] == 1.0  # 400 keys: exact search
 
 
+def test_the_bench_rows_read_at_random_are_the_rows_iterated():
+    from lmlm.bench.kb import RELATIONS, SyntheticTriples
+
+    rows = SyntheticTriples(1003, seed=2)
+    listed = list(rows)
+    assert len(listed) == len(rows) == 1003 and len({r[0] for r in listed}) == 101  # ten facts a person
+    assert [rows[i] for i in (0, 9, 10, 500, 1002, -1)] == [listed[i] for i in (0, 9, 10, 500, 1002, -1)]
+    assert rows[10:13] == listed[10:13] and list(rows.keys())[:10] == [r[:2] for r in listed[:10]]
+    assert [r[1] for r in listed[:10]] == list(RELATIONS) and listed[1000][1] == next(iter(RELATIONS))
+    with pytest.raises(IndexError):
+        rows[1003]
+
+
 def test_bench_kb_store_only(tmp_path):
     res = runner.invoke(app, ["bench", "kb", "--triples", "300", "--store-only", "--work", str(tmp_path / "b")])
     assert res.exit_code == 0, res.output
