@@ -206,5 +206,3 @@ def _fit(model, ids, labels, cfg: FitConfig, progress, log_path, on_step) -> dic
     return {"steps": done["step"], "seconds": done["seconds"], "tokens": tokens,
             "tokens_per_second": tokens / max(done["seconds"], 1e-9), "first_loss": losses[0],
             "final_loss": losses[-1], "losses": losses}
-
-

@@ -114,7 +114,7 @@ def _triple(item, source: str) -> Triple | None:
     if not isinstance(item, list) or len(item) != 3 or any(isinstance(x, (list, dict)) for x in item):
         return None
     try:
-        e, r, v = (_unescape(x if type(x) is str else str(x)).strip() for x in item)
+        e, r, v = (_unescape(str(x)).strip() for x in item)
         return Triple(e, r, v, source=source)
     except (ValueError, TypeError):
         return None

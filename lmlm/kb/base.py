@@ -276,7 +276,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
                  batch_size=batch_size)
         with self._lock:
             self._after_write(progress, embed=embed)
-            return self.store.version()
+            return self.version
 
     def import_jsonl(self, path: str | Path, who: str = "lmlm", why: str = "", batch_size: int = 1000,
                      progress: bool | None = None) -> int:
@@ -445,7 +445,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
         with self._lock:
             header = read_header(self.path / INDEX_FILENAME) or {}
             loaded = self._index is not None
-            return {"path": str(self.path), "version": self.store.version(), **self.store.counts(),
+            return {"path": str(self.path), "version": self.version, **self.store.counts(),
                     "encoder": self.encoder_name, "matching": self.matching, "threshold": self.threshold,
                     "relation_threshold": self.relation_threshold,
                     "index_size": len(self._index) if loaded else header.get("size", 0),

@@ -17,7 +17,8 @@ import string
 import unicodedata
 from functools import lru_cache
 
-__all__ = ["KEY_SEP", "normalize_text", "normalize_key", "normalize_value", "key_text", "clean_field", "printable"]
+__all__ = ["KEY_SEP", "normalize_text", "normalize_key", "normalize_value", "key_text", "clean_field", "is_plain",
+           "printable"]
 
 # Joins the entity and relation parts of a key. Whitespace is collapsed to single spaces inside a
 # part, so a tab can never occur there and ("a b", "c") and ("a", "b c") stay distinct keys.
@@ -30,6 +31,12 @@ _BREAK_RE = re.compile("[ \t]*[\r\n\x0b\x0c\x85\u2028\u2029]+[ \t]*")  # a line 
 def _invisible(ch: str) -> bool:
     # format characters (Cf): zero-width spaces and joiners, the BOM, soft hyphens, bidi overrides
     return unicodedata.category(ch) == "Cf"
+
+
+def is_plain(text: str) -> bool:
+    """Whether ``text`` is printable ASCII, which :func:`clean_field` leaves as it is but for stripping
+    (checked at C speed; callers with several fields pass them joined)."""
+    return text.isascii() and text.isprintable()
 
 
 def clean_field(text: str, name: str = "text") -> str:
@@ -48,7 +55,7 @@ def clean_field(text: str, name: str = "text") -> str:
     """
     if not isinstance(text, str):
         raise TypeError(f"{name} must be str, got {type(text).__name__}")
-    if text.isascii() and text.isprintable():  # the common case; NFKC leaves ASCII as it is
+    if is_plain(text):  # the common case; NFKC leaves ASCII as it is
         return text.strip()
     s = unicodedata.normalize("NFKC", text)
     if s.isprintable() and s.isascii():

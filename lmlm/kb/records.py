@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, NamedTuple
 
-from .keys import clean_field, normalize_text
+from .keys import clean_field, is_plain, normalize_text
 
 __all__ = ["Triple", "check_triple", "Match", "Miss", "TripleRecord", "VersionRecord", "Change", "DiffEntry", "as_triple",
            "KBError", "NotAKnowledgeBase", "KBNotFound", "Best", "check_who", "required", "gc_paused"]
@@ -38,8 +38,7 @@ def check_triple(entity, relation, value, source=None, position=None) -> None:
     """Raise what :class:`Triple` raises for these fields (a ValueError or TypeError naming the
     field); nothing when they make a valid triple."""
     e, r, v = entity, relation, value
-    if not (type(e) is str and type(r) is str and type(v) is str and (e + r + v).isascii()
-            and (e + r + v).isprintable()):  # else the slow check (the common case passes at C speed)
+    if not (type(e) is str and type(r) is str and type(v) is str and is_plain(e + r + v)):  # else the slow check
         for name, x in (("entity", e), ("relation", r), ("value", v)):
             if not isinstance(x, str):
                 raise TypeError(f"Triple.{name} must be str, got {type(x).__name__}: {x!r}")

@@ -9,7 +9,8 @@ append-only migrations (:data:`lmlm.kb.schema.MIGRATIONS`).
 The knowledge base uses only the methods of :class:`SQLiteStore` (no SQL outside this module and
 its mixins: :mod:`lmlm.kb.versions`, which reads past versions, :mod:`lmlm.kb.store_aliases`,
 :mod:`lmlm.kb.store_deletes` and :mod:`lmlm.kb.store_map`, which a reader's map is read from; the
-layout's shared fragments are in :mod:`lmlm.kb.schema`), so a server-backed store implements the same methods (:class:`lmlm.kb.postgres.PostgresStore`).
+layout's shared fragments are in :mod:`lmlm.kb.schema`), so a server-backed store implements the
+same methods (:class:`lmlm.kb.postgres.PostgresStore`).
 Exercised by every ``lmlm kb`` command.
 """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .keys import KEY_SEP
-from .records import Best, gc_paused
+from .records import Best
 from .schema import KEY_NORM, NAMED, chunks as _chunks, marks as _marks
 
 __all__ = ["StoredMap"]
@@ -57,27 +57,26 @@ class StoredMap:
 
     def _best_all(self) -> list[Best]:
         """:meth:`best` of every key, from one pass over each table joined here: at 10^6 keys a third
-        of the time of SQLite's four-table join and sort."""
-        with gc_paused():
-            ents = {i: (name, norm) for i, name, norm in self._x("SELECT id, name, name_norm FROM entities")}
-            rels = {i: (name, norm) for i, name, norm in self._x("SELECT id, name, name_norm FROM relations")}
-            top: dict[int, list] = {}  # key id -> [triple id, value, count, created, active values]
-            for kid, tid, value, count, created in self._x(
-                    "SELECT key_id, id, value, count, created_version FROM triples WHERE deleted_version IS NULL"):
-                cur = top.get(kid)
-                if cur is None:
-                    top[kid] = [tid, value, count, created, 1]
-                else:  # the best is the highest count, then the newest version, then the highest id
-                    cur[4] += 1
-                    if (count, created, tid) > (cur[2], cur[3], cur[0]):
-                        cur[:4] = tid, value, count, created
-            out, make = [], tuple.__new__
-            for kid, e, r in self._x("SELECT id, entity_id, relation_id FROM keys ORDER BY id"):
-                cur = top.get(kid)
-                if cur is not None:
-                    (en, enorm), (rn, rnorm) = ents[e], rels[r]
-                    out.append(make(Best, (kid, enorm + KEY_SEP + rnorm, cur[0], en, rn, cur[1], cur[2], cur[3], cur[4])))
-            return out
+        of the time of SQLite's four-table join and sort (its caller pauses garbage collection)."""
+        ents = {i: (name, norm) for i, name, norm in self._x("SELECT id, name, name_norm FROM entities")}
+        rels = {i: (name, norm) for i, name, norm in self._x("SELECT id, name, name_norm FROM relations")}
+        top: dict[int, list] = {}  # key id -> [triple id, value, count, created, active values]
+        for kid, tid, value, count, created in self._x(
+                "SELECT key_id, id, value, count, created_version FROM triples WHERE deleted_version IS NULL"):
+            cur = top.get(kid)
+            if cur is None:
+                top[kid] = [tid, value, count, created, 1]
+            else:  # the best is the highest count, then the newest version, then the highest id
+                cur[4] += 1
+                if (count, created, tid) > (cur[2], cur[3], cur[0]):
+                    cur[:4] = tid, value, count, created
+        out, make = [], tuple.__new__
+        for kid, e, r in self._x("SELECT id, entity_id, relation_id FROM keys ORDER BY id"):
+            cur = top.get(kid)
+            if cur is not None:
+                (en, enorm), (rn, rnorm) = ents[e], rels[r]
+                out.append(make(Best, (kid, enorm + KEY_SEP + rnorm, cur[0], en, rn, cur[1], cur[2], cur[3], cur[4])))
+        return out
 
     def key_texts(self, key_ids: Sequence[int] | None = None) -> list[tuple[int, str, str]]:
         """(key_id, entity, relation) as first written, for embedding; None: every key with an active value."""

@@ -29,7 +29,7 @@ from .config import TrainConfig, TrainConfigError
 from .data import Batches, Packed, shift_left
 from .speed import flops_per_token, mfu, peak_flops
 
-__all__ = ["TrainResult", "train", "evaluate_loss", "learning_rate", "resolve_precision", "make_optimizer",
+__all__ = ["TrainResult", "train", "run_steps", "evaluate_loss", "learning_rate", "resolve_precision", "make_optimizer",
            "optimizer_step", "lm_loss_sum", "accelerator_for", "LOG_FILE", "CONFIG_FILE", "SUMMARY_FILE", "STATE_DIR", "CHECKPOINT_DIR"]
 
 LOG_FILE = "train_log.jsonl"
@@ -187,7 +187,7 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
     if multiple > 1 and model.get_input_embeddings().num_embeddings % multiple:
         model.resize_token_embeddings(vocab, pad_to_multiple_of=multiple, mean_resizing=False)
     model, optimizer = accelerator.prepare(model, make_optimizer(model, config))  # together: FSDP2 needs both
-    start = {"step": 0, "trained_tokens": 0, "seconds": 0.0, "loss": None}
+    start = None  # a fresh run: run_steps starts at step 0
     if resuming:
         state_dir = Path(config.out_dir) / STATE_DIR
         accelerator.load_state(str(state_dir))
