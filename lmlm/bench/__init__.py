@@ -12,7 +12,7 @@ import typer
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks; each prints one JSON object as its last line.")
 
-__all__ = ["bench_app", "percentile_ms", "peak_rss_mb"]
+__all__ = ["bench_app", "percentile_ms", "peak_rss_mb", "rss_mb"]
 
 
 def percentile_ms(seconds, q: float, digits: int = 3) -> float | None:
@@ -20,6 +20,15 @@ def percentile_ms(seconds, q: float, digits: int = 3) -> float | None:
     import numpy as np
 
     return None if len(seconds) == 0 else round(float(np.percentile(np.asarray(seconds) * 1e3, q)), digits)
+
+
+def rss_mb() -> float:
+    """This process' resident memory now, in MB (Linux; elsewhere the peak so far)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return peak_rss_mb()
 
 
 def peak_rss_mb() -> float:

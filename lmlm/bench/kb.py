@@ -8,7 +8,9 @@ Everything runs in one process on a synthetic KB and prints one JSON object as i
    peak memory. The rows are made as the store reads them (10^7 tuples would take gigabytes);
    ``rows_s``, included in ``store_s``, is what making them costs on its own. A handle that only
    writes never reads the store back; the map a reader keeps of it (key -> best value) is read at
-   the first lookup, timed as ``reader_load_s``.
+   the first lookup, timed as ``reader_load_s`` (``reader_rss_mb``: the memory it holds). ``--map
+   store`` serves lookups from the store instead (nothing held per key: what a KB above
+   ``lmlm.kb.keymap.MAP_LIMIT`` keys does), ``--map memory`` holds every key, ``auto`` picks by size.
 3. **Embeddings.** MiniLM runs at about 10^2-10^3 keys/s on two CPU cores, so a build of 10^6 keys
    would spend most of its time encoding. The bench encodes ``--embed-keys`` sampled keys with the
    real encoder (their rate is reported as ``encode_keys_per_s``) and gives every other key a
@@ -40,6 +42,7 @@ Examples:
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -48,119 +51,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from collections.abc import Iterator, Sequence
 from typing import Optional
 
 import numpy as np
 import typer
 
-from . import bench_app, peak_rss_mb, percentile_ms
+from . import bench_app, peak_rss_mb, percentile_ms, rss_mb
+from .kb_rows import RELATIONS, SyntheticTriples, perturb
 
 __all__ = ["RELATIONS", "SyntheticTriples", "perturb", "run_kb_bench"]
-
-# relation -> paraphrases a model might write instead
-RELATIONS = {
-    "Birth City": ("birthplace", "city of birth", "born in"),
-    "Birth Date": ("date of birth", "born on", "birthday"),
-    "Occupation": ("job", "profession", "works as"),
-    "Employer": ("employed by", "works for", "company"),
-    "Alma Mater": ("university", "studied at", "college attended"),
-    "Spouse": ("married to", "husband or wife", "partner"),
-    "Nationality": ("citizenship", "country of citizenship", "nationality of"),
-    "Death Year": ("year of death", "died in", "year died"),
-    "Father": ("dad", "name of father", "father is"),
-    "Award": ("prize", "honour received", "award won"),
-}
-_FIRST = ("Ada Alan Grace Marie Charles Emmy Niels Lise Paul Rosalind Srinivasa Sofia Kurt Barbara Claude "
-          "Dorothy Enrico Hedy Isaac Johanna Katherine Leonhard Max Nikola Olga Pierre Rachel Werner Yuri Zora "
-          "Amara Bruno Chiara Diego Elena Farid Greta Hiroshi Ines Jonas Kamala Lars Mina Nadia Omar Priya "
-          "Quentin Rosa Samir Tara Umberto Vera Wen Ximena Yusuf Zeynep").split()
-_LAST = ("Lovelace Turing Hopper Curie Babbage Noether Bohr Meitner Dirac Franklin Ramanujan Kovalevskaya "
-         "Godel McClintock Shannon Hodgkin Fermi Lamarr Newton Kepler Johnson Euler Planck Tesla Ladyzhenskaya "
-         "Curran Carson Heisenberg Gagarin Neale Okafor Bianchi Conti Ferreira Ionescu Haddad Lindqvist Tanaka "
-         "Moreau Schmidt Harris Nilsson Mendes Kaur Rahman Quispe Ortega Sato Volkov Weber Xu Yilmaz Zeller "
-         "Abara Brandt Castillo Dubois Eriksen Fischer").split()
-
-
-class SyntheticTriples(Sequence):
-    """``n`` facts ``(entity, relation, value, source, position)``, ten relations per person in order,
-    made when read from one integer per person: 10^7 facts as tuples would take gigabytes of the
-    memory the benchmark measures."""
-
-    def __init__(self, n: int, seed: int = 0):
-        rng = np.random.default_rng(seed)
-        people = -(-n // len(_RELS))
-        space = len(_FIRST) * 26 * len(_LAST) * 100
-        if people > space:
-            raise ValueError(f"at most {space * len(_RELS)} synthetic triples, asked for {n}")
-        self.n, self.codes = n, rng.choice(space, size=people, replace=False)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.n))]
-        if not -self.n <= i < self.n:
-            raise IndexError(f"fact {i} of {self.n}")
-        p, j = divmod(i % self.n, len(_RELS))
-        return _fact(p, _name(int(self.codes[p])), j)
-
-    def __iter__(self) -> Iterator[tuple[str, str, str, str, int]]:
-        for p, code in enumerate(self.codes.tolist()):
-            name = _name(code)
-            for j in range(min(len(_RELS), self.n - p * len(_RELS))):
-                yield _fact(p, name, j)
-
-    def keys(self) -> "Sequence[tuple[str, str]]":
-        """The ``(entity, relation)`` of each fact, the same way (one key per fact here)."""
-        return _Keys(self)
-
-
-class _Keys(Sequence):
-    """The keys of :class:`SyntheticTriples`, made the same way."""
-
-    def __init__(self, rows: SyntheticTriples):
-        self.rows = rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i):
-        return self.rows[i][:2] if not isinstance(i, slice) else [r[:2] for r in self.rows[i]]
-
-
-_RELS = list(RELATIONS)
-
-
-def _name(code: int) -> str:
-    code, suffix = divmod(code, 100)
-    code, last = divmod(code, len(_LAST))
-    first, initial = divmod(code, 26)
-    return f"{_FIRST[first]} {chr(65 + initial)}. {_LAST[last]}" + (f" {suffix}" if suffix else "")
-
-
-def _fact(p: int, name: str, j: int) -> tuple[str, str, str, str, int]:
-    rel = _RELS[j]
-    return name, rel, f"{rel.split()[-1]} {(p * 7919 + j * 104729) % 5003}", f"doc-{p}", 60 * j
-
-
-def perturb(rng: np.random.Generator, entity: str, relation: str) -> tuple[str, str]:
-    """A query for the key as a model might write it: paraphrased relation, often a typo or a dropped initial."""
-    rel = RELATIONS[relation][rng.integers(3)]
-    words = entity.split()
-    r = rng.random()
-    if r < 0.3 and len(words) > 2:
-        words = [w for w in words if not (len(w) == 2 and w.endswith("."))]
-    elif r < 0.6:
-        w = max(range(len(words)), key=lambda i: len(words[i]))
-        s = words[w]
-        if len(s) > 3:
-            i = int(rng.integers(1, len(s) - 2))
-            words[w] = s[:i] + s[i + 1] + s[i] + s[i + 2:]
-    return " ".join(words).lower() if rng.random() < 0.5 else " ".join(words), rel
-
-
 
 def _folder_bytes(path: Path) -> dict[str, int]:
     return {f.name: f.stat().st_size for f in path.iterdir() if f.is_file()}
@@ -182,7 +81,10 @@ def _synthesize(real: np.ndarray, real_rel: np.ndarray, rel_of: np.ndarray, rng:
     return out
 
 
-def _check_other_process(kb_dir: Path, deleted: list, vectors: np.ndarray | None) -> int:
+_MAP_LIMITS = {"memory": 2**62, "store": 0}  # KnowledgeBase.map_limit per --map (auto: the default)
+
+
+def _check_other_process(kb_dir: Path, deleted: list, vectors: np.ndarray | None, map_kind: str = "auto") -> int:
     """Open the KB in a fresh process; count deleted facts it can still retrieve (exactly or by vector)."""
     with tempfile.TemporaryDirectory() as tmp:
         if vectors is not None:
@@ -195,8 +97,11 @@ def _check_other_process(kb_dir: Path, deleted: list, vectors: np.ndarray | None
                 "if os.path.exists(sys.argv[3]):\n"
                 "    ms += kb.lookup_vectors(np.load(sys.argv[3]), threshold=0.0)\n"
                 "print(sum(m is not None and (m.entity, m.relation, m.value) in gone for m in ms))\n")
+        env = dict(os.environ)
+        if map_kind in _MAP_LIMITS:
+            env["LMLM_KB_MAP_LIMIT"] = str(_MAP_LIMITS[map_kind])
         out = subprocess.run([sys.executable, "-c", code, str(kb_dir), str(Path(tmp) / "d.json"),
-                              str(Path(tmp) / "v.npy")], capture_output=True, text=True, check=True)
+                              str(Path(tmp) / "v.npy")], capture_output=True, text=True, check=True, env=env)
     return int(out.stdout.strip().splitlines()[-1])
 
 
@@ -215,10 +120,11 @@ def _pick_threads(enc, texts: list[str]) -> dict[int, float]:
 class _KBBench:
     """The steps of one run on ``n`` synthetic triples; each adds its numbers to ``report``."""
 
-    def __init__(self, n: int, work: Path, encoder_threads: int | None, store_only: bool, seed: int, log):
+    def __init__(self, n: int, work: Path, encoder_threads: int | None, store_only: bool, seed: int, log,
+                 map_kind: str = "auto"):
         from ..kb import get_encoder, key_text
 
-        self.n, self.log, self.t0 = n, log, time.perf_counter()
+        self.n, self.log, self.t0, self.map_kind = n, log, time.perf_counter(), map_kind
         self.rng = np.random.default_rng(seed)
         self.report: dict = {"triples": n, "load_avg_start": round(os.getloadavg()[0], 2), "cpu_count": os.cpu_count()}
         self.kb_dir = work / "kb"
@@ -253,10 +159,16 @@ class _KBBench:
                     progress=self.n >= 50_000, embed=False)
         self.store_s = time.perf_counter() - t
         build_rss = peak_rss_mb()
-        t = time.perf_counter()
+        if self.map_kind in _MAP_LIMITS:
+            self.kb.map_limit = _MAP_LIMITS[self.map_kind]
+        gc.collect()
+        before, t = rss_mb(), time.perf_counter()
         self.kb.refresh()  # the reader's map of the store, read at the first lookup (a write never reads it)
+        load_s = time.perf_counter() - t
+        gc.collect()
         self.report.update(store_s=round(self.store_s, 2), store_triples_per_s=round(self.n / self.store_s),
-                           build_peak_rss_mb=round(build_rss), reader_load_s=round(time.perf_counter() - t, 2),
+                           build_peak_rss_mb=round(build_rss), map=self.kb.stats()["map"],
+                           reader_load_s=round(load_s, 2), reader_rss_mb=round(rss_mb() - before),
                            reader_loaded_rss_mb=round(peak_rss_mb()))
 
     def index(self, embed_keys: int) -> None:
@@ -305,6 +217,18 @@ class _KBBench:
             lat.append(time.perf_counter() - t)
             assert hit is not None and hit.exact, (e, r)
         self.report.update(exact_p50_ms=percentile_ms(lat, 50), exact_p99_ms=percentile_ms(lat, 99))
+        # the same keys asked with the text before the call, as during generation: entity-aware
+        # resolution, which builds the entity index at its first use
+        gc.collect()
+        before, lat = rss_mb(), []
+        for e, r in spell[:1000]:
+            t = time.perf_counter()
+            hit = self.kb.explain(e, r, context=f"A biography of {e.strip().title()}. ")
+            lat.append(time.perf_counter() - t)
+            assert hit.value is not None, (e, r, hit)
+        gc.collect()
+        self.report.update(entity_index_s=round(lat[0], 2), entity_index_rss_mb=round(rss_mb() - before),
+                           context_exact_p50_ms=percentile_ms(lat[1:], 50))
 
     def _queries(self, count: int, truth: list | None = None) -> list[tuple[str, str]]:
         picked = self.rng.choice(self.sample, size=count, replace=count > len(self.sample))
@@ -393,7 +317,8 @@ class _KBBench:
             bad += hits(kb.lookup_vectors(self.vectors[gone], threshold=0.0)) + hits(kb.lookup_batch(texts, 0.0))
             checked += f" + {k} by own key vector + {len(texts)} fuzzy texts"
         self.log("looking the forgotten facts up from a second process")
-        other = _check_other_process(self.kb_dir, forget, None if self.vectors is None else self.vectors[gone])
+        other = _check_other_process(self.kb_dir, forget, None if self.vectors is None else self.vectors[gone],
+                                     self.map_kind)
         kept = np.setdiff1d(np.arange(n), gone)
         if retain_exact is not None and retain_exact < len(kept):
             kept = np.sort(self.rng.choice(kept, size=retain_exact, replace=False))
@@ -440,7 +365,8 @@ class _KBBench:
 def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int = 10_000,
                  fuzzy_queries: int = 300, exact_queries: int = 5000, batched_queries: int = 2048,
                  forget_fraction: float = 0.05, retain_check: int = 20_000, retain_exact: int | None = None,
-                 store_only: bool = False, encoder_threads: int | None = None, seed: int = 0, log=print) -> dict:
+                 store_only: bool = False, encoder_threads: int | None = None, seed: int = 0, log=print,
+                 map_kind: str = "auto") -> dict:
     """Run every step on ``n`` synthetic triples in folder ``work``; returns the report.
 
     Args:
@@ -449,8 +375,9 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
         retain_exact (int, optional): check this many retained facts exactly (default: all).
         encoder_threads (int, optional): torch threads for bulk encoding; None tries 1 and 2 and
             keeps the faster (on a machine whose cores are shared, one thread is often faster).
+        map_kind (str, default "auto"): the reader's map of the store: ``memory``, ``store`` or by size.
     """
-    run = _KBBench(n, work, encoder_threads, store_only, seed, log)
+    run = _KBBench(n, work, encoder_threads, store_only, seed, log, map_kind)
     run.build()
     if store_only:
         run.report["method"] = ("store only: no key vectors (exact lookups and forgetting; fuzzy and ANN "
@@ -481,15 +408,19 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
              work: Path = typer.Option(Path("runs/bench-kb"), help="folder for the KB (replaced)"),
              keep: bool = typer.Option(False, help="keep the KB folder afterwards"),
              out: Optional[Path] = typer.Option(None, help="also write the JSON here"),
-             seed: int = typer.Option(0)):
+             seed: int = typer.Option(0),
+             map_kind: str = typer.Option("auto", "--map", help="the reader's map of the store: memory (every key "
+                                          "held), store (lookups read from the store) or auto (by size)")):
     """Build, lookup latency, ANN quality and a 5% forget set at N triples; JSON last line."""
     if triples < 100:
         raise typer.BadParameter(f"--triples must be at least 100, got {triples}")
+    if map_kind not in ("auto", *_MAP_LIMITS):
+        raise typer.BadParameter(f"--map must be auto, memory or store, got {map_kind!r}")
     work.mkdir(parents=True, exist_ok=True)
     report = run_kb_bench(triples, work, embed_keys=embed_keys, ann_queries=ann_queries,
                           fuzzy_queries=fuzzy_queries, batched_queries=batched_queries,
                           encoder_threads=encoder_threads or None, store_only=store_only,
-                          retain_exact=retain_exact or None, seed=seed,
+                          retain_exact=retain_exact or None, seed=seed, map_kind=map_kind,
                           log=lambda s: print(s, file=sys.stderr))
     if not keep:
         shutil.rmtree(work / "kb", ignore_errors=True)

@@ -37,6 +37,7 @@ from .encoder import DEFAULT_MODEL, Encoder, get_encoder
 from .formats import Fact, fact_from
 from .index import AnnConfig, VectorKeyIndex, read_header
 from .indexing import INDEX_FILENAME, PROGRESS_MIN, KeyIndexing
+from .keymap import MAP_LIMIT, MemoryMap, StoreMap
 from .keys import KEY_SEP, clean_field, normalize_text, normalize_value
 from .reader import MAX_SOURCES, KnowledgeBaseReader
 from .records import Triple, check_who, gc_paused, required
@@ -73,9 +74,9 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
         self._encoder = encoder
         self._lock = threading.RLock()
         self._version = 0  # the store version the dict reflects
-        self._best: dict[str, Best] = {}  # key_norm -> best active triple
-        self._key_norm: dict[int, str] = {}  # key_id -> key_norm, active keys only
+        self._map: MemoryMap | StoreMap = MemoryMap()  # key_norm -> best active triple (lmlm.kb.keymap)
         self._n_active = 0
+        self.map_limit = MAP_LIMIT  # keys above which the map is read from the store, not held in memory
         self._index: VectorKeyIndex | None = None  # loaded on first fuzzy use or write
         self._index_version = 0  # the store version the index reflects
         self._unsaved = 0  # vectors embedded or restored since the index file was written
@@ -154,7 +155,6 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
             self.store.close()
 
 
-
     @property
     def version(self) -> int:
         """The store's latest version. Reading it (or ``len``, or :meth:`stats`) does not load this
@@ -188,31 +188,35 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
             return self._version
 
     def _sync(self) -> None:
+        if not self._loaded and self.store.key_bound() > self.map_limit:
+            self._map = StoreMap(self.store, 0)  # a large KB: lookups read the store, nothing held per key
+        if not self._map.in_memory:
+            return self._catch_up_store()
         with gc_paused():  # 10^6 map entries at a first load
             self._take_in(*self.store.catch_up(self._version))
 
     def _take_in(self, version: int, keys: list[int] | None, rows: list[Best]) -> None:
         after = self._version
-        removed = []
         if keys is None:
-            self._best, self._key_norm = {}, {}
             self._ents = None
-        else:
-            for kid in keys:
-                kn = self._key_norm.pop(kid, None)
-                if kn is not None:
-                    self._n_active -= self._best.pop(kn).n_active
-                    removed.append(kn)
-        for b in rows:
-            self._best[b.key_norm] = b
-            self._key_norm[b.key_id] = b.key_norm
-        if keys is None:
-            self._n_active = sum(b.n_active for b in rows)
-        else:
-            self._n_active += sum(b.n_active for b in rows)
+        removed, delta = self._map.take_in(keys, rows)
+        self._n_active += delta
         self._version, self._loaded = version, True
         if keys is not None and after != version:
             self._ents_update(removed, rows, after)
+
+    def _catch_up_store(self) -> None:
+        """:meth:`_sync` for a map read from the store: its version and count of active triples
+        move on; an entity index already built takes in the keys that changed."""
+        after = self._version
+        version, n = self.store.catch_up_count(after, self._n_active)
+        self._map.move_to(version)
+        self._n_active, self._version, self._loaded = n, version, True
+        if self._ents is not None and after != version:
+            keys = self.store.changed_keys(after, version)
+            rows = self.store.best(keys, at=version)
+            gone = set(keys).difference(b.key_id for b in rows)
+            self._ents_update(self.store.key_norms(list(gone)).values(), rows, after)
 
     def _after_write(self, progress: bool | None = None, adds_keys: bool = True, embed: bool = True) -> None:
         """Take in a write just made. An add embeds its new keys now (unless ``embed`` is False); a
@@ -342,7 +346,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
             lists[kind].append(value)
         with self._lock:
             known, gone = None, set()
-            if self._loaded:  # a handle that has not read the map leaves the lookups to the store
+            if self._loaded and self._map.in_memory:  # else the store looks the forget set up
                 self.refresh()
                 known, gone = self._known_ids(keys, facts)
             v, n = self.store.forget(who, why, ids, keys, facts, sources, known=known)
@@ -358,7 +362,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
         one active value) and those left for the store to look up, and the keys those ids empty.
         The store uses it only while still at that version."""
         ids, keys_left, facts_left, gone = [], [], [], set()
-        best = self._best
+        best = self._map
         for kn in keys:
             b = best.get(kn)
             if b is None:
@@ -382,10 +386,8 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
     def _take_in_forget(self, version: int, gone: set[str]) -> None:
         """Version ``version`` deleted the only value of each key in ``gone`` and nothing else: drop
         them from the map without reading the store again."""
-        after, best, key_norm = self._version, self._best, self._key_norm
-        key_ids = [best.pop(kn).key_id for kn in gone]
-        for kid in key_ids:
-            del key_norm[kid]
+        after = self._version
+        key_ids = self._map.drop(gone)
         self._n_active -= len(gone)  # each held one value
         self._version = version
         self._ents_update(gone, [], after)
@@ -450,9 +452,8 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
                     "relation_threshold": self.relation_threshold,
                     "index_size": len(self._index) if loaded else header.get("size", 0),
                     "index_version": self._index_version if loaded else header.get("version", 0),
-                    "index_kind": self._index.ann_kind if loaded else header.get("ann", "flat")}
-
-
+                    "index_kind": self._index.ann_kind if loaded else header.get("ann", "flat"),
+                    "map": ("memory" if self._map.in_memory else "store") if self._loaded else "unread"}
 
 
 def _is_url(path) -> bool:

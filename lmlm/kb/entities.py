@@ -178,7 +178,7 @@ class EntityIndex:
     """
 
     def __init__(self):
-        self.relations: dict[str, dict[str, str]] = {}  # entity_norm -> {relation_norm: key_norm}
+        self.relations: dict[str, dict[str, None]] = {}  # entity_norm -> its relation_norms, in order
         self.relation_counts: dict[str, int] = {}  # relation_norm -> entities that have it
         self.display: dict[str, str] = {}  # entity_norm -> name as first written
         self.aliases: dict[str, dict[str, str]] = {}  # alias_norm -> {entity_norm: alias as written}
@@ -191,7 +191,7 @@ class EntityIndex:
         self._similar: dict[str, list[tuple[str, float]]] = {}  # query word -> similar indexed words
 
     # -- keeping in step ---------------------------------------------------------------------------
-    def add_key(self, entity_norm: str, relation_norm: str, entity: str, key_norm: str | None = None) -> None:
+    def add_key(self, entity_norm: str, relation_norm: str, entity: str) -> None:
         rels = self.relations.get(entity_norm)
         if rels is None:
             rels = self.relations[entity_norm] = {}
@@ -200,7 +200,7 @@ class EntityIndex:
             self._scan = None
         if relation_norm not in rels:
             self.relation_counts[relation_norm] = self.relation_counts.get(relation_norm, 0) + 1
-        rels[relation_norm] = key_norm or f"{entity_norm}\t{relation_norm}"
+        rels[relation_norm] = None
 
     def remove_key(self, entity_norm: str, relation_norm: str) -> None:
         rels = self.relations.get(entity_norm)

@@ -32,7 +32,7 @@ _CHECKPOINT = 65_536  # keys embedded between index saves of a long embedding ru
 
 class KeyIndexing:
     """The key-index half of a KnowledgeBase; expects its ``store``, ``_lock``, ``_version``,
-    ``_key_norm``, ``encoder``, ``encoder_name``, ``ann_config`` and ``path``."""
+    ``_map``, ``encoder``, ``encoder_name``, ``ann_config`` and ``path``."""
 
     def _sync_index(self, progress: bool | None = None) -> VectorKeyIndex:
         """Bring the index to ``self._version``: dead keys out, returning keys back in, new keys embedded."""
@@ -65,10 +65,11 @@ class KeyIndexing:
         """(key ids to take out of the index, key ids to put in) to reach ``self._version``."""
         index = self._index
         if self._index_version == 0:  # built from nothing: compare with every active key
-            return [k for k in index.ids() if k not in self._key_norm], [k for k in self._key_norm if k not in index]
+            alive = self._map.ids()
+            return [k for k in index.ids() if k not in alive], [k for k in alive if k not in index]
         touched = self.store.changed_keys(self._index_version, self._version)
-        return ([k for k in touched if k in index and k not in self._key_norm],
-                [k for k in touched if k in self._key_norm and k not in index])
+        alive = self._map.active_among(touched)
+        return [k for k in touched if k in index and k not in alive], [k for k in touched if k in alive and k not in index]
 
     def _embed_keys(self, key_ids: Sequence[int], progress: bool | None = None) -> None:
         """Embed ``key_ids`` in chunks; a long run saves the index now and then, so a killed run resumes."""
@@ -151,7 +152,8 @@ class KeyIndexing:
         """
         with self._lock:
             self.refresh()
-            unknown = [int(k) for k in key_ids if int(k) not in self._key_norm]
+            alive = self._map.active_among(int(k) for k in key_ids)
+            unknown = [int(k) for k in key_ids if int(k) not in alive]
             if unknown:
                 raise KBError(f"key ids {unknown[:5]} are not active keys of {self.path}")
             if self._index is None:

@@ -3,8 +3,8 @@ and a read-only snapshot of a past version (:class:`lmlm.kb.view.KnowledgeBaseVi
 
 Lookups (``lookup``, ``lookup_batch``, ``lookup_vectors``, ``search``; entity-aware resolution from
 :class:`lmlm.kb.resolve.EntityLookup`) and records (``get``, ``values``, ``history``, ``log``,
-``changes``, ``diff``, ``triples``, ``keys``, ``export``). A subclass holds ``store``, ``_best``
-(key_norm -> best active triple), ``_key_norm``, ``_version``, ``_lock``, ``encoder``, ``threshold``
+``changes``, ``diff``, ``triples``, ``keys``, ``export``). A subclass holds ``store``, ``_map``
+(key_norm -> best active triple: :mod:`lmlm.kb.keymap`), ``_n_active``, ``_version``, ``_lock``, ``encoder``, ``threshold``
 and says how to ``refresh``, bring the key index up to date (``_sync_index``: the live KB's comes
 from :class:`lmlm.kb.indexing.KeyIndexing`) and search it (``_search_index``); only the live KB
 writes. Exercised by ``lmlm kb lookup`` (``--at`` for a snapshot) and ``lmlm generate``.
@@ -54,7 +54,7 @@ class KnowledgeBaseReader(EntityLookup):
     def key_ids(self) -> dict[tuple[str, str], int]:
         """Key id of every active key, by (entity, relation) as first written."""
         self.refresh()
-        return {(b.entity, b.relation): b.key_id for b in list(self._best.values())}
+        return {(b.entity, b.relation): b.key_id for b in self._map.values()}
 
     def lookup(self, entity: str, relation: str, threshold: float | None = None, fuzzy: bool = True,
                context: str | None = None, matching: str | None = None) -> Match | None:
@@ -90,12 +90,12 @@ class KnowledgeBaseReader(EntityLookup):
             en, rn = normalize_text(entity), normalize_text(relation)
             if not en and not rn:
                 continue  # a blank query matches nothing
-            best = self._best.get(en + KEY_SEP + rn)
+            best = self._map.get(en + KEY_SEP + rn)
             if best is not None:
                 out[i] = ((best, 1.0, True), None)
             else:
                 misses.append(i)
-        if fuzzy and misses and self._best:
+        if fuzzy and misses and self._n_active:
             nearest = self._nearest([key_text(*queries[i]) for i in misses], k=1)
             for i, found in zip(misses, nearest):
                 if found:
@@ -107,7 +107,7 @@ class KnowledgeBaseReader(EntityLookup):
         threshold = self.threshold if threshold is None else float(threshold)
         with self._lock:
             self.refresh()
-            if not self._best:
+            if not self._n_active:
                 return [None] * len(vectors)
             found = self._nearest_vectors(np.asarray(vectors, dtype=np.float32), k=1)
             return self._matches([(f[0][0], f[0][1], False) if f and f[0][1] >= threshold else None for f in found])
@@ -118,9 +118,9 @@ class KnowledgeBaseReader(EntityLookup):
             raise ValueError(f"k must be >= 1, got {k}")
         with self._lock:
             self.refresh()
-            exact = self._best.get(normalize_key(entity, relation))
+            exact = self._map.get(normalize_key(entity, relation))
             hits: list[tuple[Best, float, bool]] = [(exact, 1.0, True)] if exact else []
-            if self._best:
+            if self._n_active:
                 hits += [(b, s, False) for b, s in self._nearest([key_text(entity, relation)], k)[0]
                          if not (exact and b.key_id == exact.key_id)]
             return self._matches(hits[:k])
@@ -132,13 +132,15 @@ class KnowledgeBaseReader(EntityLookup):
 
     def _nearest_vectors(self, vectors: np.ndarray, k: int) -> list[list[tuple[Best, float]]]:
         scores, ids = self._search_index(vectors, k + _CANDIDATES)
+        ids = ids.tolist()
+        active = self._map.by_ids({kid for row in ids for kid in row if kid >= 0})
         out = []
-        for row_scores, row_ids in zip(scores.tolist(), ids.tolist()):
+        for row_scores, row_ids in zip(scores.tolist(), ids):
             found = []
             for s, kid in zip(row_scores, row_ids):
-                kn = self._key_norm.get(kid)
-                if kn is not None:  # -1 (no hit) and keys not active in this version drop out
-                    found.append((self._best[kn], float(s)))
+                b = active.get(kid)
+                if b is not None:  # -1 (no hit) and keys not active in this version drop out
+                    found.append((b, float(s)))
                 if len(found) == k:
                     break
             out.append(found)
@@ -207,7 +209,7 @@ class KnowledgeBaseReader(EntityLookup):
     def keys(self) -> list[tuple[str, str]]:
         """The (entity, relation) of every active key, as first written."""
         self.refresh()
-        return [(b.entity, b.relation) for b in list(self._best.values())]
+        return [(b.entity, b.relation) for b in self._map.values()]
 
     def export(self, path: str | Path, format: str | None = None) -> int:
         """Write the active triples with counts and sources; returns how many.

@@ -22,6 +22,7 @@ Examples:
 
 from __future__ import annotations
 
+from sys import intern
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -41,7 +42,7 @@ _TYPO_RELATION = 0.85  # character similarity at which a relation counts as a mi
 
 
 class EntityLookup:
-    """Mixed into KnowledgeBase; expects ``store``, ``_best``, ``_version``, ``_lock``, ``encoder``,
+    """Mixed into KnowledgeBase; expects ``store``, ``_map``, ``_version``, ``_lock``, ``encoder``,
     ``refresh`` and ``_matches``."""
 
     matching: str = "entity"
@@ -52,9 +53,8 @@ class EntityLookup:
     def _entity_index(self) -> EntityIndex:
         if self._ents is None:
             ents = EntityIndex()
-            for b in list(self._best.values()):
-                en, rn = b.key_norm.split(KEY_SEP, 1)
-                ents.add_key(en, rn, b.entity, b.key_norm)
+            for en, rn, entity in self._map.names():
+                ents.add_key(en, intern(rn), entity)  # a relation's name held once, not once per key
             for a in self._alias_rows():
                 ents.add_alias(a.alias_norm, a.entity_norm, a.alias)
             for name, name_norm, en in self.store.deleted_names(**self._at()):
@@ -81,7 +81,7 @@ class EntityLookup:
             touched.add(en)
         for b in added:
             en, rn = b.key_norm.split(KEY_SEP, 1)
-            ents.add_key(en, rn, b.entity, b.key_norm)
+            ents.add_key(en, intern(rn), b.entity)
             touched.add(en)
         new, old = self.store.alias_changes(after, self._version)
         for a in old:
@@ -159,7 +159,7 @@ class EntityLookup:
         hits: list = [None] * len(queries)
         pending: list[tuple[int, Resolved, str]] = []
         for i, (entity, relation) in enumerate(queries):
-            exact = self._best.get(normalize_text(entity) + KEY_SEP + normalize_text(relation))
+            exact = self._map.get(normalize_text(entity) + KEY_SEP + normalize_text(relation))
             if exact is not None and (contexts is None or contexts[i] is None):
                 hits[i] = (exact, 1.0, True, "exact", 1.0, True)  # no context: nothing to depend on
                 continue
@@ -168,9 +168,8 @@ class EntityLookup:
                 out[i] = Miss(res.reason, res.detail, None, res.candidates, self._version, res.context_free)
                 continue
             rn = normalize_text(relation)
-            kn = ents.relations[res.entity].get(rn)
-            if kn is not None:
-                hits[i] = (self._best[kn], 1.0, res.via == "exact", res.via, res.score, res.context_free)
+            if rn in ents.relations[res.entity]:
+                hits[i] = (self._map[res.entity + KEY_SEP + rn], 1.0, res.via == "exact", res.via, res.score, res.context_free)
             elif not fuzzy or not rn or ents.relation_counts.get(rn):  # a relation other entities have: not a paraphrase
                 out[i] = Miss("no_relation", f"{ents.display[res.entity]!r} has no relation {relation!r}",
                               ents.display[res.entity], (), self._version, res.context_free)
@@ -194,7 +193,7 @@ class EntityLookup:
     def _all_exact(self, queries, contexts) -> bool:
         """Whether every query is an exact key with no context (answered without the entity index)."""
         return all((contexts is None or contexts[i] is None) and
-                   self._best.get(normalize_text(e) + KEY_SEP + normalize_text(r)) is not None
+                   self._map.get(normalize_text(e) + KEY_SEP + normalize_text(r)) is not None
                    for i, (e, r) in enumerate(queries))
 
     def _relation_matches(self, pending: list[tuple[int, Resolved, str]]) -> list[tuple[Best | None, float, list]]:
@@ -205,7 +204,7 @@ class EntityLookup:
 
         ents = self._entity_index()
         cache = self._relation_vectors()
-        keys = [[self._best[kn] for kn in ents.relations[res.entity].values()] for _, res, _ in pending]
+        keys = [[self._map[res.entity + KEY_SEP + rn] for rn in ents.relations[res.entity]] for _, res, _ in pending]
         todo = list(dict.fromkeys(b.relation for bs in keys for b in bs if b.relation not in cache))
         if todo:
             cache.update(zip(todo, self.encoder.encode(todo, cache=False)))

@@ -20,6 +20,7 @@ import numpy as np
 
 from .encoder import Encoder
 from .index import Selection
+from .keymap import MemoryMap
 from .keys import key_text, normalize_key
 from .reader import MAX_SOURCES, KnowledgeBaseReader
 from .records import TripleRecord
@@ -43,8 +44,7 @@ class KnowledgeBaseView(KnowledgeBaseReader):
         with self._lock:
             rows = kb.store.best_at(version)
         self._version = version
-        self._best = {b.key_norm: b for b in rows}
-        self._key_norm = {b.key_id: b.key_norm for b in rows}
+        self._map = MemoryMap(rows)
         self._n_active = sum(b.n_active for b in rows)
         self._selection: Selection | None = None
         self.matching, self.relation_threshold = kb.matching, kb.relation_threshold
@@ -80,12 +80,12 @@ class KnowledgeBaseView(KnowledgeBaseReader):
     def _search_index(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         index = self._parent._sync_index()
         if self._selection is None or self._selection.generation != index.generation:
-            missing = [kid for kid in self._key_norm if not index.has_vector(kid)]
+            missing = [kid for kid in self._map.ids() if not index.has_vector(kid)]
             if missing:  # keys the live index never held: embed them once, as dead rows
                 rows = self.store.key_texts(missing)
                 vecs = self.encoder.encode([key_text(e, r) for _, e, r in rows], cache=False)
                 index.add(np.array([k for k, _, _ in rows], dtype=np.int64), vecs, alive=False)
-            self._selection = index.select(self._key_norm)
+            self._selection = index.select(self._map.ids())
         return index.search(vectors, k, within=self._selection)
 
     def _sources(self, triple_ids: list[int]) -> dict[int, tuple[str, ...]]:

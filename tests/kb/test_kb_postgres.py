@@ -78,14 +78,17 @@ def url(server, request):
     return server.replace("/postgres?", f"/{name}?")
 
 
-def test_the_whole_api_on_postgres(url, encoder, tmp_path, monkeypatch):
+@pytest.mark.parametrize("map_limit", [10**9, 0], ids=["map-in-memory", "map-read-from-store"])
+def test_the_whole_api_on_postgres(url, encoder, tmp_path, monkeypatch, map_limit):
     kb = KnowledgeBase.create(url, encoder=encoder, index_dir=tmp_path / "idx")
+    kb.map_limit = map_limit
     kb.add([Triple("Ada Lovelace", "Birth City", "London", source="bio-ada", position=10),
             Triple("Alan Turing", "Occupation", "mathematician", source="bio-turing"),
             Triple("Ada Lovelace", "Birth City", "London", source="bio-ada-2")], who="alice", why="seed")
     m = kb.lookup("ada lovelace", "BIRTH CITY")
     assert (m.value, m.exact, m.support, m.sources) == ("London", True, 2, ("bio-ada", "bio-ada-2"))
     assert kb.lookup("Alan Turing", "job").value == "mathematician"
+    assert kb.stats()["map"] == ("store" if map_limit == 0 else "memory")
     assert kb.edit("Alan Turing", "Occupation", "computer scientist", who="bob") == 2
     assert kb.forget([("Ada Lovelace", "Birth City")], who="carol", why="request") == 1
     assert kb.lookup("Ada Lovelace", "Birth City") is None and len(kb) == 1
