@@ -74,3 +74,26 @@ def test_paper_preset_bad_options_are_one_error_line(tmp_path):
     assert res.exit_code == 2 and "error: unknown model preset(s) gpt9: --models" in res.output
     res = runner.invoke(app, ["bench", "generate", "--preset", "huge"])
     assert res.exit_code == 2 and "error: unknown preset 'huge'" in res.output
+
+
+def test_the_paper_inputs_are_the_dumps_plain_texts_and_infobox_kb(tmp_path):
+    """The prompts' texts and KB come from a Wikipedia dump read by ``annotate wikipedia``'s own output
+    (the document schema), built once and reused."""
+    import bz2
+
+    from lmlm.bench.generate_paper import paper_inputs
+    from lmlm.kb import KnowledgeBase
+
+    article = ("{{Infobox scientist\n| name = Ada Lovelace\n| birth_place = [[London]], England\n}}\n"
+               "'''Ada Lovelace''' was an English mathematician born in [[London]].")
+    dump = tmp_path / "dump.xml.bz2"
+    dump.write_bytes(bz2.compress(('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/"><page>'
+                                   "<title>Ada Lovelace</title><ns>0</ns><id>1</id><revision><id>9</id>"
+                                   f"<text>{article}</text></revision></page></mediawiki>").encode()))
+    kb_dir, texts = paper_inputs(tmp_path / "cache", dump, log=lambda msg: None)
+    assert texts == ["Ada Lovelace was an English mathematician born in London."]
+    with KnowledgeBase.open(kb_dir) as kb:
+        assert kb.lookup("Ada Lovelace", "Birth Place", fuzzy=False).value == "London, England"
+    stamp = (kb_dir / "kb.sqlite").stat().st_mtime_ns
+    assert paper_inputs(tmp_path / "cache", dump, log=lambda msg: None) == (kb_dir, texts)
+    assert (kb_dir / "kb.sqlite").stat().st_mtime_ns == stamp  # built once

@@ -79,6 +79,7 @@ def _device_name(device) -> str:
 def paper_inputs(cache: Path, wiki: Path, log: Callable[[str], None] = print) -> tuple[Path, list[str]]:
     """The KB (infobox facts of the dump ``wiki``) and the articles' plain texts, built once in ``cache``."""
     from ..annotate.wikipedia import annotate_dump
+    from ..corpus import iter_documents
     from ..kb.build import build
 
     wiki_dir, kb_dir = cache / "wiki", cache / "kb"
@@ -91,9 +92,7 @@ def paper_inputs(cache: Path, wiki: Path, log: Callable[[str], None] = print) ->
             shutil.rmtree(kb_dir)
         build(kb_dir, wiki_dir / "triples.jsonl", progress=False).close()
         (cache / "inputs.json").write_text(stamp)
-    with open(wiki_dir / "documents.jsonl", encoding="utf-8") as f:
-        texts = [json.loads(line)["plain"] for line in f if line.strip()]
-    return kb_dir, texts
+    return kb_dir, [doc.text for doc in iter_documents(wiki_dir / "documents.jsonl")]
 
 
 def paper_prompts(tok, texts: Sequence[str], n: int, prompt_tokens: int) -> list[str]:
