@@ -62,8 +62,8 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
         threshold (float, default 0.6): minimum cosine similarity of a key match under ``"key"``.
         relation_threshold (float, default 0.5): minimum relation similarity under ``"entity"``.
         ann_config (AnnConfig): when the key index switches from exact search to HNSW and IVF.
+        map_limit (int): keys above which lookups read the store rather than a map held in memory.
     """
-
 
     def __init__(self, path: Path, store: SQLiteStore, encoder: Encoder | None = None,
                  ann: AnnConfig | None = None):
@@ -130,9 +130,10 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
              index_dir: str | Path | None = None) -> "KnowledgeBase":
         """Open the KB in folder ``path`` (or its ``kb.sqlite``), or at a ``postgresql://`` URL.
 
-        Opening reads no facts: the handle's map of the store (key -> best value, about 3.5 s and
-        0.5 GB at 10^6 keys) is read at its first lookup, so a handle that only writes (an import,
-        a forget) or reports (``version``, ``len``, :meth:`stats`) never holds it."""
+        Opening reads no facts: the handle's map of the store (key -> best value, about 4 s and
+        0.45 GB at 10^6 keys) is read at its first lookup, so a handle that only writes (an import,
+        a forget) or reports (``version``, ``len``, :meth:`stats`) never holds it; above ``map_limit``
+        keys lookups read the store instead and nothing is held (:mod:`lmlm.kb.keymap`)."""
         if _is_url(path):
             from .postgres import PostgresStore, as_url
 
@@ -153,7 +154,6 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
         with self._lock:
             self._maybe_save(quiet=True)
             self.store.close()
-
 
     @property
     def version(self) -> int:

@@ -38,6 +38,8 @@ from typing import IO, Iterable
 
 import numpy as np
 
+from .index_rows import RowOf
+
 __all__ = ["AnnConfig", "VectorKeyIndex", "Selection", "read_header", "save_index", "load_index"]
 
 _MAGIC = b"LMLMIDX1"
@@ -129,7 +131,7 @@ class VectorKeyIndex:
         self._alive = np.zeros(0, dtype=bool)  # (capacity,)
         self._n = 0
         self._n_alive = 0
-        self._row: dict[int, int] = {}  # key id -> row
+        self._row = RowOf()  # key id -> row
         self._ann = None  # FAISS index over rows [0, ann_rows), or None for exact search
         self._ann_rows = 0
         self.ann_kind = "flat"
@@ -143,10 +145,10 @@ class VectorKeyIndex:
 
     def __contains__(self, key_id: int) -> bool:
         row = self._row.get(int(key_id))
-        return row is not None and bool(self._alive[row])
+        return row >= 0 and bool(self._alive[row])
 
     def has_vector(self, key_id: int) -> bool:
-        return int(key_id) in self._row
+        return self._row.get(int(key_id)) >= 0
 
     def ids(self) -> list[int]:
         return sorted(self._keys[:self._n][self._alive[:self._n]].tolist())
@@ -158,13 +160,11 @@ class VectorKeyIndex:
 
     def vectors(self, ids: Iterable[int]) -> np.ndarray:
         """The stored vectors of ``ids`` (n, dim); KeyError names the first id with none."""
-        rows = []
-        for i in ids:
-            row = self._row.get(int(i))
-            if row is None:
-                raise KeyError(f"no vector stored for key id {i}")
-            rows.append(row)
-        return self._vecs[np.asarray(rows, dtype=np.int64)].astype(np.float32)
+        ids = np.fromiter(ids, dtype=np.int64)
+        rows = self._row.of(ids)
+        if (rows < 0).any():
+            raise KeyError(f"no vector stored for key id {ids[rows < 0][0]}")
+        return self._vecs[rows].astype(np.float32)
 
     def live_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """(key ids (m,), vectors (m, dim)) of every live key, for exact reference searches."""
@@ -178,22 +178,19 @@ class VectorKeyIndex:
         if vectors.shape != (len(ids), self.dim):
             raise ValueError(f"vectors must have shape ({len(ids)}, {self.dim}) for {len(ids)} ids, "
                              f"got {vectors.shape}")
-        fresh, seen = [], set()
-        for j, i in enumerate(ids.tolist()):
-            if i in self._row:
-                if alive:
-                    self.restore([i])
-            elif i not in seen:
-                seen.add(i)
-                fresh.append(j)
-        if not fresh:
+        known = self._row.of(ids) >= 0
+        if alive and known.any():
+            self.restore(ids[known])
+        _, first = np.unique(ids[~known], return_index=True)  # new ids, each at its first position
+        fresh = np.flatnonzero(~known)[np.sort(first)]
+        if not len(fresh):
             return
         start, m = self._n, len(fresh)
         self._reserve(start + m)
         self._vecs[start:start + m] = vectors[fresh]
         self._keys[start:start + m] = ids[fresh]
         self._alive[start:start + m] = alive
-        self._row.update(zip(ids[fresh].tolist(), range(start, start + m)))
+        self._row.assign(ids[fresh], np.arange(start, start + m))
         self._n += m
         if alive:
             self._n_alive += m
@@ -203,20 +200,19 @@ class VectorKeyIndex:
             self.settle()
 
     def restore(self, ids: Iterable[int]) -> list[int]:
-        missing = []
-        for i in ids:
-            row = self._row.get(int(i))
-            if row is None:
-                missing.append(int(i))
-            elif not self._alive[row]:
-                self._alive[row] = True
-                self._n_alive += 1
-                self._dead_sel = None
-        return missing
+        """Make the stored vectors of ``ids`` live again; returns the ids with no vector."""
+        ids = np.fromiter(ids, dtype=np.int64)
+        rows = self._row.of(ids)
+        back = np.unique(rows[rows >= 0])
+        back = back[~self._alive[back]]
+        if len(back):
+            self._alive[back] = True
+            self._n_alive += len(back)
+            self._dead_sel = None
+        return ids[rows < 0].tolist()
 
     def remove(self, ids: Iterable[int]) -> int:
-        get = self._row.get
-        rows = np.fromiter((get(int(i), -1) for i in ids), dtype=np.int64)
+        rows = self._row.of(np.fromiter(ids, dtype=np.int64))
         rows = np.unique(rows[rows >= 0])
         rows = rows[self._alive[rows]]
         self._alive[rows] = False
@@ -258,7 +254,7 @@ class VectorKeyIndex:
         self._vecs, self._keys = self._vecs[keep], self._keys[keep]
         self._alive = np.ones(len(live), dtype=bool)
         self._n = self._n_alive = len(live)
-        self._row = dict(zip(self._keys.tolist(), range(self._n)))
+        self._row = RowOf(self._keys[:self._n])
         self._dead_sel = None
         self.generation += 1
         self.ann_kind = ann or self.forced or self.config.choose(self._n)
@@ -304,7 +300,8 @@ class VectorKeyIndex:
     def select(self, key_ids: Iterable[int]) -> Selection:
         """A :class:`Selection` of ``key_ids`` to pass as ``search(..., within=...)``."""
         key_ids = np.asarray(sorted({int(i) for i in key_ids}), dtype=np.int64)
-        rows = np.asarray(sorted(self._row[i] for i in key_ids.tolist() if i in self._row), dtype=np.int64)
+        rows = np.sort(self._row.of(key_ids))
+        rows = rows[rows >= 0]
         mask = np.zeros(self._n, dtype=bool)
         mask[rows] = True
         return Selection(key_ids, rows, np.packbits(mask, bitorder="little"), self.generation)
@@ -408,7 +405,7 @@ class VectorKeyIndex:
         index._alive = np.frombuffer(body[o1:o2], dtype=np.uint8).astype(bool)
         index._vecs = np.frombuffer(body[o2:o3], dtype=dtype).reshape(n, dim).copy()
         index._n, index._n_alive = n, int(index._alive.sum())
-        index._row = dict(zip(index._keys.tolist(), range(n)))
+        index._row = RowOf(index._keys)
         index.ann_kind, index._trained_on = header.get("ann", "flat"), int(header.get("trained_on", 0))
         if index.ann_kind != "ivf":  # the float16 copy of an IVF saved before its structure caught up
             index._vecs = index._vecs.astype(np.float32, copy=False)
