@@ -180,3 +180,20 @@ def test_an_index_growing_into_ivf_stores_float16_and_finds_what_it_held(tmp_pat
     save_index(index, tmp_path / "i.idx", {"version": 1})
     loaded, header = load_index(tmp_path / "i.idx")
     assert header["vectors"] == "float16" and loaded.search(vectors[[1]], 1)[1][0, 0] == 1
+
+
+def test_sparse_key_ids_are_found_and_ids_out_of_range_refused(tmp_path):
+    index = VectorKeyIndex(8, ann="flat")
+    ids, vectors = np.array([5, 3_000_000, 5, 70]), _unit(4)
+    index.add(ids, vectors)  # the repeated 5 keeps its first vector
+    assert len(index) == 3 and 3_000_000 in index and 4 not in index and -1 not in index
+    np.testing.assert_allclose(index.vectors([70, 5]), vectors[[3, 0]])
+    assert index.search(vectors[1:2], 1)[1][0, 0] == 3_000_000
+    assert index.remove([5, 5, 8]) == 1 and index.restore([5, 8]) == [8] and 5 in index
+    save_index(index, tmp_path / "i.faiss", {"version": 1})
+    assert load_index(tmp_path / "i.faiss")[0].ids() == [5, 70, 3_000_000]
+    for bad in (-3, 2**31):
+        with pytest.raises(ValueError, match=f"key id {bad} is out of range"):
+            index.add(np.array([bad]), _unit(1))
+    with pytest.raises(KeyError, match="no vector stored for key id 9"):
+        index.vectors([5, 9])
