@@ -1,7 +1,7 @@
 """A reader's map of the store: normalised key -> its best active triple (:class:`Best`).
 
-Two kinds, one interface. :class:`MemoryMap` holds every active key in Python dicts (about 320
-bytes a key: at 10^6 keys 0.3 GB, read in about 4 s), so an exact lookup is a dict probe.
+Two kinds, one interface. :class:`MemoryMap` holds every active key in Python dicts (about 450
+bytes a key: at 10^6 keys 0.45 GB, read in about 5 s), so an exact lookup is a dict probe.
 :class:`StoreMap` holds nothing per key: each lookup is read from the store's indexes (entity name
 -> key -> triples, about 0.1 ms), as of the map's version, so a KB of 5 x 10^7 keys is served in a
 few MB and opens at once. :class:`lmlm.kb.KnowledgeBase` picks by size at its first lookup: a KB
