@@ -69,7 +69,8 @@ class KeyIndexing:
             return [k for k in index.ids() if k not in alive], [k for k in alive if k not in index]
         touched = self.store.changed_keys(self._index_version, self._version)
         alive = self._map.active_among(touched)
-        return [k for k in touched if k in index and k not in alive], [k for k in touched if k in alive and k not in index]
+        return ([k for k in touched if k in index and k not in alive],
+                [k for k in touched if k in alive and k not in index])
 
     def _embed_keys(self, key_ids: Sequence[int], progress: bool | None = None) -> None:
         """Embed ``key_ids`` in chunks; a long run saves the index now and then, so a killed run resumes."""

@@ -4,9 +4,10 @@ Two kinds, one interface. :class:`MemoryMap` holds every active key in Python di
 bytes a key: at 10^6 keys 0.45 GB, read in about 5 s), so an exact lookup is a dict probe.
 :class:`StoreMap` holds nothing per key: each lookup is read from the store's indexes (entity name
 -> key -> triples, about 0.1 ms), as of the map's version, so it opens at once and holds nothing
-at any size (the entity index, built at the first entity-aware lookup, still holds every name). :class:`lmlm.kb.KnowledgeBase` picks by size at its first lookup: a KB
-that has made more than ``map_limit`` keys (default :data:`MAP_LIMIT`, or the environment's
-``LMLM_KB_MAP_LIMIT``) reads from the store. A view of a past version holds a :class:`MemoryMap` of
+at any size (the entity index, built at the first entity-aware lookup, still holds every name).
+:class:`lmlm.kb.KnowledgeBase` picks by size at its first lookup: a KB that has made more than
+``map_limit`` keys (default :data:`MAP_LIMIT`, or the environment's ``LMLM_KB_MAP_LIMIT``) reads
+from the store. A view of a past version holds a :class:`MemoryMap` of
 that version. Exercised by every lookup.
 """
 
@@ -20,7 +21,8 @@ from .records import Best
 
 __all__ = ["MemoryMap", "StoreMap", "MAP_LIMIT"]
 
-MAP_LIMIT = int(os.environ.get("LMLM_KB_MAP_LIMIT", 4_000_000))  # keys above which a live KB reads lookups from the store instead of holding them
+# keys above which a live KB reads lookups from the store instead of holding them
+MAP_LIMIT = int(os.environ.get("LMLM_KB_MAP_LIMIT", 4_000_000))
 _CACHE = 65_536  # keys a StoreMap remembers between two versions (a generation asks the same keys often)
 _MISSING = object()
 

@@ -4,8 +4,8 @@ and a read-only snapshot of a past version (:class:`lmlm.kb.view.KnowledgeBaseVi
 Lookups (``lookup``, ``lookup_batch``, ``lookup_vectors``, ``search``; entity-aware resolution from
 :class:`lmlm.kb.resolve.EntityLookup`) and records (``get``, ``values``, ``history``, ``log``,
 ``changes``, ``diff``, ``triples``, ``keys``, ``export``). A subclass holds ``store``, ``_map``
-(key_norm -> best active triple: :mod:`lmlm.kb.keymap`), ``_n_active``, ``_version``, ``_lock``, ``encoder``, ``threshold``
-and says how to ``refresh``, bring the key index up to date (``_sync_index``: the live KB's comes
+(key_norm -> best active triple: :mod:`lmlm.kb.keymap`), ``_n_active``, ``_version``, ``_lock``,
+``encoder``, ``threshold`` and says how to ``refresh``, bring the key index up to date (``_sync_index``: the live KB's comes
 from :class:`lmlm.kb.indexing.KeyIndexing`) and search it (``_search_index``); only the live KB
 writes. Exercised by ``lmlm kb lookup`` (``--at`` for a snapshot) and ``lmlm generate``.
 """

@@ -169,7 +169,8 @@ class EntityLookup:
                 continue
             rn = normalize_text(relation)
             if rn in ents.relations[res.entity]:
-                hits[i] = (self._map[res.entity + KEY_SEP + rn], 1.0, res.via == "exact", res.via, res.score, res.context_free)
+                hits[i] = (self._map[res.entity + KEY_SEP + rn], 1.0, res.via == "exact", res.via, res.score,
+                           res.context_free)
             elif not fuzzy or not rn or ents.relation_counts.get(rn):  # a relation other entities have: not a paraphrase
                 out[i] = Miss("no_relation", f"{ents.display[res.entity]!r} has no relation {relation!r}",
                               ents.display[res.entity], (), self._version, res.context_free)

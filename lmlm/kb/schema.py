@@ -13,7 +13,8 @@ from typing import Iterator, Sequence
 
 from .keys import KEY_SEP
 
-__all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "NAMED", "KEY_NORM", "KEY_IS", "NoChange", "chunks", "marks"]
+__all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "NAMED", "KEY_NORM", "KEY_IS", "ACTIVE_AT", "NoChange", "chunks",
+           "marks"]
 
 DB_FILENAME = "kb.sqlite"
 FORMAT = "lmlm-kb"
@@ -26,6 +27,8 @@ KEY_NORM = f"e.name_norm || '{KEY_SEP}' || r.name_norm"
 # triple ``t`` is under the key of (entity_norm, relation_norm) given as two parameters
 KEY_IS = ("t.key_id = (SELECT k.id FROM keys k JOIN entities e ON e.id = k.entity_id"
           " JOIN relations r ON r.id = k.relation_id WHERE e.name_norm = ? AND r.name_norm = ?)")
+# triple ``t`` is active at the version given twice as parameters
+ACTIVE_AT = "t.created_version <= ? AND (t.deleted_version IS NULL OR t.deleted_version > ?)"
 
 IN_CHUNK = 500  # ids per "IN (...)" clause, below SQLite's variable limit
 

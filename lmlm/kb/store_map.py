@@ -14,11 +14,10 @@ import numpy as np
 
 from .keys import KEY_SEP
 from .records import Best
-from .schema import KEY_NORM, NAMED, chunks as _chunks, marks as _marks
+from .schema import ACTIVE_AT, KEY_IS, KEY_NORM, NAMED, chunks as _chunks, marks as _marks
 
 __all__ = ["StoredMap"]
 
-_ACTIVE_AT = "t.created_version <= ? AND (t.deleted_version IS NULL OR t.deleted_version > ?)"
 _BEST = (f"SELECT t.key_id, {KEY_NORM}, t.id, e.name, r.name, t.value, t.count, t.created_version FROM {NAMED}"
          " WHERE {}ORDER BY t.key_id, t.count DESC, t.created_version DESC, t.id DESC")
 
@@ -61,7 +60,7 @@ class StoredMap:
         all keys; with ``at``, among the triples active at that version (counts as they are now)."""
         if key_ids is None:
             return self._best_all(at)
-        active, params = ("t.deleted_version IS NULL", []) if at is None else (_ACTIVE_AT, [at, at])
+        active, params = ("t.deleted_version IS NULL", []) if at is None else (ACTIVE_AT, [at, at])
         rows = []
         for ch in _chunks(sorted(set(key_ids))):
             rows += self._x(_BEST.format(f"{active} AND t.key_id IN ({_marks(len(ch))}) "), [*params, *ch]).fetchall()
@@ -69,8 +68,7 @@ class StoredMap:
 
     def best_of(self, entity_norm: str, relation_norm: str, at: int) -> Best | None:
         """:meth:`best` of one key by its normalised names, at version ``at``; None when it has no active value."""
-        rows = self._x(_BEST.format(f"e.name_norm = ? AND r.name_norm = ? AND {_ACTIVE_AT} "),
-                       (entity_norm, relation_norm, at, at)).fetchall()
+        rows = self._x(_BEST.format(f"{KEY_IS} AND {ACTIVE_AT} "), (entity_norm, relation_norm, at, at)).fetchall()
         return Best.per_key(rows)[0] if rows else None
 
     def active_among(self, key_ids: Sequence[int], at: int) -> set[int]:
@@ -78,14 +76,14 @@ class StoredMap:
         out: set[int] = set()
         for ch in _chunks(sorted(set(key_ids))):
             out.update(r[0] for r in self._x(
-                f"SELECT DISTINCT t.key_id FROM triples t WHERE t.key_id IN ({_marks(len(ch))}) AND {_ACTIVE_AT}",
+                f"SELECT DISTINCT t.key_id FROM triples t WHERE t.key_id IN ({_marks(len(ch))}) AND {ACTIVE_AT}",
                 [*ch, at, at]))
         return out
 
     def active_key_ids(self, at: int) -> np.ndarray:
         """Every key id with a value active at version ``at``, ascending."""
         return np.fromiter((r[0] for r in self._x(
-            f"SELECT DISTINCT t.key_id FROM triples t WHERE {_ACTIVE_AT} ORDER BY t.key_id", (at, at))), dtype=np.int64)
+            f"SELECT DISTINCT t.key_id FROM triples t WHERE {ACTIVE_AT} ORDER BY t.key_id", (at, at))), dtype=np.int64)
 
     def active_key_names(self, at: int) -> Iterator[tuple[str, str, str]]:
         """(entity_norm, relation_norm, entity as written) of every key active at version ``at``,
@@ -93,7 +91,7 @@ class StoredMap:
         return iter(self._x(
             "SELECT e.name_norm, r.name_norm, e.name FROM keys k JOIN entities e ON e.id = k.entity_id"
             " JOIN relations r ON r.id = k.relation_id"
-            f" WHERE k.id IN (SELECT t.key_id FROM triples t WHERE {_ACTIVE_AT})", (at, at)))
+            f" WHERE k.id IN (SELECT t.key_id FROM triples t WHERE {ACTIVE_AT})", (at, at)))
 
     def active_change(self, after: int, upto: int) -> int:
         """How many more triples are active at version ``upto`` than at ``after``: each add counts
@@ -106,7 +104,8 @@ class StoredMap:
         out: dict[int, str] = {}
         for ch in _chunks(sorted(set(key_ids))):
             out.update(self._x(f"SELECT k.id, {KEY_NORM} FROM keys k JOIN entities e ON e.id = k.entity_id"
-                               f" JOIN relations r ON r.id = k.relation_id WHERE k.id IN ({_marks(len(ch))})", list(ch)))
+                               " JOIN relations r ON r.id = k.relation_id"
+                               f" WHERE k.id IN ({_marks(len(ch))})", list(ch)))
         return out
 
     def key_bound(self) -> int:
@@ -116,12 +115,12 @@ class StoredMap:
     def _best_all(self, at: int | None = None) -> list[Best]:
         """:meth:`best` of every key, from one pass over each table joined here: at 10^6 keys a third
         of the time of SQLite's four-table join and sort (its caller pauses garbage collection)."""
-        active, params = ("deleted_version IS NULL", ()) if at is None else (_ACTIVE_AT.replace("t.", ""), (at, at))
+        active, params = ("t.deleted_version IS NULL", ()) if at is None else (ACTIVE_AT, (at, at))
         ents = {i: (name, norm) for i, name, norm in self._x("SELECT id, name, name_norm FROM entities")}
         rels = {i: (name, norm) for i, name, norm in self._x("SELECT id, name, name_norm FROM relations")}
         top: dict[int, list] = {}  # key id -> [triple id, value, count, created, active values]
         for kid, tid, value, count, created in self._x(
-                f"SELECT key_id, id, value, count, created_version FROM triples WHERE {active}", params):
+                f"SELECT t.key_id, t.id, t.value, t.count, t.created_version FROM triples t WHERE {active}", params):
             cur = top.get(kid)
             if cur is None:
                 top[kid] = [tid, value, count, created, 1]

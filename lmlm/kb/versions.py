@@ -14,13 +14,12 @@ from typing import Iterator
 
 from .records import Best, DiffEntry, KBError, TripleRecord, _group_records
 from .keys import KEY_SEP
-from .schema import KEY_IS, KEY_NORM, NAMED
+from .schema import ACTIVE_AT, KEY_IS, KEY_NORM, NAMED
 
 __all__ = ["PastVersions"]
 
 # count of each triple at version ?, from its changes
 _COUNTS_AT = "SELECT triple_id, sum(count_delta) AS count FROM changes WHERE version <= ? GROUP BY triple_id"
-_ACTIVE_AT = "t.created_version <= ? AND (t.deleted_version IS NULL OR t.deleted_version > ?)"
 
 
 class PastVersions:
@@ -44,7 +43,7 @@ class PastVersions:
         rows = self._x(
             f"WITH n AS ({_COUNTS_AT}) SELECT t.key_id, {KEY_NORM}, t.id, e.name, r.name, t.value, n.count,"
             f" t.created_version FROM {NAMED} JOIN n ON n.triple_id = t.id"
-            f" WHERE {_ACTIVE_AT} ORDER BY t.key_id, n.count DESC, t.created_version DESC, t.id DESC",
+            f" WHERE {ACTIVE_AT} ORDER BY t.key_id, n.count DESC, t.created_version DESC, t.id DESC",
             (v, v, v)).fetchall()
         return Best.per_key(rows)
 
@@ -60,14 +59,14 @@ class PastVersions:
             f"WITH n AS ({counts}) SELECT t.id, e.name, r.name, t.value, n.count, t.created_version, NULL,"
             f" d.doc_id, s.position FROM {NAMED} JOIN n ON n.triple_id = t.id"
             " LEFT JOIN sources s ON s.triple_id = t.id AND s.version <= ? LEFT JOIN documents d ON d.id = s.doc"
-            f" WHERE {_ACTIVE_AT}{only} ORDER BY t.id, s.rowid", (v, *params, v, v, v, *params)))
+            f" WHERE {ACTIVE_AT}{only} ORDER BY t.id, s.rowid", (v, *params, v, v, v, *params)))
 
     def counts_at(self, version: int) -> dict[str, int]:
         v = self.check_version(version)
         q = lambda sql, *p: self._x(sql, p).fetchone()[0] or 0  # noqa: E731
         return {
-            "triples": q(f"SELECT count(*) FROM triples t WHERE {_ACTIVE_AT}", v, v),
-            "keys": q(f"SELECT count(DISTINCT key_id) FROM triples t WHERE {_ACTIVE_AT}", v, v),
+            "triples": q(f"SELECT count(*) FROM triples t WHERE {ACTIVE_AT}", v, v),
+            "keys": q(f"SELECT count(DISTINCT key_id) FROM triples t WHERE {ACTIVE_AT}", v, v),
             "deleted": q("SELECT count(*) FROM triples WHERE deleted_version <= ?", v),
             "sources": q("SELECT count(*) FROM sources WHERE version <= ?", v),
             "documents": q("SELECT count(DISTINCT doc) FROM sources WHERE version <= ?", v),
