@@ -1,21 +1,24 @@
 """Vector index over KB keys: one unit-norm embedding per distinct ``(entity, relation)`` key.
 
-:class:`VectorKeyIndex` keeps every key's vector (float32; float16 for IVF: half the memory, cosines
-within 1e-3 of float32's) and, once there are enough keys, an approximate FAISS structure chosen by
-size (:class:`AnnConfig`): exact search below ``flat_max`` keys, HNSW (8-bit scalar-quantised codes)
-up to ``ivf_min``, IVF from there (4-bit product-quantised codes scanned with SIMD "fast scan", ten
-times faster than 8-bit codes at 10^6 keys). The approximate structure only proposes candidates;
-each query's top candidates (``rescore`` for HNSW, ``ivf_rescore`` for IVF) are re-scored against
-the stored vectors, so the scores a lookup compares with its threshold are cosines. Deleting a key
+:class:`VectorKeyIndex` keeps every key's vector as a stored row (:class:`lmlm.kb.index_codes.RowCodec`:
+float32; float16 for IVF, cosines within 1e-3 of float32's; 8-bit PQ codes for the largest KBs) and,
+once there are enough keys, an approximate FAISS structure chosen by size (:class:`AnnConfig`):
+exact search below ``flat_max`` keys, HNSW (8-bit scalar-quantised codes) up to ``ivf_min``, IVF
+from there (4-bit product-quantised codes scanned with SIMD "fast scan", ten times faster than 8-bit
+codes at 10^6 keys), and from ``pq_min`` the same IVF with rows kept as ``pq_bytes``-byte PQ codes
+(``ivfpq``: 64 bytes a key instead of float16's 768, so 5 x 10^7 keys fit in a few GB). The
+approximate structure only proposes candidates; each query's top candidates (``rescore`` for HNSW,
+``ivf_rescore`` for IVF) are re-scored against the stored rows, so the scores a lookup compares
+with its threshold are cosines (of the decoded row for ``ivfpq``). Deleting a key
 clears its bit in an alive mask that every search filters on (FAISS ``IDSelectorBitmap``), so a
 delete is immediate and costs no rebuild; a dead row keeps its vector (a past version may need it)
-until :meth:`rebuild`.
+until :meth:`rebuild`. A KB given its vectors in chunks (``KnowledgeBase.put_vectors`` with
+``expected``) builds the structure for the final size first (:meth:`VectorKeyIndex.prepare`) and
+encodes each chunk as it comes, so no float copy of all rows is ever held.
 Exercised by every fuzzy ``KnowledgeBase.lookup`` and by ``lmlm bench kb``.
 
-An index file is one file, replaced atomically: an 8-byte magic, a 4-byte little-endian header
-length, a JSON header (``version`` of the store it reflects, ``kind``, ``dim``, ``encoder``,
-``rows``, ...), then the body (key ids, alive mask, vectors, serialised FAISS structure). Readers
-check the header alone (:func:`read_header`) to decide whether the file is newer than what they hold.
+The file (:mod:`lmlm.kb.index_file`) is one file, replaced atomically: a JSON header, then key ids,
+alive mask, stored rows, the row codec and the FAISS structure, written and read as a stream.
 
 Examples:
     >>> index = VectorKeyIndex(4)
@@ -28,23 +31,22 @@ Examples:
 
 from __future__ import annotations
 
-import json
-import mmap
 import os
-import struct
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import IO, Iterable
 
 import numpy as np
 
-from .index_rows import RowOf
+from .index_codes import RowCodec
+from .index_file import open_body, read_array, read_header, write_array, write_atomically
+from .index_rows import RowOf, Selection, _no_hits, _top_k
 
 __all__ = ["AnnConfig", "VectorKeyIndex", "Selection", "read_header", "save_index", "load_index"]
 
-_MAGIC = b"LMLMIDX1"
 _QUERY_BLOCK = 256  # queries searched together: (256, 128 candidates, 384) float32 is 50 MB of scratch
-_RANK = {"flat": 0, "hnsw": 1, "ivf": 2}
+_RANK = {"flat": 0, "hnsw": 1, "ivf": 2, "ivfpq": 3}
+_ROWS = {"flat": "float32", "hnsw": "float32", "ivf": "float16", "ivfpq": "pq"}  # stored rows per structure
+_ADD_CHUNK = 50_000  # rows added to the FAISS structure at a time (decoded rows are float32 scratch)
 
 
 @dataclass
@@ -54,6 +56,11 @@ class AnnConfig:
     Args:
         flat_max (int, default 50_000): below this many live keys, search is exact (no ANN).
         ivf_min (int, default 300_000): from this many live keys, IVF; between the two, HNSW.
+        pq_min (int, default 4_000_000): from this many live keys, IVF with rows stored as PQ codes.
+        pq_bytes (int, default 64): bytes of a stored row's PQ code there (must divide the dimension).
+        ivf_max_lists (int, default 8192): at most this many IVF lists (about ``2 sqrt(n)`` below
+            it): assigning each added key to its list compares it with every list's centroid, which at
+            5 x 10^7 keys and 14,000 lists would cost a 2-core CPU over an hour.
         hnsw_m (int, default 32): HNSW neighbours per node.
         hnsw_ef_construction (int, default 40), hnsw_ef_search (int, default 128): HNSW beam widths.
         ivf_nprobe (int, default 64): IVF lists scanned per query.
@@ -69,6 +76,9 @@ class AnnConfig:
     ivf_nprobe: int = 64
     rescore: int = 32
     ivf_rescore: int = 128
+    pq_min: int = 4_000_000
+    pq_bytes: int = 64
+    ivf_max_lists: int = 8192
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -76,44 +86,25 @@ class AnnConfig:
                 raise ValueError(f"AnnConfig.{name} must be a positive int, got {value!r}")
         if self.ivf_min < self.flat_max:
             raise ValueError(f"AnnConfig.ivf_min ({self.ivf_min}) must be >= flat_max ({self.flat_max})")
+        if self.pq_min < self.ivf_min:
+            raise ValueError(f"AnnConfig.pq_min ({self.pq_min}) must be >= ivf_min ({self.ivf_min})")
 
     def choose(self, n: int) -> str:
-        """The structure for ``n`` live keys: ``"flat"``, ``"hnsw"`` or ``"ivf"``."""
-        return "flat" if n < self.flat_max else "hnsw" if n < self.ivf_min else "ivf"
+        """The structure for ``n`` live keys: ``"flat"``, ``"hnsw"``, ``"ivf"`` or ``"ivfpq"``."""
+        return "flat" if n < self.flat_max else "hnsw" if n < self.ivf_min else "ivf" if n < self.pq_min else "ivfpq"
 
-
-@dataclass
-class Selection:
-    """A fixed set of keys to search within (for reading a past version); see :meth:`VectorKeyIndex.select`."""
-
-    key_ids: np.ndarray  # (m,) int64
-    rows: np.ndarray  # (m',) int64: rows of the keys that have a vector, as of ``generation``
-    bitmap: np.ndarray  # packed little-endian bits over rows
-    generation: int
-
-
-def _no_hits(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    k = max(k, 0)
-    return np.full((n, k), -np.inf, dtype=np.float32), np.full((n, k), -1, dtype=np.int64)
-
-
-def _top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Column positions and values of the ``k`` largest scores per row, best first. scores: (n, m)."""
-    k = min(k, scores.shape[1])
-    part = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < scores.shape[1] else \
-        np.broadcast_to(np.arange(scores.shape[1]), scores.shape).copy()
-    vals = np.take_along_axis(scores, part, axis=1)
-    order = np.argsort(-vals, axis=1, kind="stable")
-    return np.take_along_axis(part, order, axis=1), np.take_along_axis(vals, order, axis=1)
+    def lists(self, n: int) -> int:
+        """IVF lists for ``n`` keys."""
+        return max(1, min(int(2 * np.sqrt(n)), n // 40, self.ivf_max_lists))
 
 
 class VectorKeyIndex:
-    """Exact float32 key vectors plus an approximate FAISS structure chosen by size.
+    """Stored key vectors plus an approximate FAISS structure chosen by size.
 
     Args:
         dim (int): vector dimension.
         config (AnnConfig, optional): thresholds and tuning (defaults: :class:`AnnConfig`).
-        ann (str, optional): force ``"flat"``, ``"hnsw"`` or ``"ivf"`` instead of choosing by size.
+        ann (str, optional): force ``"flat"``, ``"hnsw"``, ``"ivf"`` or ``"ivfpq"`` instead of choosing by size.
     """
 
     kind = "faiss-keys"
@@ -126,7 +117,8 @@ class VectorKeyIndex:
         self.dim = dim
         self.config = config or AnnConfig()
         self.forced = ann
-        self._vecs = np.zeros((0, dim), dtype=np.float32)  # (capacity, dim); rows [0, n) used; float16 for IVF
+        self._codec = RowCodec(dim)  # what a stored row is: float32, float16 or a PQ code
+        self._vecs = np.zeros((0, dim), dtype=np.float32)  # (capacity, codec.width); rows [0, n) used
         self._keys = np.zeros(0, dtype=np.int64)  # (capacity,) row -> key id
         self._alive = np.zeros(0, dtype=bool)  # (capacity,)
         self._n = 0
@@ -135,7 +127,7 @@ class VectorKeyIndex:
         self._ann = None  # FAISS index over rows [0, ann_rows), or None for exact search
         self._ann_rows = 0
         self.ann_kind = "flat"
-        self._trained_on = 0  # rows when the IVF structure was trained
+        self._trained_on = 0  # live keys the IVF structure was trained for
         self._dead_sel = None  # (bitmap, selector) over live rows, rebuilt after removes
         self.generation = 0  # bumped whenever rows are renumbered
 
@@ -158,18 +150,23 @@ class VectorKeyIndex:
         """Stored vectors, live and dead."""
         return self._n
 
+    @property
+    def row_codec(self) -> str:
+        """What a stored row is: ``float32``, ``float16`` or ``pq64x8``."""
+        return self._codec.name
+
     def vectors(self, ids: Iterable[int]) -> np.ndarray:
-        """The stored vectors of ``ids`` (n, dim); KeyError names the first id with none."""
+        """The stored vectors of ``ids`` (n, dim), decoded; KeyError names the first id with none."""
         ids = np.fromiter(ids, dtype=np.int64)
         rows = self._row.of(ids)
         if (rows < 0).any():
             raise KeyError(f"no vector stored for key id {ids[rows < 0][0]}")
-        return self._vecs[rows].astype(np.float32)
+        return self._codec.decode(self._vecs[rows])
 
     def live_vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        """(key ids (m,), vectors (m, dim)) of every live key, for exact reference searches."""
+        """(key ids (m,), vectors (m, dim)) of every live key, decoded (a float32 copy of them all)."""
         alive = self._alive[:self._n]
-        return self._keys[:self._n][alive], self._vecs[:self._n][alive].astype(np.float32, copy=False)
+        return self._keys[:self._n][alive], self._codec.decode(self._vecs[:self._n][alive])
 
     # -- changes ---------------------------------------------------------------------------------
     def add(self, ids: np.ndarray, vectors: np.ndarray, alive: bool = True, build: bool = True) -> None:
@@ -187,15 +184,13 @@ class VectorKeyIndex:
             return
         start, m = self._n, len(fresh)
         self._reserve(start + m)
-        self._vecs[start:start + m] = vectors[fresh]
+        self._vecs[start:start + m] = self._codec.encode(vectors[fresh])
         self._keys[start:start + m] = ids[fresh]
         self._alive[start:start + m] = alive
         self._row.assign(ids[fresh], np.arange(start, start + m))
         self._n += m
-        if alive:
-            self._n_alive += m
-        else:
-            self._dead_sel = None
+        self._n_alive += m if alive else 0
+        self._dead_sel = None  # the bitmap of live rows must cover the new rows too
         if build:
             self.settle()
 
@@ -227,23 +222,44 @@ class VectorKeyIndex:
         if n <= cap:
             return
         cap = max(n, int(cap * 1.5), 1024)
-        # stored as the structure the size calls for will store them: no float32 copy of an IVF's rows
-        dtype = np.float16 if (self.forced or self.config.choose(n)) == "ivf" else self._vecs.dtype
-        vecs = np.empty((cap, self.dim), dtype=dtype)
+        # float rows move to float16 once the size calls for IVF: no float32 copy of an IVF's rows
+        if self._codec.kind == "float32" and _ROWS[self.forced or self.config.choose(n)] != "float32":
+            self._codec = RowCodec(self.dim, "float16")
+        vecs = np.empty((cap, self._codec.width), dtype=self._codec.dtype)
         vecs[:self._n] = self._vecs[:self._n]
         keys, alive = np.empty(cap, dtype=np.int64), np.zeros(cap, dtype=bool)
         keys[:self._n], alive[:self._n] = self._keys[:self._n], self._alive[:self._n]
         self._vecs, self._keys, self._alive = vecs, keys, alive
 
+    def _recode(self, codec: RowCodec) -> None:
+        """Store every row as ``codec`` stores it, a chunk at a time."""
+        if codec.name == self._codec.name and codec.pq is self._codec.pq:
+            return
+        out = np.empty((len(self._vecs), codec.width), dtype=codec.dtype)
+        for i in range(0, self._n, _ADD_CHUNK):
+            out[i:i + _ADD_CHUNK] = codec.encode(self._codec.decode(self._vecs[i:i + _ADD_CHUNK]))
+        self._vecs, self._codec = out, codec
+
     # -- the approximate structure ---------------------------------------------------------------
+    def prepare(self, sample: np.ndarray, expected: int, progress: bool | None = None) -> None:
+        """Build the structure ``expected`` live keys call for, trained on ``sample`` ``(m, dim)``,
+        before the rows arrive: each later :meth:`add` stores its rows as that structure keeps them
+        (PQ codes for ``ivfpq``) and :meth:`settle` adds them to it, so a KB given 5 x 10^7 vectors
+        in chunks never holds them all as floats. Rows already stored are kept and added too."""
+        kind = self.forced or self.config.choose(max(expected, self._n_alive))
+        if _RANK[kind] <= _RANK[self.ann_kind] and self._trained_on >= expected:
+            return
+        self._build(kind, np.asarray(sample, dtype=np.float32), max(expected, self._n_alive), progress)
+
     def settle(self, progress: bool | None = None) -> None:
         """Bring the approximate structure up to the stored rows: extend it with rows added since,
         or rebuild it when the live keys call for a bigger kind or outgrew an IVF's training four
         times. Removing keys never rebuilds (deletes stay cheap, and a removed key keeps its vector
         for reading past versions); :meth:`rebuild` drops dead rows when asked."""
         want = self.forced or self.config.choose(self._n_alive)
-        if _RANK[want] > _RANK[self.ann_kind] or (self.ann_kind == "ivf" and self._n_alive > 4 * self._trained_on):
-            self.rebuild(want, progress)
+        outgrown = self.ann_kind in ("ivf", "ivfpq") and self._n_alive > 4 * self._trained_on
+        if _RANK[want] > _RANK[self.ann_kind] or outgrown:
+            self.rebuild(max(want, self.ann_kind, key=_RANK.get), progress)
         elif self._ann is not None and self._ann_rows < self._n:
             self._add_to_ann(self._ann_rows, self._n, progress)
 
@@ -257,30 +273,40 @@ class VectorKeyIndex:
         self._row = RowOf(self._keys[:self._n])
         self._dead_sel = None
         self.generation += 1
-        self.ann_kind = ann or self.forced or self.config.choose(self._n)
+        kind = ann or self.forced or self.config.choose(self._n)
+        picked = np.random.default_rng(0).permutation(self._n)[:max(self._n // 4, 65_536)]
+        self._build(kind, self._codec.decode(self._vecs[np.sort(picked)]), self._n, progress)
+
+    def _build(self, kind: str, sample: np.ndarray, expected: int, progress: bool | None) -> None:
+        """Train the structure ``kind`` on ``sample`` and add every stored row to it."""
         self._ann, self._ann_rows, self._trained_on = None, 0, 0
-        if self.ann_kind == "flat" or self._n == 0:
+        self._dead_sel = None
+        if kind == "flat" or len(sample) == 0:
             self.ann_kind = "flat"
-        self._vecs = self._vecs.astype(np.float16 if self.ann_kind == "ivf" else np.float32, copy=False)
-        if self.ann_kind == "flat":
+            self._recode(RowCodec(self.dim, "float32"))
             return
+        self.ann_kind = kind
+        rows = _ROWS[kind]
+        if rows == "pq":
+            codec = self._codec if self._codec.kind == "pq" else RowCodec.train_pq(sample, self.config.pq_bytes)
+        else:
+            codec = RowCodec(self.dim, rows)
+        self._recode(codec)
         import faiss
 
-        sample = self._vecs[np.random.default_rng(0).permutation(self._n)[:max(self._n // 4, 65_536)]]
-        sample = sample.astype(np.float32, copy=False)
-        if self.ann_kind == "hnsw":
+        if kind == "hnsw":
             index = faiss.IndexHNSWSQ(self.dim, faiss.ScalarQuantizer.QT_8bit, self.config.hnsw_m,
                                       faiss.METRIC_INNER_PRODUCT)
             index.hnsw.efConstruction = self.config.hnsw_ef_construction
             index.train(sample)
         else:
-            nlist = max(1, min(int(2 * np.sqrt(self._n)), self._n // 40))
+            nlist = self.config.lists(expected)
             codes = f"PQ{self.dim // 4}x4fs" if self.dim % 4 == 0 else "SQ8"  # 4 dims per 4-bit code
             index = faiss.index_factory(self.dim, f"IVF{nlist},{codes}", faiss.METRIC_INNER_PRODUCT)
             ivf = faiss.extract_index_ivf(index)
             ivf.cp.niter, ivf.cp.spherical = 10, True
             index.train(sample[:max(40 * nlist, 65_536)])
-            self._trained_on = self._n_alive
+            self._trained_on = expected
         self._ann = index
         self._add_to_ann(0, self._n, progress)
 
@@ -288,11 +314,10 @@ class VectorKeyIndex:
         from tqdm.auto import tqdm
 
         show = (end - start) >= 100_000 if progress is None else progress
-        step = 50_000
         with tqdm(total=end - start, desc=f"building {self.ann_kind} index", unit="key", disable=not show) as bar:
-            for i in range(start, end, step):
-                j = min(i + step, end)
-                self._ann.add(self._vecs[i:j].astype(np.float32, copy=False))
+            for i in range(start, end, _ADD_CHUNK):
+                j = min(i + _ADD_CHUNK, end)
+                self._ann.add(self._codec.decode(self._vecs[i:j]))
                 self._ann_rows = j
                 bar.update(j - i)
 
@@ -327,12 +352,12 @@ class VectorKeyIndex:
 
     def _exact(self, q: np.ndarray, k: int, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         if rows is None:  # every row: a view of the matrix (no copy), deleted rows scored -inf
-            scores = q @ self._vecs[:self._n].T  # (n, rows)
+            scores = q @ (self._vecs[:self._n] if self._codec.kind != "pq" else self._codec.decode(self._vecs[:self._n])).T
             if self._n_alive < self._n:
                 scores[:, ~self._alive[:self._n]] = -np.inf
             cols, vals = _top_k(scores, k)
             return self._pad(vals, self._keys[cols], k)
-        scores = q @ self._vecs[rows].astype(np.float32, copy=False).T  # (n, m)
+        scores = q @ self._codec.decode(self._vecs[rows]).T  # (n, m)
         cols, vals = _top_k(scores, k)
         return self._pad(vals, self._keys[rows[cols]], k)
 
@@ -357,7 +382,7 @@ class VectorKeyIndex:
             params.sel = sel
         _, rows = self._ann.search(q, cand, params=params)  # (n, cand) rows, -1 where none
         ok = rows >= 0
-        exact = np.einsum("ncd,nd->nc", self._vecs[np.where(ok, rows, 0)].astype(np.float32), q)  # (n, cand)
+        exact = np.einsum("ncd,nd->nc", self._codec.decode(self._vecs[np.where(ok, rows, 0)]), q)  # (n, cand)
         exact[~ok] = -np.inf
         cols, vals = _top_k(exact, k)
         picked = np.take_along_axis(rows, cols, axis=1)
@@ -379,51 +404,55 @@ class VectorKeyIndex:
 
     def header(self) -> dict:
         return {"rows": self._n, "ann": self.ann_kind if self._ann_saved() else "flat", "forced": self.forced,
-                "vectors": self._vecs.dtype.name,
+                "vectors": self._codec.name, "codec_bytes": len(self._codec.to_bytes()),
                 "trained_on": self._trained_on,
                 "config": asdict(self.config)}
 
     def write_body(self, f: IO[bytes]) -> None:
-        """Key ids (int64), alive mask (uint8), vectors (float32 or float16: header ``vectors``), then
-        the FAISS structure."""
+        """Key ids (int64), alive mask (uint8), stored rows (header ``vectors``), the row codec's
+        quantiser (header ``codec_bytes``), then the FAISS structure."""
         n = self._n
-        f.write(memoryview(np.ascontiguousarray(self._keys[:n])).cast("B"))
-        f.write(memoryview(np.ascontiguousarray(self._alive[:n]).view(np.uint8)).cast("B"))
-        f.write(memoryview(np.ascontiguousarray(self._vecs[:n])).cast("B"))
+        write_array(f, self._keys[:n])
+        write_array(f, self._alive[:n].view(np.uint8))
+        for i in range(0, n, 1 << 20):  # a contiguous copy of a slice at a time, never of all rows
+            write_array(f, self._vecs[i:min(i + (1 << 20), n)])
+        f.write(self._codec.to_bytes())
         if self._ann_saved():  # a structure that lags the rows is rebuilt by the reader instead
             import faiss
 
-            f.write(memoryview(faiss.serialize_index(self._ann)))
+            faiss.write_index(self._ann, faiss.PyCallbackIOWriter(f.write))
 
     @classmethod
-    def from_body(cls, body: memoryview, header: dict) -> "VectorKeyIndex":
+    def read_body(cls, f: IO[bytes], header: dict) -> "VectorKeyIndex":
         dim, n = int(header["dim"]), int(header["rows"])
         index = cls(dim, AnnConfig(**header.get("config", {})), header.get("forced"))
-        dtype = np.dtype(header.get("vectors", "float32"))
-        o1, o2, o3 = 8 * n, 9 * n, 9 * n + dtype.itemsize * dim * n
-        index._keys = np.frombuffer(body[:o1], dtype=np.int64).copy()
-        index._alive = np.frombuffer(body[o1:o2], dtype=np.uint8).astype(bool)
-        index._vecs = np.frombuffer(body[o2:o3], dtype=dtype).reshape(n, dim).copy()
-        index._n, index._n_alive = n, int(index._alive.sum())
-        index._row = RowOf(index._keys)
+        keys = read_array(f, np.int64, (n,))
+        alive = read_array(f, np.uint8, (n,)).astype(bool)
+        name = header.get("vectors", "float32")
+        width = dim if not name.startswith("pq") else int(name[2:].split("x")[0])
+        vecs = read_array(f, np.uint8 if name.startswith("pq") else np.dtype(name), (n, width))
+        index._codec = RowCodec.from_header(dim, name, f.read(int(header.get("codec_bytes", 0))))
+        index._keys, index._alive, index._vecs = keys, alive, vecs
+        index._n, index._n_alive = n, int(alive.sum())
+        index._row = RowOf(keys)
         index.ann_kind, index._trained_on = header.get("ann", "flat"), int(header.get("trained_on", 0))
-        if index.ann_kind != "ivf":  # the float16 copy of an IVF saved before its structure caught up
-            index._vecs = index._vecs.astype(np.float32, copy=False)
+        if _ROWS[index.ann_kind] == "float32" and index._codec.kind == "float16":
+            index._recode(RowCodec(dim, "float32"))  # float16 rows of an IVF saved before its structure caught up
         if index.ann_kind != "flat":
             import faiss
 
-            index._ann = faiss.deserialize_index(np.frombuffer(body[o3:], dtype=np.uint8))
+            index._ann = faiss.read_index(faiss.PyCallbackIOReader(f.read))
             index._ann_rows = n
             if index._ann.ntotal != n:
                 raise ValueError(f"index body holds {index._ann.ntotal} coded vectors for {n} rows")
         return index
 
 
-def _legacy_flat(body: memoryview, header: dict) -> VectorKeyIndex:
+def _legacy_flat(f: IO[bytes], header: dict) -> VectorKeyIndex:
     """Read an index file of the first format (``faiss-flat``: a serialised ``IndexIDMap2``)."""
     import faiss
 
-    old = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))
+    old = faiss.deserialize_index(np.frombuffer(f.read(), dtype=np.uint8))
     ids = faiss.vector_to_array(old.id_map).astype(np.int64)
     index = VectorKeyIndex(int(header["dim"]))
     if len(ids):
@@ -431,67 +460,23 @@ def _legacy_flat(body: memoryview, header: dict) -> VectorKeyIndex:
     return index
 
 
-def read_header(path: str | os.PathLike) -> dict | None:
-    """The JSON header of an index file, or None when the file is missing or not an index file."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(_MAGIC) + 4)
-            if len(head) < len(_MAGIC) + 4 or head[:len(_MAGIC)] != _MAGIC:
-                return None
-            (n,) = struct.unpack("<I", head[len(_MAGIC):])
-            return json.loads(f.read(n).decode("utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def _remove_stale_temps(path: Path) -> None:
-    """Delete temp files of saves whose process died mid-write (SIGKILL skips their cleanup)."""
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-        try:
-            pid = int(tmp.name.rsplit(".", 2)[-2])
-            os.kill(pid, 0)  # raises when no such process
-        except (ValueError, ProcessLookupError):
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass  # a live process of another user: leave it
-
-
 def save_index(index: VectorKeyIndex, path: str | os.PathLike, header: dict) -> None:
     """Write ``index`` with ``header`` (plus kind, dim, size) to ``path`` atomically (temp file + rename)."""
-    path = Path(path)
-    head = json.dumps({**header, **index.header(), "kind": index.kind, "dim": index.dim,
-                       "size": len(index)}).encode("utf-8")
-    _remove_stale_temps(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(_MAGIC + struct.pack("<I", len(head)) + head)
-            index.write_body(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    head = {**header, **index.header(), "kind": index.kind, "dim": index.dim, "size": len(index)}
+    write_atomically(path, head, index.write_body)
 
 
 def load_index(path: str | os.PathLike) -> tuple[VectorKeyIndex, dict] | None:
     """Read an index file written by :func:`save_index`; None if missing, unreadable or of unknown kind."""
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            start = len(_MAGIC) + 4
-            if data[:len(_MAGIC)] != _MAGIC:
+        with open_body(path) as opened:
+            if opened is None:
                 return None
-            (n,) = struct.unpack("<I", data[len(_MAGIC):start])
-            header = json.loads(data[start:start + n].decode("utf-8"))
-            body = memoryview(data)[start + n:]
-            try:
-                if header.get("kind") == "faiss-flat":
-                    return _legacy_flat(body, header), header
-                if header.get("kind") != VectorKeyIndex.kind:
-                    return None
-                return VectorKeyIndex.from_body(body, header), header
-            finally:
-                body.release()
-    except Exception:  # missing, torn or foreign file: the caller rebuilds from the store
+            header, f = opened
+            if header.get("kind") == "faiss-flat":
+                return _legacy_flat(f, header), header
+            if header.get("kind") != VectorKeyIndex.kind:
+                return None
+            return VectorKeyIndex.read_body(f, header), header
+    except Exception:  # torn or foreign file: the caller rebuilds from the store
         return None

@@ -1,4 +1,4 @@
-"""Key id -> row of the key index, as an array indexed by key id.
+"""Key id -> row of the key index, as an array indexed by key id; selections of rows; top-k of scores.
 
 Key ids are the store's row ids: small, dense integers. An ``int32`` array indexed by key id takes
 4 bytes a key where a dict of Python ints takes about 100 (5 GB at 5 x 10^7 keys). Exercised by
@@ -12,9 +12,11 @@ Examples:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-__all__ = ["RowOf", "MAX_KEY_ID"]
+__all__ = ["RowOf", "MAX_KEY_ID", "Selection"]
 
 MAX_KEY_ID = 2**31 - 2  # rows are int32; a store makes key ids one by one from 1
 
@@ -50,3 +52,28 @@ class RowOf:
             grown[:len(self._a)] = self._a
             self._a = grown
         self._a[key_ids] = rows
+
+
+@dataclass
+class Selection:
+    """A fixed set of keys to search within (for reading a past version); see :meth:`VectorKeyIndex.select`."""
+
+    key_ids: np.ndarray  # (m,) int64
+    rows: np.ndarray  # (m',) int64: rows of the keys that have a vector, as of ``generation``
+    bitmap: np.ndarray  # packed little-endian bits over rows
+    generation: int
+
+
+def _no_hits(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    k = max(k, 0)
+    return np.full((n, k), -np.inf, dtype=np.float32), np.full((n, k), -1, dtype=np.int64)
+
+
+def _top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Column positions and values of the ``k`` largest scores per row, best first. scores: (n, m)."""
+    k = min(k, scores.shape[1])
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < scores.shape[1] else \
+        np.broadcast_to(np.arange(scores.shape[1]), scores.shape).copy()
+    vals = np.take_along_axis(scores, part, axis=1)
+    order = np.argsort(-vals, axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1), np.take_along_axis(vals, order, axis=1)

@@ -197,3 +197,71 @@ def test_sparse_key_ids_are_found_and_ids_out_of_range_refused(tmp_path):
             index.add(np.array([bad]), _unit(1))
     with pytest.raises(KeyError, match="no vector stored for key id 9"):
         index.vectors([5, 9])
+
+
+PQ = AnnConfig(flat_max=200, ivf_min=1000, pq_min=2000, pq_bytes=8, rescore=32)
+
+
+def test_an_index_growing_past_pq_min_keeps_pq_codes_and_finds_what_it_held(tmp_path):
+    vectors = _unit(4000, 32, seed=7)
+    index = VectorKeyIndex(32, PQ)
+    for start in range(0, 4000, 500):
+        index.add(np.arange(start, start + 500), vectors[start:start + 500], build=False)
+        index.settle()
+    assert index.ann_kind == "ivfpq" and index.row_codec == "pq8x8"
+    assert index._vecs.dtype == np.uint8 and index._vecs.shape[1] == 8  # 8 bytes a row, not 64 of float16
+    queries = _near(vectors[:400], scale=0.3)
+    scores, ids = index.search(queries, 1)
+    assert (ids[:, 0] == np.arange(400)).mean() >= 0.95
+    # a score is the query's cosine with the decoded row: close to the true one, not equal to it
+    true = np.einsum("nd,nd->n", vectors[ids[:, 0]], queries)
+    assert np.abs(scores[:, 0] - true).max() < 0.15
+    gone = list(range(0, 4000, 4))
+    index.remove(gone)
+    _, ids = index.search(vectors[gone], 5)
+    assert not np.isin(ids, gone).any() and (ids >= 0).all()
+    save_index(index, tmp_path / "i.faiss", {"version": 3})
+    loaded, header = load_index(tmp_path / "i.faiss")
+    assert header["vectors"] == "pq8x8" and header["ann"] == "ivfpq" and len(loaded) == 3000
+    np.testing.assert_array_equal(loaded.search(queries, 1)[1], index.search(queries, 1)[1])
+    np.testing.assert_allclose(loaded.vectors([1, 2]), index.vectors([1, 2]))
+    loaded.add(np.arange(4000, 4100), _unit(100, 32, seed=8))  # new rows are coded with the saved quantiser
+    assert loaded.search(_unit(100, 32, seed=8)[:5], 1)[1][:, 0].tolist() == list(range(4000, 4005))
+
+
+def test_prepare_builds_for_the_final_size_so_chunks_are_coded_as_they_come():
+    vectors = _unit(3000, 32, seed=9)
+    index = VectorKeyIndex(32, PQ)
+    index.prepare(vectors[:1000], expected=3000)
+    assert index.ann_kind == "ivfpq" and index.rows == 0
+    for start in range(0, 3000, 600):
+        index.add(np.arange(start, start + 600), vectors[start:start + 600], build=False)
+        assert index._vecs.dtype == np.uint8  # never a float copy of the rows
+        index.settle()
+        assert index.ann_kind == "ivfpq" and index._ann.ntotal == start + 600
+    _, ids = index.search(_near(vectors[::10], scale=0.3), 1)
+    assert (ids[:, 0] == np.arange(0, 3000, 10)).mean() >= 0.95
+    generation = index.generation
+    index.prepare(vectors[:1000], expected=3000)  # already built for that size: nothing to do
+    assert index.generation == generation and index._ann.ntotal == 3000
+
+
+def test_a_truncated_index_file_is_not_read(tmp_path):
+    index = VectorKeyIndex(8, ann="flat")
+    index.add(np.arange(50), _unit(50))
+    save_index(index, tmp_path / "i.faiss", {"version": 1})
+    data = (tmp_path / "i.faiss").read_bytes()
+    (tmp_path / "i.faiss").write_bytes(data[:-100])
+    assert load_index(tmp_path / "i.faiss") is None
+
+
+@pytest.mark.parametrize("ann", ["hnsw", "ivf"])
+def test_keys_added_after_a_delete_are_found(ann):
+    vectors = _unit(1600, 16, seed=10)
+    index = VectorKeyIndex(16, SMALL, ann=ann)
+    index.add(np.arange(1500), vectors[:1500])
+    index.remove([1, 2])
+    index.search(vectors[:1], 1)  # builds the bitmap of live rows
+    index.add(np.arange(1500, 1600), vectors[1500:])
+    _, ids = index.search(vectors[1500:1510], 1)
+    assert ids[:, 0].tolist() == list(range(1500, 1510))
