@@ -15,10 +15,13 @@ Everything runs in one process on a synthetic KB and prints one JSON object as i
    would spend most of its time encoding. The bench encodes ``--embed-keys`` sampled keys with the
    real encoder (their rate is reported as ``encode_keys_per_s``) and gives every other key a
    synthetic unit vector: the real embedding of a random sampled key of the same relation plus
-   Gaussian noise (cosine about 0.8 to it). ``method`` in the JSON says this. The vectors go in
-   through ``KnowledgeBase.put_vectors``, which builds the index the size calls for (exact, HNSW or
-   IVF); ``build_triples_per_s`` counts store and index, and ``build_triples_per_s_with_encoding``
-   adds the time encoding every key at the measured rate would take.
+   Gaussian noise (cosine about 0.8 to it), made a block at a time from the seed
+   (:class:`lmlm.bench.kb_rows.SyntheticVectors`), so no copy of all vectors is held. ``method`` in
+   the JSON says this. The vectors go in block by block through
+   ``KnowledgeBase.put_vector_chunks``, which builds the index for the final size first (exact,
+   HNSW, IVF or, from 4M keys, IVF with 64-byte PQ rows: ``index_kind``, ``index_rows``);
+   ``build_triples_per_s`` counts store and index, and ``build_triples_per_s_with_encoding`` adds
+   the time encoding every key at the measured rate would take.
 4. **Lookups.** Exact: existing keys in other spellings. Fuzzy: the sampled keys with the relation
    paraphrased (never an exact hit) and often a typo in the name, encoder cache cleared, so the
    embedding is in the time. Batched: ``lookup_batch`` of 256 unseen fuzzy queries at a time.
@@ -28,13 +31,15 @@ Everything runs in one process on a synthetic KB and prints one JSON object as i
    by name, then the relation among its keys), each with how many answers name another person
    (``*_wrong_entity``); ``entity_vs_key`` holds the ratios.
 5. **ANN quality.** ``--ann-queries`` perturbed queries; top-1 of the index (candidates re-scored
-   exactly) against an exact flat search over every live vector.
+   from the stored rows) against an exact search over every key's vector as made (float32, a block
+   at a time); ``ann_score_error_p99``: how far a returned score is from the true cosine.
 6. **Forgetting.** A random 5% of the facts deleted as one forget set (``KnowledgeBase.forget``).
-   Then every deleted fact is looked up exactly and by its own key vector (the nearest possible
-   query), here and in a second process that opens the KB; every retained fact is looked up
-   exactly, and ``--retain-check`` of them by vector. ``deleted_retrievable`` and ``retained_lost``
-   count failures. ``deleted_keys_answered`` counts, per matching, the deleted keys (their own
-   spelling) that still got an answer: another fact, since theirs is gone.
+   Then every deleted fact is looked up by its exact key, and ``--deleted-check`` of them (all at
+   10^6 facts) also entity-aware and by their own key vector (the nearest possible query), here and
+   in a second process that opens the KB; every retained fact (or ``--retain-exact`` of them) is
+   looked up exactly, and ``--retain-check`` of them by vector. ``deleted_retrievable`` and
+   ``retained_lost`` count failures. ``deleted_keys_answered`` counts, per matching, the deleted
+   keys (their own spelling) that still got an answer: another fact, since theirs is gone.
 
 Examples:
     lmlm bench kb --triples 100000
@@ -57,7 +62,7 @@ import numpy as np
 import typer
 
 from . import bench_app, peak_rss_mb, percentile_ms, rss_mb
-from .kb_rows import RELATIONS, SyntheticTriples, perturb
+from .kb_rows import RELATIONS, SyntheticTriples, SyntheticVectors, perturb
 
 __all__ = ["RELATIONS", "SyntheticTriples", "perturb", "run_kb_bench"]
 
@@ -65,35 +70,22 @@ def _folder_bytes(path: Path) -> dict[str, int]:
     return {f.name: f.stat().st_size for f in path.iterdir() if f.is_file()}
 
 
-def _synthesize(real: np.ndarray, real_rel: np.ndarray, rel_of: np.ndarray, rng: np.random.Generator,
-                noise: float = 0.75) -> np.ndarray:
-    """Unit vectors for keys of relation ``rel_of``: a random real vector of the same relation plus noise."""
-    out = np.empty((len(rel_of), real.shape[1]), dtype=np.float32)
-    pools = {r: np.flatnonzero(real_rel == r) for r in np.unique(real_rel)}
-    fallback = np.arange(len(real))
-    for start in range(0, len(rel_of), 100_000):
-        rels = rel_of[start:start + 100_000]
-        base = np.array([rng.choice(pools.get(r, fallback)) for r in rels.tolist()])
-        g = rng.standard_normal((len(rels), real.shape[1]), dtype=np.float32)
-        g *= noise / np.linalg.norm(g, axis=1, keepdims=True)
-        v = real[base] + g
-        out[start:start + len(rels)] = v / np.linalg.norm(v, axis=1, keepdims=True)
-    return out
-
-
 _MAP_LIMITS = {"memory": 2**62, "store": 0}  # KnowledgeBase.map_limit per --map (auto: the default)
 
 
-def _check_other_process(kb_dir: Path, deleted: list, vectors: np.ndarray | None, map_kind: str = "auto") -> int:
-    """Open the KB in a fresh process; count deleted facts it can still retrieve (exactly or by vector)."""
+def _check_other_process(kb_dir: Path, deleted: list, some: np.ndarray, vectors: np.ndarray | None,
+                         map_kind: str = "auto") -> int:
+    """Open the KB in a fresh process; count deleted facts it can still retrieve: every one by its
+    exact key, those at ``some`` entity-aware too, and ``vectors`` (theirs) by vector."""
     with tempfile.TemporaryDirectory() as tmp:
         if vectors is not None:
             np.save(Path(tmp) / "v.npy", vectors)
-        Path(tmp, "d.json").write_text(json.dumps(deleted))
+        Path(tmp, "d.json").write_text(json.dumps({"deleted": deleted, "some": some.tolist()}))
         code = ("import json, os, sys, numpy as np\nfrom lmlm.kb import KnowledgeBase\n"
                 "kb = KnowledgeBase.open(sys.argv[1])\nd = json.load(open(sys.argv[2]))\n"
-                "gone = {tuple(x) for x in d}\n"
-                "ms = kb.lookup_batch([(e, r) for e, r, v in d], fuzzy=False)\n"
+                "gone = {tuple(x) for x in d['deleted']}\nkeys = [(e, r) for e, r, v in d['deleted']]\n"
+                "ms = kb.lookup_batch(keys, fuzzy=False, matching='key')\n"
+                "ms += kb.lookup_batch([keys[i] for i in d['some']], fuzzy=False)\n"
                 "if os.path.exists(sys.argv[3]):\n"
                 "    ms += kb.lookup_vectors(np.load(sys.argv[3]), threshold=0.0)\n"
                 "print(sum(m is not None and (m.entity, m.relation, m.value) in gone for m in ms))\n")
@@ -143,7 +135,8 @@ class _KBBench:
         self.rows = SyntheticTriples(n, seed)  # made when read, not held
         self.keys = self.rows.keys()
         self.sample = np.zeros(0, dtype=np.int64)  # keys embedded for real
-        self.vectors: np.ndarray | None = None
+        self.vectors: SyntheticVectors | None = None
+        self.seed = seed
 
     def build(self) -> None:
         from ..kb import KnowledgeBase
@@ -172,39 +165,46 @@ class _KBBench:
                            reader_loaded_rss_mb=round(peak_rss_mb()))
 
     def index(self, embed_keys: int) -> None:
-        """A real sample of keys embedded, synthetic vectors for the rest, then the index."""
+        """A real sample of keys embedded, synthetic vectors for the rest (made a block at a time,
+        never all held), then the index, built for the final size and given the vectors in blocks."""
         from ..kb import key_text
 
-        key_id = self.kb.key_ids()
-        ids = np.array([key_id[k] for k in self.keys], dtype=np.int64)
-        del key_id
-        rel_codes = {r: i for i, r in enumerate(RELATIONS)}
-        rel_of = np.array([rel_codes[r] for _, r in self.keys])
         m = min(embed_keys, self.n)
         self.sample = np.sort(self.rng.choice(self.n, size=m, replace=False))
         self.log(f"encoding {m:,} sampled keys with {self.enc.name}")
         t = time.perf_counter()
         real = self.enc.encode([key_text(*self.keys[i]) for i in self.sample], cache=False, progress=m >= 5000)
         rate = m / (time.perf_counter() - t)
-        self.vectors = np.empty((self.n, self.enc.dim), dtype=np.float32)
-        self.vectors[self.sample] = real
-        rest = np.setdiff1d(np.arange(self.n), self.sample)
-        if len(rest):
-            self.vectors[rest] = _synthesize(real, rel_of[self.sample], rel_of[rest], self.rng)
+        self.vectors = SyntheticVectors(self.n, real, self.sample, seed=self.seed)
+        ids = self._key_ids()
+        train = np.sort(self.rng.choice(self.n, size=min(self.n, 400_000), replace=False))
         self.log("building the key index")
         t = time.perf_counter()
-        self.kb.put_vectors(ids, self.vectors)
+        self.kb.put_vector_chunks(((ids[i:i + len(v)], v) for i, v in self.vectors), expected=self.n,
+                                  sample=self.vectors.rows(train))
         index_s = time.perf_counter() - t
+        index = self.kb.key_index()
         self.report.update(
-            keys=len(ids), embedded_keys=m, synthetic_keys=len(rest), encode_keys_per_s=round(rate, 1),
+            keys=len(ids), embedded_keys=m, synthetic_keys=self.n - m, encode_keys_per_s=round(rate, 1),
             encoder_dtype=self.enc.dtype,
-            method=(f"real MiniLM embeddings for {m} sampled keys; the other {len(rest)} keys get synthetic unit "
-                    "vectors (a random real key of the same relation plus Gaussian noise, cosine ~0.8); "
-                    "ANN and fuzzy queries are perturbed texts of sampled keys, encoded for real"),
-            index_kind=self.kb.key_index().ann_kind, index_build_s=round(index_s, 2),
+            method=(f"real MiniLM embeddings for {m} sampled keys; the other {self.n - m} keys get synthetic unit "
+                    "vectors (a random real key of the same relation plus Gaussian noise, cosine ~0.8), made a "
+                    "block at a time; ANN and fuzzy queries are perturbed texts of sampled keys, encoded for real"),
+            index_kind=index.ann_kind, index_rows=index.row_codec, index_build_s=round(index_s, 2),
             build_triples_per_s=round(self.n / (self.store_s + index_s)),
             build_triples_per_s_with_encoding=round(self.n / (self.store_s + index_s + len(ids) / rate)),
             index_peak_rss_mb=round(peak_rss_mb()))
+
+    def _key_ids(self) -> np.ndarray:
+        """Key id of each fact: a fresh store numbers keys in the order it first sees them (checked on
+        a sample), so the map of every key to its id (gigabytes at 10^7 keys) is never built."""
+        ids = np.arange(1, self.n + 1, dtype=np.int64)
+        probe = np.sort(self.rng.choice(self.n, size=min(self.n, 2000), replace=False))
+        got = {b.key_id: (b.entity, b.relation) for b in self.kb.store.best(ids[probe].tolist())}
+        wrong = [i for i in probe.tolist() if got.get(i + 1) != tuple(self.keys[i])]
+        if wrong:
+            raise RuntimeError(f"fact {wrong[0]} does not have key id {wrong[0] + 1}: keys were not numbered in order")
+        return ids
 
     def exact(self, count: int) -> None:
         qi = self.rng.choice(self.n, size=min(count, self.n), replace=False)
@@ -278,7 +278,8 @@ class _KBBench:
             "batched_qps_ratio": round(r["batched_entity_fuzzy_qps"] / max(r["batched_fuzzy_qps"], 1e-9), 3)}
 
     def ann(self, count: int) -> None:
-        """Top-1 of the index against an exact flat search over every live vector."""
+        """Top-1 of the index against an exact search over every live vector as made (float32, not as
+        stored), a block at a time."""
         import faiss
 
         from ..kb import key_text
@@ -286,15 +287,25 @@ class _KBBench:
         qs = self._queries(count)
         self.log(f"ANN quality on {len(qs):,} perturbed queries")
         qv = self.enc.encode([key_text(e, r) for e, r in qs], cache=False, progress=len(qs) >= 5000)
-        index = self.kb.key_index()
-        got_s, got = index.search(qv, 1)
-        live_ids, live = index.live_vectors()
-        ref_s, ref = faiss.knn(qv, live, 1, metric=faiss.METRIC_INNER_PRODUCT)
-        same = (got[:, 0] == live_ids[ref[:, 0]]) | (np.abs(got_s[:, 0] - ref_s[:, 0]) < 1e-5)
-        self.report.update(ann_queries=len(qs), ann_top1_agreement=round(float(same.mean()), 4))
+        t = time.perf_counter()
+        got_s, got = self.kb.key_index().search(qv, 1)
+        search_s = time.perf_counter() - t
+        ref_s = np.full(len(qv), -np.inf, dtype=np.float32)
+        ref = np.full(len(qv), -1, dtype=np.int64)
+        for start, block in self.vectors:
+            s, i = faiss.knn(qv, block, 1, metric=faiss.METRIC_INNER_PRODUCT)
+            better = s[:, 0] > ref_s
+            ref_s[better], ref[better] = s[better, 0], i[better, 0] + start + 1  # key id = fact + 1
+        true = np.einsum("nd,nd->n", self.vectors.rows(np.maximum(got[:, 0], 1) - 1), qv)
+        same = (got[:, 0] == ref) | (np.abs(true - ref_s) < 1e-5)
+        self.report.update(ann_queries=len(qs), ann_top1_agreement=round(float(same.mean()), 4),
+                           ann_search_qps=round(len(qs) / search_s, 1),
+                           ann_score_error_p99=round(float(np.quantile(np.abs(got_s[:, 0] - true), 0.99)), 4))
 
-    def forget(self, fraction: float, retain_check: int, retain_exact: int | None) -> None:
-        """Delete a random ``fraction`` of the facts as one forget set, then try to get them back."""
+    def forget(self, fraction: float, retain_check: int, retain_exact: int | None, deleted_check: int) -> None:
+        """Delete a random ``fraction`` of the facts as one forget set, then try to get them back:
+        every deleted fact by its exact key (a probe of the store), ``deleted_check`` of them also
+        entity-aware and by their own key vector, here and in a second process."""
         n, kb, rows = self.n, self.kb, self.rows
         k = int(round(fraction * n))
         gone = np.sort(self.rng.choice(n, size=k, replace=False))
@@ -305,20 +316,24 @@ class _KBBench:
         self.report.update(forgotten=removed, delete_forget_seconds=round(time.perf_counter() - t, 3))
         gone_set = set(map(tuple, forget))
         hits = lambda ms: sum(m is not None and (m.entity, m.relation, m.value) in gone_set for m in ms)  # noqa: E731
-        bad = hits(kb.lookup_batch([f[:2] for f in forget], fuzzy=False))
+        some = np.sort(self.rng.choice(k, size=min(k, deleted_check), replace=False))
+        self.log(f"looking the forgotten facts up: {k:,} by key, {len(some):,} entity-aware and by vector")
+        bad = sum(hits(kb.lookup_batch([f[:2] for f in forget[i:i + 100_000]], fuzzy=False, matching="key"))
+                  for i in range(0, k, 100_000))
+        bad += hits(kb.lookup_batch([forget[i][:2] for i in some.tolist()], fuzzy=False))
+        checked = f"{k} by exact key + {len(some)} entity-aware"
+        vectors = None
         if self.vectors is not None:  # the deleted keys in their own spelling: any answer is another fact
             asked = [f[:2] for f in forget][:5000]
             self.report["deleted_keys_answered"] = {
                 m: sum(1 for x in kb.lookup_batch(asked, matching=m) if x is not None) for m in ("key", "entity")}
             self.report["deleted_keys_asked"] = len(asked)
-        checked = f"{k} exact"
-        texts = [perturb(self.rng, *self.keys[i]) for i in np.intersect1d(gone, self.sample).tolist()]
-        if self.vectors is not None:
-            bad += hits(kb.lookup_vectors(self.vectors[gone], threshold=0.0)) + hits(kb.lookup_batch(texts, 0.0))
-            checked += f" + {k} by own key vector + {len(texts)} fuzzy texts"
+            texts = [perturb(self.rng, *self.keys[i]) for i in np.intersect1d(gone, self.sample).tolist()]
+            vectors = self.vectors.rows(gone[some])
+            bad += hits(kb.lookup_vectors(vectors, threshold=0.0)) + hits(kb.lookup_batch(texts, 0.0))
+            checked += f" + {len(some)} by own key vector + {len(texts)} fuzzy texts"
         self.log("looking the forgotten facts up from a second process")
-        other = _check_other_process(self.kb_dir, forget, None if self.vectors is None else self.vectors[gone],
-                                     self.map_kind)
+        other = _check_other_process(self.kb_dir, forget, some, vectors, self.map_kind)
         kept = np.setdiff1d(np.arange(n), gone)
         if retain_exact is not None and retain_exact < len(kept):
             kept = np.sort(self.rng.choice(kept, size=retain_exact, replace=False))
@@ -329,14 +344,13 @@ class _KBBench:
                         for j, m in zip(part, kb.lookup_batch([self.keys[j] for j in part], fuzzy=False)))
         retained = f"{len(kept)} exact"
         if self.vectors is not None:
-            check = self.rng.choice(kept, size=min(retain_check, len(kept)), replace=False)
+            check = np.sort(self.rng.choice(kept, size=min(retain_check, len(kept)), replace=False))
             lost += sum(m is None or m.value != rows[j][2]
-                        for j, m in zip(check.tolist(), kb.lookup_vectors(self.vectors[check])))
+                        for j, m in zip(check.tolist(), kb.lookup_vectors(self.vectors.rows(check))))
             retained += f" + {len(check)} by own key vector"
+        second = f"{k} by exact key + {len(some)} entity-aware" + (f" + {len(some)} by vector" if vectors is not None else "")
         self.report.update(deleted_retrievable=bad + other, deleted_retrievable_other_process=other,
-                           deleted_checked=f"{checked} here; {k} exact"
-                                           + (f" + {k} by vector" if self.vectors is not None else "")
-                                           + " in a second process",
+                           deleted_checked=f"{checked} here; {second} in a second process",
                            retained_lost=lost, retained_checked=retained)
 
     def finish(self) -> dict:
@@ -366,7 +380,7 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
                  fuzzy_queries: int = 300, exact_queries: int = 5000, batched_queries: int = 2048,
                  forget_fraction: float = 0.05, retain_check: int = 20_000, retain_exact: int | None = None,
                  store_only: bool = False, encoder_threads: int | None = None, seed: int = 0, log=print,
-                 map_kind: str = "auto") -> dict:
+                 map_kind: str = "auto", deleted_check: int = 100_000) -> dict:
     """Run every step on ``n`` synthetic triples in folder ``work``; returns the report.
 
     Args:
@@ -376,6 +390,8 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
         encoder_threads (int, optional): torch threads for bulk encoding; None tries 1 and 2 and
             keeps the faster (on a machine whose cores are shared, one thread is often faster).
         map_kind (str, default "auto"): the reader's map of the store: ``memory``, ``store`` or by size.
+        deleted_check (int, default 100_000): deleted facts also looked up entity-aware and by their
+            own vector (every deleted fact is looked up by its exact key).
     """
     run = _KBBench(n, work, encoder_threads, store_only, seed, log, map_kind)
     run.build()
@@ -388,7 +404,7 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
     if not store_only:
         run.fuzzy(fuzzy_queries, batched_queries)
         run.ann(ann_queries)
-    run.forget(forget_fraction, retain_check, retain_exact)
+    run.forget(forget_fraction, retain_check, retain_exact, deleted_check)
     return run.finish()
 
 
@@ -404,6 +420,8 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
                                                          "forgetting only (for 10^7 triples)"),
              retain_exact: int = typer.Option(0, help="retained facts looked up exactly after forgetting "
                                                       "(0: all)"),
+             deleted_check: int = typer.Option(100_000, help="deleted facts also looked up entity-aware and by "
+                                                             "their own vector (all by exact key)"),
              batched_queries: int = typer.Option(2048, help="fuzzy lookups timed in batches of 256"),
              work: Path = typer.Option(Path("runs/bench-kb"), help="folder for the KB (replaced)"),
              keep: bool = typer.Option(False, help="keep the KB folder afterwards"),
@@ -414,6 +432,8 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
     """Build, lookup latency, ANN quality and a 5% forget set at N triples; JSON last line."""
     if triples < 100:
         raise typer.BadParameter(f"--triples must be at least 100, got {triples}")
+    if deleted_check < 1:
+        raise typer.BadParameter(f"--deleted-check must be at least 1, got {deleted_check}")
     if map_kind not in ("auto", *_MAP_LIMITS):
         raise typer.BadParameter(f"--map must be auto, memory or store, got {map_kind!r}")
     work.mkdir(parents=True, exist_ok=True)
@@ -421,6 +441,7 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
                           fuzzy_queries=fuzzy_queries, batched_queries=batched_queries,
                           encoder_threads=encoder_threads or None, store_only=store_only,
                           retain_exact=retain_exact or None, seed=seed, map_kind=map_kind,
+                          deleted_check=deleted_check,
                           log=lambda s: print(s, file=sys.stderr))
     if not keep:
         shutil.rmtree(work / "kb", ignore_errors=True)

@@ -127,7 +127,7 @@ class VectorKeyIndex:
         self._ann = None  # FAISS index over rows [0, ann_rows), or None for exact search
         self._ann_rows = 0
         self.ann_kind = "flat"
-        self._trained_on = 0  # live keys the IVF structure was trained for
+        self._trained_on = 0  # live keys the structure was built for
         self._dead_sel = None  # (bitmap, selector) over live rows, rebuilt after removes
         self.generation = 0  # bumped whenever rows are renumbered
 
@@ -143,7 +143,11 @@ class VectorKeyIndex:
         return self._row.get(int(key_id)) >= 0
 
     def ids(self) -> list[int]:
-        return sorted(self._keys[:self._n][self._alive[:self._n]].tolist())
+        return self.live_ids().tolist()
+
+    def live_ids(self) -> np.ndarray:
+        """Key ids of the live keys, ascending (int64)."""
+        return np.sort(self._keys[:self._n][self._alive[:self._n]])
 
     @property
     def rows(self) -> int:
@@ -305,9 +309,8 @@ class VectorKeyIndex:
             index = faiss.index_factory(self.dim, f"IVF{nlist},{codes}", faiss.METRIC_INNER_PRODUCT)
             ivf = faiss.extract_index_ivf(index)
             ivf.cp.niter, ivf.cp.spherical = 10, True
-            index.train(sample[:max(40 * nlist, 65_536)])
-            self._trained_on = expected
-        self._ann = index
+            index.train(sample[np.random.default_rng(0).permutation(len(sample))[:max(40 * nlist, 65_536)]])
+        self._ann, self._trained_on = index, expected
         self._add_to_ann(0, self._n, progress)
 
     def _add_to_ann(self, start: int, end: int, progress: bool | None = None) -> None:

@@ -11,7 +11,7 @@ alone never rewrite a large file. Exercised by ``lmlm kb build`` and every fuzzy
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -65,8 +65,8 @@ class KeyIndexing:
         """(key ids to take out of the index, key ids to put in) to reach ``self._version``."""
         index = self._index
         if self._index_version == 0:  # built from nothing: compare with every active key
-            alive = self._map.ids()
-            return [k for k in index.ids() if k not in alive], [k for k in alive if k not in index]
+            alive, held = self._map.id_array(), index.live_ids()
+            return np.setdiff1d(held, alive).tolist(), np.setdiff1d(alive, held).tolist()
         touched = self.store.changed_keys(self._index_version, self._version)
         alive = self._map.active_among(touched)
         return ([k for k in touched if k in index and k not in alive],
@@ -166,6 +166,45 @@ class KeyIndexing:
             self._dirty = True
             self._sync_index()
             self._maybe_save()
+
+    def put_vector_chunks(self, chunks: Iterable[tuple[Sequence[int], np.ndarray]], expected: int,
+                          sample: np.ndarray | None = None, progress: bool | None = None) -> int:
+        """Store embeddings computed elsewhere a chunk at a time, for a KB too large to hold them all.
+
+        The key index is built for ``expected`` live keys before the first chunk goes in, trained on
+        ``sample`` (``(m, dim)`` vectors like the keys'; default: the first chunk): above
+        ``AnnConfig.pq_min`` keys each chunk is stored as 64-byte PQ codes as it comes, so no float
+        copy of the vectors is held. The index is saved once, at the end. Returns the index size.
+
+        Args:
+            chunks: ``(key ids, (len(ids), dim) unit-norm float32 vectors)`` of active keys.
+            expected (int): how many keys the chunks hold in all.
+        """
+        from tqdm.auto import tqdm
+
+        with self._lock:
+            self.refresh()
+            if self._index is None:
+                self._load_saved_index(self.path / INDEX_FILENAME)
+            show = expected >= 100_000 if progress is None else progress
+            with tqdm(total=expected, desc="indexing key vectors", unit="key", disable=not show) as bar:
+                for key_ids, vectors in chunks:
+                    key_ids = np.asarray(key_ids, dtype=np.int64)
+                    unknown = np.setdiff1d(key_ids, np.fromiter(self._map.active_among(key_ids.tolist()),
+                                                                dtype=np.int64))
+                    if len(unknown):
+                        raise KBError(f"key ids {unknown[:5].tolist()} are not active keys of {self.path}")
+                    if self._index is None:
+                        self._index = VectorKeyIndex(np.asarray(vectors).shape[-1], self.ann_config)
+                    self._index.prepare(vectors if sample is None else sample, expected)
+                    self._index.add(key_ids, vectors, build=False)
+                    self._index.settle(progress=False)
+                    self._unsaved += len(key_ids)
+                    self._dirty = True
+                    bar.update(len(key_ids))
+            self._sync_index()
+            self._maybe_save()
+            return len(self._index)
 
     def key_index(self, progress: bool | None = None) -> VectorKeyIndex:
         """The key index, brought up to date first (embedding keys that have no vector yet)."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from typing import Collection, Iterable, Iterator, Sequence
 
+import numpy as np
+
 from .keys import KEY_SEP
 from .records import Best
 
@@ -54,6 +56,10 @@ class MemoryMap:
     def ids(self) -> Collection[int]:
         """Every active key id (a set-like view)."""
         return self._norm.keys()
+
+    def id_array(self) -> np.ndarray:
+        """Every active key id, ascending (int64)."""
+        return np.sort(np.fromiter(self._norm.keys(), dtype=np.int64, count=len(self._norm)))
 
     def values(self) -> list[Best]:
         return list(self._best.values())
@@ -126,7 +132,10 @@ class StoreMap:
         return self.store.active_among(list(key_ids), at=self.version)
 
     def ids(self) -> set[int]:
-        return set(self.store.active_key_ids(self.version).tolist())
+        return set(self.id_array().tolist())
+
+    def id_array(self) -> np.ndarray:
+        return self.store.active_key_ids(self.version)
 
     def values(self) -> list[Best]:
         return self.store.best(None, at=self.version)
