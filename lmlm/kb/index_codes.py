@@ -7,9 +7,9 @@ into vectors:
 * ``float32``: the vector itself (4 bytes a dimension): exact search and HNSW;
 * ``float16``: half the memory, cosines within 1e-3 of float32's: IVF;
 * ``pq``: a FAISS product quantiser of ``m`` sub-vectors with 256 centroids each (``m`` bytes a row,
-  64 for MiniLM's 384 dimensions instead of 768 for float16): IVF at the sizes where float16 rows
-  no longer fit in memory (``AnnConfig.pq_min``, 4M keys by default: 54.6M keys would take 42 GB
-  as float16, 3.5 GB as 64-byte codes). Scores are the cosine of the query with the decoded row,
+  96 by default for MiniLM's 384 dimensions instead of 768 for float16): IVF at the sizes where
+  float16 rows no longer fit in memory (``AnnConfig.pq_min``, 4M keys by default: 54.6M keys would
+  take 42 GB as float16, 5.2 GB as 96-byte codes). Scores are the cosine of the query with the decoded row,
   made unit length again (the stored vectors were): not exact, but far finer than the 4-bit codes
   the candidates come from (measured by ``lmlm bench kb``'s top-1 agreement with an exact search).
 
@@ -70,7 +70,7 @@ class RowCodec:
 
     @property
     def name(self) -> str:
-        """``float32``, ``float16`` or ``pq64x8``: what an index file's header records."""
+        """``float32``, ``float16`` or ``pq96x8``: what an index file's header records."""
         return f"pq{self.pq.M}x8" if self.kind == "pq" else self.kind
 
     def encode(self, vectors: np.ndarray) -> np.ndarray:
