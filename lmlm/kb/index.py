@@ -408,17 +408,17 @@ class VectorKeyIndex:
         return self._ann is not None and self._ann_rows == self._n
 
     def header(self) -> dict:
-        return {"rows": self._n, "ann": self.ann_kind if self._ann_saved() else "flat", "forced": self.forced,
+        return {"layout": 2, "rows": self._n, "ann": self.ann_kind if self._ann_saved() else "flat", "forced": self.forced,
                 "vectors": self._codec.name, "codec_bytes": len(self._codec.to_bytes()),
                 "trained_on": self._trained_on,
                 "config": asdict(self.config)}
 
     def write_body(self, f: IO[bytes]) -> None:
-        """Key ids (int64), alive mask (uint8), stored rows (header ``vectors``), the row codec's
-        quantiser (header ``codec_bytes``), then the FAISS structure."""
+        """Key ids (int32), alive mask (one bit a row), stored rows (header ``vectors``), the row
+        codec's quantiser (header ``codec_bytes``), then the FAISS structure."""
         n = self._n
-        write_array(f, self._keys[:n])
-        write_array(f, self._alive[:n].view(np.uint8))
+        write_array(f, self._keys[:n].astype(np.int32))  # key ids are int32 (MAX_KEY_ID)
+        write_array(f, np.packbits(self._alive[:n], bitorder="little"))
         for i in range(0, n, 1 << 20):  # a contiguous copy of a slice at a time, never of all rows
             write_array(f, self._vecs[i:min(i + (1 << 20), n)])
         f.write(self._codec.to_bytes())
@@ -431,8 +431,12 @@ class VectorKeyIndex:
     def read_body(cls, f: IO[bytes], header: dict) -> "VectorKeyIndex":
         dim, n = int(header["dim"]), int(header["rows"])
         index = cls(dim, AnnConfig(**header.get("config", {})), header.get("forced"))
-        keys = read_array(f, np.int64, (n,))
-        alive = read_array(f, np.uint8, (n,)).astype(bool)
+        if header.get("layout", 1) >= 2:  # int32 key ids and a bitmap
+            keys = read_array(f, np.int32, (n,)).astype(np.int64)
+            alive = np.unpackbits(read_array(f, np.uint8, ((n + 7) // 8,)), count=n, bitorder="little").astype(bool)
+        else:  # files of earlier versions: int64 key ids, a byte a row
+            keys = read_array(f, np.int64, (n,))
+            alive = read_array(f, np.uint8, (n,)).astype(bool)
         name = header.get("vectors", "float32")
         width = dim if not name.startswith("pq") else int(name[2:].split("x")[0])
         vecs = read_array(f, np.uint8 if name.startswith("pq") else np.dtype(name), (n, width))

@@ -265,3 +265,18 @@ def test_keys_added_after_a_delete_are_found(ann):
     index.add(np.arange(1500, 1600), vectors[1500:])
     _, ids = index.search(vectors[1500:1510], 1)
     assert ids[:, 0].tolist() == list(range(1500, 1510))
+
+
+def test_reads_index_files_with_int64_key_ids_and_an_alive_byte_a_row(tmp_path):
+    vectors = _unit(3)
+    head = json.dumps({"version": 4, "kind": "faiss-keys", "dim": 8, "encoder": "m", "size": 2, "rows": 3,
+                       "ann": "flat", "forced": None, "vectors": "float32"}).encode()
+    body = np.array([7, 8, 9], dtype=np.int64).tobytes() + bytes([1, 0, 1]) + vectors.tobytes()
+    (tmp_path / "index.faiss").write_bytes(b"LMLMIDX1" + struct.pack("<I", len(head)) + head + body)
+    loaded, header = load_index(tmp_path / "index.faiss")
+    assert loaded.ids() == [7, 9] and loaded.has_vector(8) and 8 not in loaded
+    assert loaded.search(vectors[2:3], 1)[1][0, 0] == 9
+    save_index(loaded, tmp_path / "again.faiss", {"version": 4})  # written in the compact layout, read back alike
+    again, header = load_index(tmp_path / "again.faiss")
+    assert header["layout"] == 2 and again.ids() == [7, 9] and again.has_vector(8)
+    np.testing.assert_array_equal(again.vectors([7, 8, 9]), vectors)
