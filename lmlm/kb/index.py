@@ -288,7 +288,7 @@ class VectorKeyIndex:
         self._ann, self._ann_rows, self._trained_on = None, 0, 0
         self._dead_sel = None
         if kind == "flat" or len(sample) == 0:
-            self.ann_kind = "flat"
+            self.ann_kind, self._trained_on = "flat", expected
             self._recode(RowCodec(self.dim, "float32"))
             return
         self.ann_kind = kind
