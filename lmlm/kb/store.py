@@ -68,13 +68,21 @@ def _checkpoint(db: Path) -> None:
 
 class _Cache:
     """Ids read or given by one write transaction (entity, relation and document ids by name, key ids
-    by id pair); thrown away with it, so a rolled-back write leaves no stale id behind."""
+    by id pair); thrown away with it, so a rolled-back write leaves no stale id behind. Each map is
+    emptied once it holds ``limit`` ids (a name it no longer holds is read from the store again):
+    one write of 5 x 10^7 facts would otherwise hold every key's id pair, over 10 GB."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 1_000_000) -> None:
+        self.limit = limit
         self.entities: dict[str, int] = {}
         self.relations: dict[str, int] = {}
         self.keys: dict[tuple[int, int], int] = {}
         self.documents: dict[str, int] = {}
+
+    def trim(self) -> None:
+        for m in (self.entities, self.relations, self.keys, self.documents):
+            if len(m) > self.limit:
+                m.clear()
 
 
 class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
@@ -216,20 +224,23 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
 
     # -- writes ----------------------------------------------------------------------------------
     def write_facts(self, facts: Iterable[Fact], op: str, who: str, why: str, batch_size: int = 1000,
-                    on_batch: Callable[[int], None] | None = None, meta: dict[str, str] | None = None) -> int:
+                    on_batch: Callable[[int], None] | None = None, meta: dict[str, str] | None = None,
+                    cache_limit: int = 1_000_000) -> int:
         """Add ``facts`` as one version; returns it (or the current version when nothing changed).
 
         A fact already active under the same key and value gains ``count`` and its new sources
         instead of a second row; if every source it names is already recorded, it changes nothing.
         ``meta`` entries are written in the same transaction (a resumable build records how far it got).
+        ``cache_limit``: ids of names and keys held between chunks before the write forgets them.
         """
         it = iter(facts)
         try:
             with gc_paused(), self._transaction():
                 v = self._new_version(op, who, why)
-                cache = _Cache()
+                cache = _Cache(cache_limit)
                 while chunk := list(islice(it, batch_size)):
                     self._write_chunk(v, chunk, cache)
+                    cache.trim()
                     if on_batch:
                         on_batch(len(chunk))
                 if meta:

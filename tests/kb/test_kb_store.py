@@ -125,6 +125,23 @@ def test_store_methods_need_no_encoder(tmp_path):
     store.close()
 
 
+def test_a_write_that_forgets_its_cached_ids_stores_the_same_kb(tmp_path):
+    from lmlm.kb.store import Fact
+
+    # names, keys and facts seen again chunks apart, after the write's cache of ids was emptied
+    facts = [Fact(f"Person {i % 7}", f"rel {i % 3}", f"v{i % 2}", 1, ((f"doc{i % 4}", i % 5),)) for i in range(120)]
+    dump = []
+    for name, limit in (("big", 1_000_000), ("small", 2)):
+        (tmp_path / name).mkdir()
+        store = SQLiteStore.create(tmp_path / name, {"encoder": "none"})
+        store.write_facts(facts, "add", "t", "", batch_size=4, cache_limit=limit)
+        dump.append([store.conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall()
+                     for t in ("entities", "relations", "keys", "documents", "triples", "sources", "changes")])
+        store.close()
+    assert dump[0] == dump[1]
+    assert len(dump[0][4]) == 42 and sum(row[4] for row in dump[0][4]) == 120  # 42 facts, each counted when seen
+
+
 def _add_same_facts(path: str, name: str, rounds: int) -> None:
     kb = KnowledgeBase.open(path)
     for i in range(rounds):
