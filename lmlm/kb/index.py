@@ -253,8 +253,9 @@ class VectorKeyIndex:
         (PQ codes for ``ivfpq``) and :meth:`settle` adds them to it, so a KB given 5 x 10^7 vectors
         in chunks never holds them all as floats. Rows already stored are kept and added too."""
         kind = self.forced or self.config.choose(max(expected, self._n_alive))
-        if _RANK[kind] <= _RANK[self.ann_kind] and self._trained_on >= expected:
-            return
+        outgrown = kind in ("ivf", "ivfpq") and expected > 4 * self._trained_on
+        if _RANK[kind] < _RANK[self.ann_kind] or (kind == self.ann_kind and not outgrown):
+            return  # built for this size already (HNSW grows as rows come; IVF until four times its training)
         self._build(kind, np.asarray(sample, dtype=np.float32), max(expected, self._n_alive), progress)
 
     def settle(self, progress: bool | None = None) -> None:

@@ -28,6 +28,7 @@ _SAVE_MIN = 1000  # vectors embedded since the last save above which the index f
 _SMALL_INDEX = 50_000  # stored vectors up to which every change is saved (the file is small)
 _EMBED_CHUNK = 8192  # keys per encoder call when embedding many keys
 _CHECKPOINT = 65_536  # keys embedded between index saves of a long embedding run (resumable)
+_SAMPLE = 65_536  # vectors a large index's structure is trained on before the first row goes in
 
 
 class KeyIndexing:
@@ -73,22 +74,39 @@ class KeyIndexing:
                 [k for k in touched if k in alive and k not in index])
 
     def _embed_keys(self, key_ids: Sequence[int], progress: bool | None = None) -> None:
-        """Embed ``key_ids`` in chunks; a long run saves the index now and then, so a killed run resumes."""
+        """Embed ``key_ids`` in chunks; a long run saves the index now and then, so a killed run resumes.
+
+        When the index will hold at least ``ivf_min`` keys, the first ``_SAMPLE`` vectors (at most
+        ``ivf_min``) train the
+        structure for that size before any row goes in (:meth:`VectorKeyIndex.prepare`), so each
+        chunk is stored as the index keeps it (PQ codes above ``pq_min``), never all of them as floats.
+        """
         from tqdm.auto import tqdm
 
-        rows = self.store.key_texts(key_ids)
-        show = len(rows) >= PROGRESS_MIN if progress is None else progress
-        since_save = 0
-        with tqdm(total=len(rows), desc="embedding KB keys", unit="key", disable=not show) as bar:
-            for i in range(0, len(rows), _EMBED_CHUNK):
-                chunk = rows[i:i + _EMBED_CHUNK]
+        key_ids = list(key_ids)
+        expected = len(self._index) + len(key_ids)
+        big = expected >= self.ann_config.ivf_min
+        show = len(key_ids) >= PROGRESS_MIN if progress is None else progress
+        since_save, held = 0, []  # held: encoded chunks waiting for the structure's training sample
+        with tqdm(total=len(key_ids), desc="embedding KB keys", unit="key", disable=not show) as bar:
+            for i in range(0, len(key_ids), _EMBED_CHUNK):
+                chunk = self.store.key_texts(key_ids[i:i + _EMBED_CHUNK])
                 vectors = self.encoder.encode([key_text(e, r) for _, e, r in chunk], cache=False)
-                self._index.add(np.array([k for k, _, _ in chunk], dtype=np.int64), vectors, build=False)
-                self._unsaved += len(chunk)
-                self._dirty = True
-                since_save += len(chunk)
+                held.append((np.array([k for k, _, _ in chunk], dtype=np.int64), vectors))
                 bar.update(len(chunk))
-                if since_save >= _CHECKPOINT and i + _EMBED_CHUNK < len(rows):
+                last = i + _EMBED_CHUNK >= len(key_ids)
+                if big and sum(len(ids) for ids, _ in held) < min(_SAMPLE, self.ann_config.ivf_min) and not last:
+                    continue
+                if big:
+                    self._index.prepare(np.concatenate([v for _, v in held]), expected)
+                for ids, vecs in held:
+                    self._index.add(ids, vecs, build=False)
+                    self._unsaved += len(ids)
+                    since_save += len(ids)
+                self._dirty = True
+                held = []
+                if since_save >= _CHECKPOINT and not last:
+                    self._index.settle(progress=False)
                     self._save_index(quiet=True)  # still at the old version: a reader embeds only the rest
                     since_save = 0
 

@@ -32,3 +32,18 @@ def test_vectors_given_in_blocks_build_the_index_for_the_final_size_and_survive_
     with pytest.raises(KBError, match="key ids \\[99999\\] are not active keys"):
         again.put_vector_chunks([(np.array([99999]), vectors[:1])], expected=1)
     again.close()
+
+
+def test_embedding_a_large_kb_trains_its_index_on_the_first_vectors_and_codes_the_rest(encoder, tmp_path):
+    ann = AnnConfig(flat_max=200, ivf_min=1000, pq_min=2000, pq_bytes=48)
+    kb = KnowledgeBase.create(tmp_path / "kb", encoder=encoder, ann=ann)
+    kb.add([(f"Person {i}", "Birth City", f"City {i % 50}") for i in range(9000)], who="t", why="t", embed=False)
+    assert kb.embed(progress=False) == 9000  # two encoder chunks: the first trains, the second is coded on arrival
+    index = kb.key_index()
+    assert (index.ann_kind, index.row_codec, index.rows) == ("ivfpq", "pq48x8", 9000)
+    hit = kb.lookup("Person 8765", "birth city", matching="key", fuzzy=False)
+    assert hit is not None and hit.value == "City 15"
+    asked = list(range(0, 9000, 180))  # each key's own embedding finds it among 9,000 near-identical keys
+    found = kb.lookup_vectors(encoder.encode([f"Person {i} Birth City" for i in asked]), threshold=0.0)
+    assert np.mean([m.entity == f"Person {i}" for m, i in zip(found, asked)]) >= 0.9
+    kb.close()
