@@ -251,12 +251,14 @@ class VectorKeyIndex:
         """Build the structure ``expected`` live keys call for, trained on ``sample`` ``(m, dim)``,
         before the rows arrive: each later :meth:`add` stores its rows as that structure keeps them
         (PQ codes for ``ivfpq``) and :meth:`settle` adds them to it, so a KB given 5 x 10^7 vectors
-        in chunks never holds them all as floats. Rows already stored are kept and added too."""
+        in chunks never holds them all as floats, nor copies its rows to grow. Rows already stored
+        are kept and added too."""
         kind = self.forced or self.config.choose(max(expected, self._n_alive))
         outgrown = kind in ("ivf", "ivfpq") and expected > 4 * self._trained_on
         if _RANK[kind] < _RANK[self.ann_kind] or (kind == self.ann_kind and not outgrown):
             return  # built for this size already (HNSW grows as rows come; IVF until four times its training)
         self._build(kind, np.asarray(sample, dtype=np.float32), max(expected, self._n_alive), progress)
+        self._reserve(self._n + max(expected - self._n_alive, 0))  # room for them all: no copy as they come
 
     def settle(self, progress: bool | None = None) -> None:
         """Bring the approximate structure up to the stored rows: extend it with rows added since,

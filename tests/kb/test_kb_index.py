@@ -234,11 +234,12 @@ def test_prepare_builds_for_the_final_size_so_chunks_are_coded_as_they_come():
     index = VectorKeyIndex(32, PQ)
     index.prepare(vectors[:1000], expected=3000)
     assert index.ann_kind == "ivfpq" and index.rows == 0
+    rows = index._vecs  # room for every row from the start: the array is never copied to grow
     for start in range(0, 3000, 600):
         index.add(np.arange(start, start + 600), vectors[start:start + 600], build=False)
         assert index._vecs.dtype == np.uint8  # never a float copy of the rows
         index.settle()
-        assert index.ann_kind == "ivfpq" and index._ann.ntotal == start + 600
+        assert index.ann_kind == "ivfpq" and index._ann.ntotal == start + 600 and index._vecs is rows
     _, ids = index.search(_near(vectors[::10], scale=0.3), 1)
     assert (ids[:, 0] == np.arange(0, 3000, 10)).mean() >= 0.95
     generation = index.generation
