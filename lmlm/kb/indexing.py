@@ -31,6 +31,24 @@ _CHECKPOINT = 65_536  # keys embedded between index saves of a long embedding ru
 _SAMPLE = 65_536  # vectors a large index's structure is trained on before the first row goes in
 
 
+def sorted_minus(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 20) -> np.ndarray:
+    """The values of ``a`` not in ``b``, both ascending and without repeats, a chunk of ``a`` at a
+    time: ``np.setdiff1d`` sorts copies of both, several GB at 5 x 10^7 key ids.
+
+    Examples:
+        >>> sorted_minus(np.array([1, 3, 5, 7]), np.array([3, 4, 7])).tolist()
+        [1, 5]
+    """
+    if not len(b):
+        return a.copy()
+    parts = [a[:0]]
+    for i in range(0, len(a), chunk):
+        part = a[i:i + chunk]
+        at = np.minimum(np.searchsorted(b, part), len(b) - 1)
+        parts.append(part[b[at] != part])
+    return np.concatenate(parts)
+
+
 class KeyIndexing:
     """The key-index half of a KnowledgeBase; expects its ``store``, ``_lock``, ``_version``,
     ``_map``, ``encoder``, ``encoder_name``, ``ann_config`` and ``path``."""
@@ -67,7 +85,7 @@ class KeyIndexing:
         index = self._index
         if self._index_version == 0:  # built from nothing: compare with every active key
             alive, held = self._map.id_array(), index.live_ids()
-            return np.setdiff1d(held, alive).tolist(), np.setdiff1d(alive, held).tolist()
+            return sorted_minus(held, alive).tolist(), sorted_minus(alive, held).tolist()
         touched = self.store.changed_keys(self._index_version, self._version)
         alive = self._map.active_among(touched)
         return ([k for k in touched if k in index and k not in alive],

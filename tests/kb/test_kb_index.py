@@ -281,3 +281,16 @@ def test_reads_index_files_with_int64_key_ids_and_an_alive_byte_a_row(tmp_path):
     again, header = load_index(tmp_path / "again.faiss")
     assert header["layout"] == 2 and again.ids() == [7, 9] and again.has_vector(8)
     np.testing.assert_array_equal(again.vectors([7, 8, 9]), vectors)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1 << 20])
+def test_sorted_minus_is_the_set_difference_of_two_ascending_id_arrays(chunk):
+    from lmlm.kb.indexing import sorted_minus
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        a = np.unique(rng.integers(0, 60, size=rng.integers(0, 40)))
+        b = np.unique(rng.integers(0, 60, size=rng.integers(0, 40)))
+        got = sorted_minus(a, b, chunk=chunk)
+        assert got.tolist() == sorted(set(a.tolist()) - set(b.tolist()))
+        assert got.dtype == a.dtype
