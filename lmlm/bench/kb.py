@@ -47,6 +47,7 @@ Examples:
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -84,11 +85,13 @@ def _check_other_process(kb_dir: Path, deleted: list, some: np.ndarray, vectors:
         code = ("import json, os, sys, numpy as np\nfrom lmlm.kb import KnowledgeBase\n"
                 "kb = KnowledgeBase.open(sys.argv[1])\nd = json.load(open(sys.argv[2]))\n"
                 "gone = {tuple(x) for x in d['deleted']}\nkeys = [(e, r) for e, r, v in d['deleted']]\n"
-                "ms = kb.lookup_batch(keys, fuzzy=False, matching='key')\n"
-                "ms += kb.lookup_batch([keys[i] for i in d['some']], fuzzy=False)\n"
+                "hits = lambda ms: sum(m is not None and (m.entity, m.relation, m.value) in gone for m in ms)\n"
+                "bad = sum(hits(kb.lookup_batch(keys[i:i + 100000], fuzzy=False, matching='key'))\n"
+                "          for i in range(0, len(keys), 100000))\n"
+                "bad += hits(kb.lookup_batch([keys[i] for i in d['some']], fuzzy=False))\n"
                 "if os.path.exists(sys.argv[3]):\n"
-                "    ms += kb.lookup_vectors(np.load(sys.argv[3]), threshold=0.0)\n"
-                "print(sum(m is not None and (m.entity, m.relation, m.value) in gone for m in ms))\n")
+                "    bad += hits(kb.lookup_vectors(np.load(sys.argv[3]), threshold=0.0))\n"
+                "print(bad)\n")
         env = dict(os.environ)
         if map_kind in _MAP_LIMITS:
             env["LMLM_KB_MAP_LIMIT"] = str(_MAP_LIMITS[map_kind])
@@ -332,8 +335,6 @@ class _KBBench:
             vectors = self.vectors.rows(gone[some])
             bad += hits(kb.lookup_vectors(vectors, threshold=0.0)) + hits(kb.lookup_batch(texts, 0.0))
             checked += f" + {len(some)} by own key vector + {len(texts)} fuzzy texts"
-        self.log("looking the forgotten facts up from a second process")
-        other = _check_other_process(self.kb_dir, forget, some, vectors, self.map_kind)
         kept = np.setdiff1d(np.arange(n), gone)
         if retain_exact is not None and retain_exact < len(kept):
             kept = np.sort(self.rng.choice(kept, size=retain_exact, replace=False))
@@ -348,13 +349,32 @@ class _KBBench:
             lost += sum(m is None or m.value != rows[j][2]
                         for j, m in zip(check.tolist(), kb.lookup_vectors(self.vectors.rows(check))))
             retained += f" + {len(check)} by own key vector"
+        # the second process opens the KB while this one has let go of its own (at 5.46 x 10^7 keys
+        # two handles with their key indexes loaded do not fit in 24 GB)
+        del kb
+        self.release()
+        self.log("looking the forgotten facts up from a second process")
+        other = _check_other_process(self.kb_dir, forget, some, vectors, self.map_kind)
         second = f"{k} by exact key + {len(some)} entity-aware" + (f" + {len(some)} by vector" if vectors is not None else "")
         self.report.update(deleted_retrievable=bad + other, deleted_retrievable_other_process=other,
                            deleted_checked=f"{checked} here; {second} in a second process",
                            retained_lost=lost, retained_checked=retained)
 
-    def finish(self) -> dict:
+    def release(self) -> None:
+        """Close the KB and let go of its key index, maps and entity index (memory given back to the
+        system where the C library allows)."""
+        if self.kb is None:
+            return
         self.kb.close()
+        self.kb = None
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed heap pages otherwise
+        except (OSError, AttributeError):
+            pass
+
+    def finish(self) -> dict:
+        self.release()
         sizes = _folder_bytes(self.kb_dir)
         store = sum(v for name, v in sizes.items() if name.startswith("kb.sqlite"))
         r = self.report
@@ -380,7 +400,7 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
                  fuzzy_queries: int = 300, exact_queries: int = 5000, batched_queries: int = 2048,
                  forget_fraction: float = 0.05, retain_check: int = 20_000, retain_exact: int | None = None,
                  store_only: bool = False, encoder_threads: int | None = None, seed: int = 0, log=print,
-                 map_kind: str = "auto", deleted_check: int = 100_000) -> dict:
+                 map_kind: str = "auto", deleted_check: int = 100_000, on_phase=None) -> dict:
     """Run every step on ``n`` synthetic triples in folder ``work``; returns the report.
 
     Args:
@@ -392,20 +412,29 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
         map_kind (str, default "auto"): the reader's map of the store: ``memory``, ``store`` or by size.
         deleted_check (int, default 100_000): deleted facts also looked up entity-aware and by their
             own vector (every deleted fact is looked up by its exact key).
+        on_phase (callable, optional): given ``(phase, report so far)`` after each phase, so that a run
+            of hours stopped part way keeps what it measured.
     """
     run = _KBBench(n, work, encoder_threads, store_only, seed, log, map_kind)
+    done = (lambda phase: on_phase(phase, dict(run.report, finished=False, phase=phase))) if on_phase else \
+        (lambda phase: None)
     run.build()
+    done("build")
     if store_only:
         run.report["method"] = ("store only: no key vectors (exact lookups and forgetting; fuzzy and ANN "
                                 "numbers come from a run with vectors)")
     else:
         run.index(embed_keys)
+        done("index")
     run.exact(exact_queries)
+    done("exact")
     if not store_only:
         run.fuzzy(fuzzy_queries, batched_queries)
+        done("fuzzy")
         run.ann(ann_queries)
+        done("ann")
     run.forget(forget_fraction, retain_check, retain_exact, deleted_check)
-    return run.finish()
+    return dict(run.finish(), finished=True)
 
 
 @bench_app.command("kb")
@@ -425,7 +454,8 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
              batched_queries: int = typer.Option(2048, help="fuzzy lookups timed in batches of 256"),
              work: Path = typer.Option(Path("runs/bench-kb"), help="folder for the KB (replaced)"),
              keep: bool = typer.Option(False, help="keep the KB folder afterwards"),
-             out: Optional[Path] = typer.Option(None, help="also write the JSON here"),
+             out: Optional[Path] = typer.Option(None, help="also write the JSON here (after each phase too, "
+                                                           "with finished false)"),
              seed: int = typer.Option(0),
              map_kind: str = typer.Option("auto", "--map", help="the reader's map of the store: memory (every key "
                                           "held), store (lookups read from the store) or auto (by size)")):
@@ -441,10 +471,17 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
                           fuzzy_queries=fuzzy_queries, batched_queries=batched_queries,
                           encoder_threads=encoder_threads or None, store_only=store_only,
                           retain_exact=retain_exact or None, seed=seed, map_kind=map_kind,
-                          deleted_check=deleted_check,
-                          log=lambda s: print(s, file=sys.stderr))
+                          deleted_check=deleted_check, log=lambda s: print(s, file=sys.stderr),
+                          on_phase=(lambda phase, r: _write_json(out, r)) if out is not None else None)
     if not keep:
         shutil.rmtree(work / "kb", ignore_errors=True)
     if out is not None:
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        _write_json(out, report)
     print(json.dumps(report))
+
+
+def _write_json(path: Path, report: dict) -> None:
+    """Write ``report`` to ``path`` whole or not at all (a run killed mid-write keeps the last one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, path)

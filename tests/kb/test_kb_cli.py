@@ -122,3 +122,24 @@ def test_bench_kb_store_only(tmp_path):
     assert report["method"].startswith("store only") and "fuzzy_p50_ms" not in report
     assert (report["forgotten"], report["deleted_retrievable"], report["retained_lost"]) == (15, 0, 0)
     assert set(report["targets_met"]) == {"exact_p50_ms<=0.2", "deleted_retrievable==0", "retained_lost==0"}
+
+
+def test_bench_kb_keeps_each_phase_it_measured_and_checks_deletes_after_letting_go_of_its_kb(tmp_path):
+    from lmlm.bench.kb import run_kb_bench
+
+    seen = []
+    report = run_kb_bench(300, tmp_path / "b", store_only=True, log=lambda s: None,
+                          on_phase=lambda phase, r: seen.append((phase, r)))
+    assert [p for p, _ in seen] == ["build", "exact"]
+    assert all(r["finished"] is False and r["phase"] == p for p, r in seen)
+    assert "store_triples_per_s" in seen[0][1] and "exact_p50_ms" in seen[1][1] and "forgotten" not in seen[1][1]
+    assert report["finished"] is True
+    # the second process looked the 15 deleted facts up with the first one's KB closed
+    assert (report["forgotten"], report["deleted_retrievable_other_process"], report["retained_lost"]) == (15, 0, 0)
+
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, ["bench", "kb", "--triples", "300", "--store-only", "--work", str(tmp_path / "c"),
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text()) == json.loads(res.stdout.strip().splitlines()[-1])
+    assert not out.with_name("r.json.tmp").exists()
