@@ -13,7 +13,6 @@ interrupted run continues where it stopped (``--fresh`` starts over).
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import time
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+
+from .report import write_json
 
 __all__ = ["QuickstartConfig", "QUICKSTART_PRESETS", "quickstart", "train_config", "heldout_perplexity",
            "stated_split"]
@@ -89,12 +90,6 @@ QUICKSTART_PRESETS: dict[str, dict[str, Any]] = {
 
 def _stage(title: str):
     console.rule(f"[bold]{title}")
-
-
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    tmp.replace(path)
 
 
 def _cloze_items(world, prompts):
@@ -228,7 +223,7 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     if fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "config.json", asdict(cfg))
+    write_json(out / "config.json", asdict(cfg))
     t_start = time.time()
     timings: dict[str, float] = {}
 
@@ -262,7 +257,7 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
         kb.add([Triple(e, r, v, source=s) for e, r, v, s in world.triples()], who="quickstart",
                why="facts of the synthetic world at training time")
         kb.add_aliases(world.aliases("train"), who="quickstart", why="other names of the people in the KB")
-        _write_json(kb_dir / "built.json", {"version": kb.version, "triples": len(kb)})
+        write_json(kb_dir / "built.json", {"version": kb.version, "triples": len(kb)})
     console.print(f"{len(kb)} triples, version {kb.version}")
     timings["kb"] = time.time() - t
 
@@ -422,7 +417,7 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
                     "standard": fp["standard"]["samples"], "added": ak["samples"], "edits": ed["samples"],
                     "forgotten": f_after_res["samples"]},
     }
-    _write_json(out / "report.json", report)
+    write_json(out / "report.json", report)
     write_quickstart_report(report, out)
     kb.close()
     console.print(f"[bold green]done in {timings['total']:.0f} s[/]: {out / 'report.md'}")

@@ -62,6 +62,7 @@ from typing import Optional
 import numpy as np
 import typer
 
+from ..report import write_json
 from . import bench_app, peak_rss_mb, percentile_ms, rss_mb
 from .kb_rows import RELATIONS, SyntheticTriples, SyntheticVectors, perturb
 
@@ -472,16 +473,10 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
                           encoder_threads=encoder_threads or None, store_only=store_only,
                           retain_exact=retain_exact or None, seed=seed, map_kind=map_kind,
                           deleted_check=deleted_check, log=lambda s: print(s, file=sys.stderr),
-                          on_phase=(lambda phase, r: _write_json(out, r)) if out is not None else None)
+                          on_phase=(lambda phase, r: write_json(out, r)) if out is not None else None)
     if not keep:
         shutil.rmtree(work / "kb", ignore_errors=True)
     if out is not None:
-        _write_json(out, report)
+        write_json(out, report)
     print(json.dumps(report))
 
-
-def _write_json(path: Path, report: dict) -> None:
-    """Write ``report`` to ``path`` whole or not at all (a run killed mid-write keeps the last one)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, path)

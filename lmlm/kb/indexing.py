@@ -80,6 +80,12 @@ class KeyIndexing:
         self._index.settle(progress)
         return self._index
 
+    def _put_rows(self, key_ids: np.ndarray, vectors: np.ndarray) -> None:
+        """Store vectors in the index (its structure catches up at the next settle) as unsaved work."""
+        self._index.add(key_ids, vectors, build=False)
+        self._unsaved += len(key_ids)
+        self._dirty = True
+
     def _index_delta(self) -> tuple[list[int], list[int]]:
         """(key ids to take out of the index, key ids to put in) to reach ``self._version``."""
         index = self._index
@@ -95,9 +101,9 @@ class KeyIndexing:
         """Embed ``key_ids`` in chunks; a long run saves the index now and then, so a killed run resumes.
 
         When the index will hold at least ``ivf_min`` keys, the first ``_SAMPLE`` vectors (at most
-        ``ivf_min``) train the
-        structure for that size before any row goes in (:meth:`VectorKeyIndex.prepare`), so each
-        chunk is stored as the index keeps it (PQ codes above ``pq_min``), never all of them as floats.
+        ``ivf_min``) train the structure for that size before any row goes in
+        (:meth:`VectorKeyIndex.prepare`), so each chunk is stored as the index keeps it (PQ codes
+        above ``pq_min``), never all of them as floats.
         """
         from tqdm.auto import tqdm
 
@@ -106,6 +112,7 @@ class KeyIndexing:
         big = expected >= self.ann_config.ivf_min
         show = len(key_ids) >= PROGRESS_MIN if progress is None else progress
         since_save, held = 0, []  # held: encoded chunks waiting for the structure's training sample
+        prepared = not big
         with tqdm(total=len(key_ids), desc="embedding KB keys", unit="key", disable=not show) as bar:
             for i in range(0, len(key_ids), _EMBED_CHUNK):
                 chunk = self.store.key_texts(key_ids[i:i + _EMBED_CHUNK])
@@ -113,15 +120,14 @@ class KeyIndexing:
                 held.append((np.array([k for k, _, _ in chunk], dtype=np.int64), vectors))
                 bar.update(len(chunk))
                 last = i + _EMBED_CHUNK >= len(key_ids)
-                if big and sum(len(ids) for ids, _ in held) < min(_SAMPLE, self.ann_config.ivf_min) and not last:
-                    continue
-                if big:
+                if not prepared:
+                    if sum(len(ids) for ids, _ in held) < min(_SAMPLE, self.ann_config.ivf_min) and not last:
+                        continue
                     self._index.prepare(np.concatenate([v for _, v in held]), expected)
+                    prepared = True
                 for ids, vecs in held:
-                    self._index.add(ids, vecs, build=False)
-                    self._unsaved += len(ids)
+                    self._put_rows(ids, vecs)
                     since_save += len(ids)
-                self._dirty = True
                 held = []
                 if since_save >= _CHECKPOINT and not last:
                     self._index.settle(progress=False)
@@ -197,9 +203,7 @@ class KeyIndexing:
                 self._load_saved_index(self.path / INDEX_FILENAME)
                 if self._index is None:
                     self._index = VectorKeyIndex(np.asarray(vectors).shape[-1], self.ann_config)
-            self._index.add(np.asarray(key_ids, dtype=np.int64), vectors, build=False)
-            self._unsaved += len(key_ids)
-            self._dirty = True
+            self._put_rows(np.asarray(key_ids, dtype=np.int64), vectors)
             self._sync_index()
             self._maybe_save()
 
@@ -209,7 +213,7 @@ class KeyIndexing:
 
         The key index is built for ``expected`` live keys before the first chunk goes in, trained on
         ``sample`` (``(m, dim)`` vectors like the keys'; default: the first chunk): above
-        ``AnnConfig.pq_min`` keys each chunk is stored as 64-byte PQ codes as it comes, so no float
+        ``AnnConfig.pq_min`` keys each chunk is stored as ``pq_bytes``-byte PQ codes as it comes, so no float
         copy of the vectors is held. The index is saved once, at the end. Returns the index size.
 
         Args:
@@ -223,6 +227,7 @@ class KeyIndexing:
             if self._index is None:
                 self._load_saved_index(self.path / INDEX_FILENAME)
             show = expected >= 100_000 if progress is None else progress
+            prepared = False
             with tqdm(total=expected, desc="indexing key vectors", unit="key", disable=not show) as bar:
                 for key_ids, vectors in chunks:
                     key_ids = np.asarray(key_ids, dtype=np.int64)
@@ -232,11 +237,11 @@ class KeyIndexing:
                         raise KBError(f"key ids {unknown[:5].tolist()} are not active keys of {self.path}")
                     if self._index is None:
                         self._index = VectorKeyIndex(np.asarray(vectors).shape[-1], self.ann_config)
-                    self._index.prepare(vectors if sample is None else sample, expected)
-                    self._index.add(key_ids, vectors, build=False)
+                    if not prepared:
+                        self._index.prepare(vectors if sample is None else sample, expected)
+                        prepared = True
+                    self._put_rows(key_ids, vectors)
                     self._index.settle(progress=False)
-                    self._unsaved += len(key_ids)
-                    self._dirty = True
                     bar.update(len(key_ids))
             self._sync_index()
             self._maybe_save()

@@ -9,19 +9,12 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ..report import write_json
 from .config import ReproduceConfig
 
 __all__ = ["Run", "console", "write_json", "read_json"]
 
 console = Console(stderr=True)
-
-
-def write_json(path: Path, obj) -> None:
-    """Write atomically: a stage's result file exists only once the stage is complete."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str, allow_nan=True) + "\n")
-    tmp.replace(path)
 
 
 def read_json(path: Path):
