@@ -336,9 +336,17 @@ class _KBBench:
             vectors = self.vectors.rows(gone[some])
             bad += hits(kb.lookup_vectors(vectors, threshold=0.0)) + hits(kb.lookup_batch(texts, 0.0))
             checked += f" + {len(some)} by own key vector + {len(texts)} fuzzy texts"
-        kept = np.setdiff1d(np.arange(n), gone)
-        if retain_exact is not None and retain_exact < len(kept):
+        is_gone = np.zeros(n, dtype=bool)
+        is_gone[gone] = True
+        if retain_exact is not None and retain_exact < n - k:  # drawn until enough, not from a list of all
+            kept = np.zeros(0, dtype=np.int64)
+            while len(kept) < retain_exact:
+                more = self.rng.integers(0, n, size=2 * (retain_exact - len(kept)) + 100)
+                kept = np.union1d(kept, more[~is_gone[more]])
             kept = np.sort(self.rng.choice(kept, size=retain_exact, replace=False))
+        else:
+            kept = np.flatnonzero(~is_gone)
+        del is_gone
         lost = 0
         for i in range(0, len(kept), 20_000):
             part = kept[i:i + 20_000].tolist()
@@ -417,8 +425,11 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
             of hours stopped part way keeps what it measured.
     """
     run = _KBBench(n, work, encoder_threads, store_only, seed, log, map_kind)
-    done = (lambda phase: on_phase(phase, dict(run.report, finished=False, phase=phase))) if on_phase else \
-        (lambda phase: None)
+    def done(phase: str) -> None:
+        run.report.setdefault("rss_mb_after", {})[phase] = round(rss_mb())  # memory held, phase by phase
+        if on_phase:
+            on_phase(phase, dict(run.report, finished=False, phase=phase))
+
     run.build()
     done("build")
     if store_only:
@@ -435,6 +446,7 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
         run.ann(ann_queries)
         done("ann")
     run.forget(forget_fraction, retain_check, retain_exact, deleted_check)
+    done("forget")
     return dict(run.finish(), finished=True)
 
 

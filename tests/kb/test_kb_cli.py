@@ -130,9 +130,10 @@ def test_bench_kb_keeps_each_phase_it_measured_and_checks_deletes_after_letting_
     seen = []
     report = run_kb_bench(300, tmp_path / "b", store_only=True, log=lambda s: None,
                           on_phase=lambda phase, r: seen.append((phase, r)))
-    assert [p for p, _ in seen] == ["build", "exact"]
+    assert [p for p, _ in seen] == ["build", "exact", "forget"]
     assert all(r["finished"] is False and r["phase"] == p for p, r in seen)
     assert "store_triples_per_s" in seen[0][1] and "exact_p50_ms" in seen[1][1] and "forgotten" not in seen[1][1]
+    assert "forgotten" in seen[2][1] and list(report["rss_mb_after"]) == ["build", "exact", "forget"]
     assert report["finished"] is True
     # the second process looked the 15 deleted facts up with the first one's KB closed
     assert (report["forgotten"], report["deleted_retrievable_other_process"], report["retained_lost"]) == (15, 0, 0)
