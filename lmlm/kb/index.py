@@ -38,8 +38,9 @@ from typing import IO, Iterable
 import numpy as np
 
 from .index_codes import RowCodec
-from .index_file import open_body, read_array, read_header, write_array, write_atomically
-from .index_rows import RowOf, Selection, _no_hits, _top_k
+from .index_file import (key_ids_layout, open_body, read_array, read_header, read_key_ids, write_array,
+                         write_atomically, write_key_ids)
+from .index_rows import RowOf, Selection, _no_hits, _top_k, large_allocations_from_os
 
 __all__ = ["AnnConfig", "VectorKeyIndex", "Selection", "read_header", "save_index", "load_index"]
 
@@ -121,7 +122,7 @@ class VectorKeyIndex:
         self.forced = ann
         self._codec = RowCodec(dim)  # what a stored row is: float32, float16 or a PQ code
         self._vecs = np.zeros((0, dim), dtype=np.float32)  # (capacity, codec.width); rows [0, n) used
-        self._keys = np.zeros(0, dtype=np.int64)  # (capacity,) row -> key id
+        self._keys = np.zeros(0, dtype=np.int32)  # (capacity,) row -> key id (ids are at most MAX_KEY_ID)
         self._alive = np.zeros(0, dtype=bool)  # (capacity,)
         self._n = 0
         self._n_alive = 0
@@ -149,7 +150,7 @@ class VectorKeyIndex:
 
     def live_ids(self) -> np.ndarray:
         """Key ids of the live keys, ascending (int64)."""
-        return np.sort(self._keys[:self._n][self._alive[:self._n]])
+        return np.sort(self._keys[:self._n][self._alive[:self._n]]).astype(np.int64)
 
     @property
     def rows(self) -> int:
@@ -172,7 +173,7 @@ class VectorKeyIndex:
     def live_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """(key ids (m,), vectors (m, dim)) of every live key, decoded (a float32 copy of them all)."""
         alive = self._alive[:self._n]
-        return self._keys[:self._n][alive], self._codec.decode(self._vecs[:self._n][alive])
+        return self._keys[:self._n][alive].astype(np.int64), self._codec.decode(self._vecs[:self._n][alive])
 
     # -- changes ---------------------------------------------------------------------------------
     def add(self, ids: np.ndarray, vectors: np.ndarray, alive: bool = True, build: bool = True) -> None:
@@ -190,10 +191,10 @@ class VectorKeyIndex:
             return
         start, m = self._n, len(fresh)
         self._reserve(start + m)
+        self._row.assign(ids[fresh], np.arange(start, start + m))  # first: it refuses ids out of range
         self._vecs[start:start + m] = self._codec.encode(vectors[fresh])
         self._keys[start:start + m] = ids[fresh]
         self._alive[start:start + m] = alive
-        self._row.assign(ids[fresh], np.arange(start, start + m))
         self._n += m
         self._n_alive += m if alive else 0
         self._dead_sel = None  # the bitmap of live rows must cover the new rows too
@@ -233,7 +234,7 @@ class VectorKeyIndex:
             self._codec = RowCodec(self.dim, "float16")
         vecs = np.empty((cap, self._codec.width), dtype=self._codec.dtype)
         vecs[:self._n] = self._vecs[:self._n]
-        keys, alive = np.empty(cap, dtype=np.int64), np.zeros(cap, dtype=bool)
+        keys, alive = np.empty(cap, dtype=np.int32), np.zeros(cap, dtype=bool)
         keys[:self._n], alive[:self._n] = self._keys[:self._n], self._alive[:self._n]
         self._vecs, self._keys, self._alive = vecs, keys, alive
 
@@ -309,6 +310,7 @@ class VectorKeyIndex:
             index.hnsw.efConstruction = self.config.hnsw_ef_construction
             index.train(sample)
         else:
+            large_allocations_from_os()  # the lists' growth leaves no heap holes
             nlist = self.config.lists(expected)
             codes = f"PQ{self.dim // 4}x4fs" if self.dim % 4 == 0 else "SQ8"  # 4 dims per 4-bit code
             index = faiss.index_factory(self.dim, f"IVF{nlist},{codes}", faiss.METRIC_INNER_PRODUCT)
@@ -411,16 +413,17 @@ class VectorKeyIndex:
         return self._ann is not None and self._ann_rows == self._n
 
     def header(self) -> dict:
-        return {"layout": 2, "rows": self._n, "ann": self.ann_kind if self._ann_saved() else "flat", "forced": self.forced,
+        return {"layout": 3, "rows": self._n, "ann": self.ann_kind if self._ann_saved() else "flat", "forced": self.forced,
+                "key_ids": key_ids_layout(self._keys[:self._n]),
                 "vectors": self._codec.name, "codec_bytes": len(self._codec.to_bytes()),
                 "trained_on": self._trained_on,
                 "config": asdict(self.config)}
 
     def write_body(self, f: IO[bytes]) -> None:
-        """Key ids (int32), alive mask (one bit a row), stored rows (header ``vectors``), the row
-        codec's quantiser (header ``codec_bytes``), then the FAISS structure."""
+        """Key ids (as header ``key_ids`` says), alive mask (one bit a row), stored rows (header
+        ``vectors``), the row codec's quantiser (header ``codec_bytes``), then the FAISS structure."""
         n = self._n
-        write_array(f, self._keys[:n].astype(np.int32))  # key ids are int32 (MAX_KEY_ID)
+        write_key_ids(f, self._keys[:n], key_ids_layout(self._keys[:n]))
         write_array(f, np.packbits(self._alive[:n], bitorder="little"))
         for i in range(0, n, 1 << 20):  # a contiguous copy of a slice at a time, never of all rows
             write_array(f, self._vecs[i:min(i + (1 << 20), n)])
@@ -434,11 +437,11 @@ class VectorKeyIndex:
     def read_body(cls, f: IO[bytes], header: dict) -> "VectorKeyIndex":
         dim, n = int(header["dim"]), int(header["rows"])
         index = cls(dim, AnnConfig(**header.get("config", {})), header.get("forced"))
-        if header.get("layout", 1) >= 2:  # int32 key ids and a bitmap
-            keys = read_array(f, np.int32, (n,)).astype(np.int64)
+        if header.get("layout", 1) >= 2:  # key ids (int32 or, from layout 3, a bitmap) and a bitmap
+            keys = read_key_ids(f, header.get("key_ids", {"as": "int32"}), n)
             alive = np.unpackbits(read_array(f, np.uint8, ((n + 7) // 8,)), count=n, bitorder="little").astype(bool)
         else:  # files of earlier versions: int64 key ids, a byte a row
-            keys = read_array(f, np.int64, (n,))
+            keys = read_array(f, np.int64, (n,)).astype(np.int32)
             alive = read_array(f, np.uint8, (n,)).astype(bool)
         name = header.get("vectors", "float32")
         width = dim if not name.startswith("pq") else int(name[2:].split("x")[0])

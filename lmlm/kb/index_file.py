@@ -100,3 +100,41 @@ def read_array(f: IO[bytes], dtype, shape: tuple[int, ...]) -> np.ndarray:
     if got != view.nbytes:
         raise ValueError(f"index file ends after {got} of {view.nbytes} bytes of a {dtype} array")
     return out
+
+
+def key_ids_layout(keys: np.ndarray) -> dict:
+    """How an index file stores the key id of each row: ``{"as": "bitmap", "first": a, "last": b}``
+    when the ids rise row by row (a KB indexed from its store in one go: one bit for each id from
+    ``a`` to ``b``, an eighth of a byte a key where int32 takes 4), else ``{"as": "int32"}``."""
+    n = len(keys)
+    if n == 0:
+        return {"as": "int32"}
+    for i in range(0, n - 1, 1 << 22):  # a chunk at a time: no int64 difference of 10^7 ids
+        part = keys[i:min(i + (1 << 22) + 1, n)]
+        if (part[1:] <= part[:-1]).any():
+            return {"as": "int32"}
+    first, last = int(keys[0]), int(keys[-1])
+    return {"as": "bitmap", "first": first, "last": last} if (last - first + 1) // 8 < 4 * n else {"as": "int32"}
+
+
+def write_key_ids(f: IO[bytes], keys: np.ndarray, layout: dict) -> None:
+    if layout["as"] == "int32":
+        write_array(f, np.asarray(keys, dtype=np.int32))
+        return
+    first, span = layout["first"], layout["last"] - layout["first"] + 1
+    mask = np.zeros(span, dtype=bool)  # a byte a key id for a moment (55 MB at 5.5 x 10^7)
+    for i in range(0, len(keys), 1 << 22):
+        mask[keys[i:i + (1 << 22)] - first] = True
+    write_array(f, np.packbits(mask, bitorder="little"))
+
+
+def read_key_ids(f: IO[bytes], layout: dict, n: int) -> np.ndarray:
+    """The ``(n,)`` int32 key ids :func:`write_key_ids` wrote; ValueError if they are not ``n``."""
+    if layout.get("as", "int32") == "int32":
+        return read_array(f, np.int32, (n,))
+    first, span = int(layout["first"]), int(layout["last"]) - int(layout["first"]) + 1
+    bits = np.unpackbits(read_array(f, np.uint8, ((span + 7) // 8,)), count=span, bitorder="little")
+    keys = np.flatnonzero(bits).astype(np.int32)
+    if len(keys) != n:
+        raise ValueError(f"index file's key id bitmap holds {len(keys)} ids for {n} rows")
+    return keys + np.int32(first)

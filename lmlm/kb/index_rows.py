@@ -12,11 +12,12 @@ Examples:
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["RowOf", "MAX_KEY_ID", "Selection"]
+__all__ = ["RowOf", "MAX_KEY_ID", "Selection", "large_allocations_from_os"]
 
 MAX_KEY_ID = 2**31 - 2  # rows are int32; a store makes key ids one by one from 1
 
@@ -27,7 +28,7 @@ class RowOf:
     def __init__(self, keys: np.ndarray | None = None):
         self._a = np.full(0, -1, dtype=np.int32)
         if keys is not None and len(keys):
-            self.assign(np.asarray(keys, dtype=np.int64), np.arange(len(keys)))
+            self.assign(np.asarray(keys), np.arange(len(keys), dtype=np.int32))  # no int64 copies of 10^7 ids
 
     def get(self, key_id: int) -> int:
         return int(self._a[key_id]) if 0 <= key_id < len(self._a) else -1
@@ -52,6 +53,26 @@ class RowOf:
             grown[:len(self._a)] = self._a
             self._a = grown
         self._a[key_ids] = rows
+
+
+def large_allocations_from_os(threshold: int = 128 * 1024) -> bool:
+    """Have glibc's malloc serve every allocation of ``threshold`` bytes or more with its own pages
+    from the system, returned when freed (``mallopt(M_MMAP_THRESHOLD)``; its default threshold
+    rises to the largest block freed so far, up to 32 MB). An IVF structure grows each of its
+    thousands of lists by reallocating to the next power of two: from the heap, the freed blocks
+    stay as holes and the unwritten halves are counted as used, 1.5 times the codes' size in all;
+    from the system, only the pages written count (measured 1.1 times at 1.5 x 10^6 keys). Called
+    once an IVF is built; False where the C library is not glibc. Process-wide and idempotent."""
+    global _FROM_OS
+    if _FROM_OS is None:
+        try:
+            _FROM_OS = bool(ctypes.CDLL("libc.so.6").mallopt(-3, threshold))  # -3: M_MMAP_THRESHOLD
+        except (OSError, AttributeError):
+            _FROM_OS = False
+    return _FROM_OS
+
+
+_FROM_OS: bool | None = None
 
 
 @dataclass

@@ -279,8 +279,36 @@ def test_reads_index_files_with_int64_key_ids_and_an_alive_byte_a_row(tmp_path):
     assert loaded.search(vectors[2:3], 1)[1][0, 0] == 9
     save_index(loaded, tmp_path / "again.faiss", {"version": 4})  # written in the compact layout, read back alike
     again, header = load_index(tmp_path / "again.faiss")
-    assert header["layout"] == 2 and again.ids() == [7, 9] and again.has_vector(8)
+    assert header["layout"] == 3 and again.ids() == [7, 9] and again.has_vector(8)
     np.testing.assert_array_equal(again.vectors([7, 8, 9]), vectors)
+
+
+def test_rising_key_ids_are_stored_as_a_bitmap_and_read_back_with_files_of_int32_ids(tmp_path):
+    """A KB indexed from its store in one go numbers its rows by rising key id: the file keeps one
+    bit for each id in their range instead of four bytes a key (at 5.5 x 10^7 keys, 4 bytes a triple)."""
+    n = 3000
+    ids = np.arange(100, 100 + 2 * n, 2)  # rising, with holes
+    index = VectorKeyIndex(8, ann="flat")
+    index.add(ids, _unit(n))
+    index.remove(ids[:10].tolist())
+    save_index(index, tmp_path / "bits.faiss", {"version": 1})
+    loaded, header = load_index(tmp_path / "bits.faiss")
+    assert header["key_ids"] == {"as": "bitmap", "first": 100, "last": 100 + 2 * (n - 1)}
+    assert loaded.ids() == ids[10:].tolist() and loaded.has_vector(int(ids[0]))
+    assert ids[5] not in loaded.search(_unit(n)[5:6], 3)[1][0].tolist()
+    shuffled = VectorKeyIndex(8, ann="flat")
+    shuffled.add(ids[::-1].copy(), _unit(n))
+    save_index(shuffled, tmp_path / "int32.faiss", {"version": 1})
+    loaded32, header32 = load_index(tmp_path / "int32.faiss")
+    assert header32["key_ids"] == {"as": "int32"} and loaded32.ids() == sorted(ids.tolist())
+    size = lambda name: (tmp_path / name).stat().st_size  # noqa: E731
+    assert size("int32.faiss") - size("bits.faiss") > 4 * n - (2 * n) // 8 - 64
+    # a file of the previous layout (int32 key ids, no "key_ids" in its header) is still read
+    head = json.dumps({"version": 4, "kind": "faiss-keys", "dim": 8, "encoder": "m", "size": 2, "rows": 2,
+                       "layout": 2, "ann": "flat", "forced": None, "vectors": "float32"}).encode()
+    body = np.array([9, 4], dtype=np.int32).tobytes() + bytes([0b11]) + _unit(2).tobytes()
+    (tmp_path / "v2.faiss").write_bytes(b"LMLMIDX1" + struct.pack("<I", len(head)) + head + body)
+    assert load_index(tmp_path / "v2.faiss")[0].search(_unit(2)[:1], 1)[1][0, 0] == 9
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 1 << 20])
