@@ -83,9 +83,21 @@ class RowCodec:
         """Stored rows ``(..., width)`` -> float32 vectors ``(..., dim)``."""
         if self.kind != "pq":
             return rows.astype(np.float32, copy=False)
-        flat = self.pq.decode(np.ascontiguousarray(rows.reshape(-1, self.width)))
+        codes = rows.reshape(-1, self.width)
+        flat = self.table[np.arange(self.width), codes].reshape(len(codes), self.dim)  # (n, m, dim / m) gathered
         flat /= np.maximum(np.linalg.norm(flat, axis=1, keepdims=True), 1e-12)  # the rows were unit vectors
         return flat.reshape(*rows.shape[:-1], self.dim)
+
+    @property
+    def table(self) -> np.ndarray:
+        """The PQ centroids, ``(m, 256, dim / m)`` float32: a code decodes by gathering its ``m``
+        sub-vectors, which numpy does in microseconds for the 128 candidates of a query, where
+        ``ProductQuantizer.decode`` took 5 ms (its threads woken for a few rows)."""
+        if getattr(self, "_table", None) is None:
+            import faiss
+
+            self._table = faiss.vector_to_array(self.pq.centroids).reshape(self.pq.M, self.pq.ksub, self.pq.dsub)
+        return self._table
 
     def to_bytes(self) -> bytes:
         """The trained quantiser (empty for float rows), as an index file stores it."""
