@@ -117,14 +117,16 @@ class _KBBench:
     """The steps of one run on ``n`` synthetic triples; each adds its numbers to ``report``."""
 
     def __init__(self, n: int, work: Path, encoder_threads: int | None, store_only: bool, seed: int, log,
-                 map_kind: str = "auto"):
+                 map_kind: str = "auto", reuse: bool = False):
         from ..kb import get_encoder, key_text
 
         self.n, self.log, self.t0, self.map_kind = n, log, time.perf_counter(), map_kind
         self.rng = np.random.default_rng(seed)
         self.report: dict = {"triples": n, "load_avg_start": round(os.getloadavg()[0], 2), "cpu_count": os.cpu_count()}
-        self.kb_dir = work / "kb"
-        if self.kb_dir.exists():
+        self.kb_dir, self.reuse = work / "kb", reuse
+        if reuse and not (self.kb_dir / "kb.sqlite").exists():
+            raise ValueError(f"--reuse: no KB in {self.kb_dir} (keep one with --keep --no-forget)")
+        if self.kb_dir.exists() and not reuse:
             shutil.rmtree(self.kb_dir)
         self.enc = None if store_only else get_encoder()
         if self.enc is not None:
@@ -145,6 +147,9 @@ class _KBBench:
     def build(self) -> None:
         from ..kb import KnowledgeBase
 
+        if self.reuse:
+            self._reopen()
+            return
         t = time.perf_counter()
         for _ in self.rows:  # what making the rows costs on its own (the build below makes them again)
             pass
@@ -168,6 +173,25 @@ class _KBBench:
                            reader_load_s=round(load_s, 2), reader_rss_mb=round(rss_mb() - before),
                            reader_loaded_rss_mb=round(peak_rss_mb()))
 
+    def _reopen(self) -> None:
+        """Open the KB an earlier run kept, as it was built: its triples must be this run's (checked
+        on a sample when the key index is read) and nothing may have changed it since."""
+        from ..kb import KnowledgeBase
+
+        self.log(f"reusing the KB of {self.n:,} triples in {self.kb_dir}")
+        self.kb = KnowledgeBase.open(self.kb_dir, encoder=self.enc)
+        version, size = self.kb.version, len(self.kb)
+        if version != 1 or size != self.n:
+            raise ValueError(f"--reuse: the KB in {self.kb_dir} is at version {version} with {size:,} triples; "
+                             f"it must be as built by a run of --triples {self.n} (version 1): keep it with --no-forget")
+        if self.map_kind in _MAP_LIMITS:
+            self.kb.map_limit = _MAP_LIMITS[self.map_kind]
+        gc.collect()
+        t = time.perf_counter()
+        self.kb.refresh()
+        self.report.update(reused=True, reader_load_s=round(time.perf_counter() - t, 2), map=self.kb.stats()["map"],
+                           reader_loaded_rss_mb=round(peak_rss_mb()))
+
     def index(self, embed_keys: int) -> None:
         """A real sample of keys embedded, synthetic vectors for the rest (made a block at a time,
         never all held), then the index, built for the final size and given the vectors in blocks."""
@@ -182,6 +206,13 @@ class _KBBench:
         self.vectors = SyntheticVectors(self.n, real, self.sample, seed=self.seed)
         ids = self._key_ids()
         train = np.sort(self.rng.choice(self.n, size=min(self.n, 400_000), replace=False))
+        if self.reuse:  # the same draws as the run that built it, so queries and vectors are the same
+            t = time.perf_counter()
+            index = self.kb.key_index()
+            self.report.update(keys=len(ids), embedded_keys=m, encode_keys_per_s=round(rate, 1),
+                               index_kind=index.ann_kind, index_rows=index.row_codec,
+                               index_load_s=round(time.perf_counter() - t, 2), index_peak_rss_mb=round(peak_rss_mb()))
+            return
         self.log("building the key index")
         t = time.perf_counter()
         self.kb.put_vector_chunks(((ids[i:i + len(v)], v) for i, v in self.vectors), expected=self.n,
@@ -409,7 +440,8 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
                  fuzzy_queries: int = 300, exact_queries: int = 5000, batched_queries: int = 2048,
                  forget_fraction: float = 0.05, retain_check: int = 20_000, retain_exact: int | None = None,
                  store_only: bool = False, encoder_threads: int | None = None, seed: int = 0, log=print,
-                 map_kind: str = "auto", deleted_check: int = 100_000, on_phase=None) -> dict:
+                 map_kind: str = "auto", deleted_check: int = 100_000, on_phase=None, reuse: bool = False,
+                 forget: bool = True) -> dict:
     """Run every step on ``n`` synthetic triples in folder ``work``; returns the report.
 
     Args:
@@ -423,8 +455,11 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
             own vector (every deleted fact is looked up by its exact key).
         on_phase (callable, optional): given ``(phase, report so far)`` after each phase, so that a run
             of hours stopped part way keeps what it measured.
+        reuse (bool, default False): open the KB an earlier run with the same ``n`` and ``seed`` left in
+            ``work`` (as built: see ``forget``) instead of building it; no build or index figures.
+        forget (bool, default True): False skips the forget phase, leaving the KB as built for ``reuse``.
     """
-    run = _KBBench(n, work, encoder_threads, store_only, seed, log, map_kind)
+    run = _KBBench(n, work, encoder_threads, store_only, seed, log, map_kind, reuse)
     def done(phase: str) -> None:
         run.report.setdefault("rss_mb_after", {})[phase] = round(rss_mb())  # memory held, phase by phase
         if on_phase:
@@ -445,8 +480,9 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
         done("fuzzy")
         run.ann(ann_queries)
         done("ann")
-    run.forget(forget_fraction, retain_check, retain_exact, deleted_check)
-    done("forget")
+    if forget:
+        run.forget(forget_fraction, retain_check, retain_exact, deleted_check)
+        done("forget")
     return dict(run.finish(), finished=True)
 
 
@@ -466,10 +502,14 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
                                                              "their own vector (all by exact key)"),
              batched_queries: int = typer.Option(2048, help="fuzzy lookups timed in batches of 256"),
              work: Path = typer.Option(Path("runs/bench-kb"), help="folder for the KB (replaced)"),
-             keep: bool = typer.Option(False, help="keep the KB folder afterwards"),
+             keep: bool = typer.Option(False, help="keep the KB folder afterwards (a --reuse KB is always kept)"),
              out: Optional[Path] = typer.Option(None, help="also write the JSON here (after each phase too, "
                                                            "with finished false)"),
              seed: int = typer.Option(0),
+             reuse: bool = typer.Option(False, help="open the KB an earlier run of the same --triples and --seed "
+                                                    "kept in --work (with --keep --no-forget) instead of building it"),
+             forget: bool = typer.Option(True, "--forget/--no-forget", help="run the forget phase (it changes the "
+                                                                            "KB; --no-forget keeps it as built for --reuse)"),
              map_kind: str = typer.Option("auto", "--map", help="the reader's map of the store: memory (every key "
                                           "held), store (lookups read from the store) or auto (by size)")):
     """Build, lookup latency, ANN quality and a 5% forget set at N triples; JSON last line."""
@@ -479,14 +519,23 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
         raise typer.BadParameter(f"--deleted-check must be at least 1, got {deleted_check}")
     if map_kind not in ("auto", *_MAP_LIMITS):
         raise typer.BadParameter(f"--map must be auto, memory or store, got {map_kind!r}")
+    if reuse and not (work / "kb" / "kb.sqlite").exists():
+        raise typer.BadParameter(f"no KB in {work / 'kb'} to reuse: keep one with --keep --no-forget", param_hint="--reuse")
     work.mkdir(parents=True, exist_ok=True)
-    report = run_kb_bench(triples, work, embed_keys=embed_keys, ann_queries=ann_queries,
-                          fuzzy_queries=fuzzy_queries, batched_queries=batched_queries,
-                          encoder_threads=encoder_threads or None, store_only=store_only,
-                          retain_exact=retain_exact or None, seed=seed, map_kind=map_kind,
-                          deleted_check=deleted_check, log=lambda s: print(s, file=sys.stderr),
-                          on_phase=(lambda phase, r: write_json(out, r)) if out is not None else None)
-    if not keep:
+    try:
+        report = run_kb_bench(triples, work, embed_keys=embed_keys, ann_queries=ann_queries,
+                              fuzzy_queries=fuzzy_queries, batched_queries=batched_queries,
+                              encoder_threads=encoder_threads or None, store_only=store_only,
+                              retain_exact=retain_exact or None, seed=seed, map_kind=map_kind,
+                              deleted_check=deleted_check, log=lambda s: print(s, file=sys.stderr), reuse=reuse,
+                              forget=forget,
+                              on_phase=(lambda phase, r: write_json(out, r)) if out is not None else None)
+    except ValueError as e:
+        if not reuse:
+            raise
+        typer.echo(f"Error: {e}", err=True)
+        raise typer.Exit(2)
+    if not keep and not reuse:  # a reused KB is the user's: never removed
         shutil.rmtree(work / "kb", ignore_errors=True)
     if out is not None:
         write_json(out, report)

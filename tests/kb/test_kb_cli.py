@@ -144,3 +144,27 @@ def test_bench_kb_keeps_each_phase_it_measured_and_checks_deletes_after_letting_
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text()) == json.loads(res.stdout.strip().splitlines()[-1])
     assert not out.with_name("r.json.tmp").exists()
+
+
+def test_bench_kb_reuses_a_kb_kept_as_built_and_measures_it_alike(tmp_path):
+    """--keep --no-forget leaves the KB as built; --reuse opens it instead of building it again (a
+    run of hours at the paper's size measures its lookups again in minutes) and, with the same
+    draws, asks the same queries of the same vectors."""
+    work = tmp_path / "b"
+    common = ["bench", "kb", "--triples", "3000", "--embed-keys", "300", "--ann-queries", "200", "--work", str(work)]
+    first = runner.invoke(app, [*common, "--keep", "--no-forget"])
+    assert first.exit_code == 0, first.output
+    built = json.loads(first.stdout.strip().splitlines()[-1])
+    assert "forgotten" not in built and (work / "kb" / "kb.sqlite").exists()
+    again = runner.invoke(app, [*common, "--reuse"])
+    assert again.exit_code == 0, again.output
+    reused = json.loads(again.stdout.strip().splitlines()[-1])
+    assert reused["reused"] is True and "store_triples_per_s" not in reused and "index_build_s" not in reused
+    assert reused["ann_top1_agreement"] == built["ann_top1_agreement"] and reused["index_kind"] == built["index_kind"]
+    assert (reused["forgotten"], reused["deleted_retrievable"], reused["retained_lost"]) == (150, 0, 0)
+    assert (work / "kb" / "kb.sqlite").exists()  # a reused KB is never removed
+    # the forget set changed it: reusing it now would measure another KB
+    stale = runner.invoke(app, [*common, "--reuse"])
+    assert stale.exit_code == 2 and "at version 2" in stale.output and "--no-forget" in stale.output
+    other = runner.invoke(app, ["bench", "kb", "--triples", "3000", "--reuse", "--work", str(tmp_path / "none")])
+    assert other.exit_code == 2 and "no KB in" in other.output
