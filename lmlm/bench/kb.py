@@ -41,8 +41,15 @@ Everything runs in one process on a synthetic KB and prints one JSON object as i
    ``retained_lost`` count failures. ``deleted_keys_answered`` counts, per matching, the deleted
    keys (their own spelling) that still got an answer: another fact, since theirs is gone.
 
+A run of hours (the paper's 5.46 x 10^7 triples) can keep its KB as built (``--keep --no-forget``)
+and later runs open it (``--reuse``) to measure lookups, ANN quality and forgetting again without
+building it: the same seed draws the same queries and vectors. Memory held after each phase is in
+``rss_mb_after``.
+
 Examples:
     lmlm bench kb --triples 100000
+    lmlm bench kb --triples 54600000 --keep --no-forget --out build.json   # then, as often as needed:
+    lmlm bench kb --triples 54600000 --reuse --out lookups.json
 """
 
 from __future__ import annotations

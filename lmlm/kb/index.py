@@ -456,6 +456,7 @@ class VectorKeyIndex:
         if index.ann_kind != "flat":
             import faiss
 
+            large_allocations_from_os()  # the lists' blocks, rounded up to powers of two, count only where written
             index._ann = faiss.read_index(faiss.PyCallbackIOReader(f.read))
             index._ann_rows = n
             if index._ann.ntotal != n:
