@@ -45,6 +45,7 @@ Examples:
 from __future__ import annotations
 
 import re
+import sys
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -164,7 +165,7 @@ class _Names:
     """Every name a query can land on: active entity names, aliases, and names of deleted entities."""
 
     display: dict[str, str] = field(default_factory=dict)  # name_norm -> as written
-    owners: dict[str, set[str]] = field(default_factory=dict)  # name_norm -> entity_norms
+    owners: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name_norm -> entity_norms
     tokens: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name_norm -> fuzzy tokens
     postings: dict[str, set[str]] = field(default_factory=dict)  # fuzzy token -> name_norms
 
@@ -192,6 +193,7 @@ class EntityIndex:
 
     # -- keeping in step ---------------------------------------------------------------------------
     def add_key(self, entity_norm: str, relation_norm: str, entity: str) -> None:
+        relation_norm = sys.intern(relation_norm)  # one string per relation, not one per key read from the store
         rels = self.relations.get(entity_norm)
         if rels is None:
             rels = self.relations[entity_norm] = {}
@@ -248,9 +250,11 @@ class EntityIndex:
     def _index_name(self, name_norm: str, name: str, owner: str) -> None:
         n = self._names
         n.display.setdefault(name_norm, name)
-        n.owners.setdefault(name_norm, set()).add(owner)
+        held = n.owners.get(name_norm, ())
+        if owner not in held:
+            n.owners[name_norm] = (*held, owner)  # a tuple: 56 bytes for the usual one owner, a set 216
         if name_norm not in n.tokens:
-            toks = n.tokens[name_norm] = fuzzy_tokens(name_norm)
+            toks = n.tokens[name_norm] = tuple(sys.intern(t) for t in fuzzy_tokens(name_norm))
             for t in set(toks):
                 if t not in n.postings:
                     self._similar.clear()  # a new word may be similar to a cached query word
@@ -261,8 +265,9 @@ class EntityIndex:
         owners = n.owners.get(name_norm)
         if owners is None:
             return
-        owners.discard(owner)
+        owners = tuple(o for o in owners if o != owner)
         if owners:
+            n.owners[name_norm] = owners
             return
         del n.owners[name_norm]
         for t in set(n.tokens.pop(name_norm, ())):
