@@ -41,10 +41,8 @@ Everything runs in one process on a synthetic KB and prints one JSON object as i
    ``retained_lost`` count failures. ``deleted_keys_answered`` counts, per matching, the deleted
    keys (their own spelling) that still got an answer: another fact, since theirs is gone.
 
-A run of hours (the paper's 5.46 x 10^7 triples) can keep its KB as built (``--keep --no-forget``)
-and later runs open it (``--reuse``) to measure lookups, ANN quality and forgetting again without
-building it: the same seed draws the same queries and vectors. Memory held after each phase is in
-``rss_mb_after``.
+A run of hours can keep its KB as built (``--keep --no-forget``) for later runs to open (``--reuse``):
+the same seed draws the same queries and vectors. ``rss_mb_after``: memory held after each phase.
 
 Examples:
     lmlm bench kb --triples 100000
@@ -59,9 +57,7 @@ import gc
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -71,54 +67,10 @@ import typer
 
 from ..report import write_json
 from . import bench_app, peak_rss_mb, percentile_ms, rss_mb
+from .kb_checks import MAP_LIMITS, check_other_process, folder_bytes, pick_threads
 from .kb_rows import RELATIONS, SyntheticTriples, SyntheticVectors, perturb
 
 __all__ = ["RELATIONS", "SyntheticTriples", "perturb", "run_kb_bench"]
-
-def _folder_bytes(path: Path) -> dict[str, int]:
-    return {f.name: f.stat().st_size for f in path.iterdir() if f.is_file()}
-
-
-_MAP_LIMITS = {"memory": 2**62, "store": 0}  # KnowledgeBase.map_limit per --map (auto: the default)
-
-
-def _check_other_process(kb_dir: Path, deleted: list, some: np.ndarray, vectors: np.ndarray | None,
-                         map_kind: str = "auto") -> int:
-    """Open the KB in a fresh process; count deleted facts it can still retrieve: every one by its
-    exact key, those at ``some`` entity-aware too, and ``vectors`` (theirs) by vector."""
-    with tempfile.TemporaryDirectory() as tmp:
-        if vectors is not None:
-            np.save(Path(tmp) / "v.npy", vectors)
-        Path(tmp, "d.json").write_text(json.dumps({"deleted": deleted, "some": some.tolist()}))
-        code = ("import json, os, sys, numpy as np\nfrom lmlm.kb import KnowledgeBase\n"
-                "kb = KnowledgeBase.open(sys.argv[1])\nd = json.load(open(sys.argv[2]))\n"
-                "gone = {tuple(x) for x in d['deleted']}\nkeys = [(e, r) for e, r, v in d['deleted']]\n"
-                "hits = lambda ms: sum(m is not None and (m.entity, m.relation, m.value) in gone for m in ms)\n"
-                "bad = sum(hits(kb.lookup_batch(keys[i:i + 100000], fuzzy=False, matching='key'))\n"
-                "          for i in range(0, len(keys), 100000))\n"
-                "bad += hits(kb.lookup_batch([keys[i] for i in d['some']], fuzzy=False))\n"
-                "if os.path.exists(sys.argv[3]):\n"
-                "    bad += hits(kb.lookup_vectors(np.load(sys.argv[3]), threshold=0.0))\n"
-                "print(bad)\n")
-        env = dict(os.environ)
-        if map_kind in _MAP_LIMITS:
-            env["LMLM_KB_MAP_LIMIT"] = str(_MAP_LIMITS[map_kind])
-        out = subprocess.run([sys.executable, "-c", code, str(kb_dir), str(Path(tmp) / "d.json"),
-                              str(Path(tmp) / "v.npy")], capture_output=True, text=True, check=True, env=env)
-    return int(out.stdout.strip().splitlines()[-1])
-
-
-def _pick_threads(enc, texts: list[str]) -> dict[int, float]:
-    """Encoder keys/s with 1 and 2 torch threads on the same texts; the encoder keeps the faster."""
-    rates = {}
-    for n in (1, 2):
-        enc.threads = n
-        t = time.perf_counter()
-        enc.encode(texts, cache=False)
-        rates[n] = round(len(texts) / (time.perf_counter() - t), 1)
-    enc.threads = max(rates, key=rates.get)
-    return rates
-
 
 class _KBBench:
     """The steps of one run on ``n`` synthetic triples; each adds its numbers to ``report``."""
@@ -127,7 +79,7 @@ class _KBBench:
                  map_kind: str = "auto", reuse: bool = False):
         from ..kb import get_encoder, key_text
 
-        self.n, self.log, self.t0, self.map_kind = n, log, time.perf_counter(), map_kind
+        self.n, self.log, self.t0, self.map_kind, self.seed = n, log, time.perf_counter(), map_kind, seed
         self.rng = np.random.default_rng(seed)
         self.report: dict = {"triples": n, "load_avg_start": round(os.getloadavg()[0], 2), "cpu_count": os.cpu_count()}
         self.kb_dir, self.reuse = work / "kb", reuse
@@ -141,7 +93,7 @@ class _KBBench:
             self.threads_before = self.enc.threads
             if encoder_threads is None:
                 probe = [key_text(f"Probe Person {i}", rel) for i in range(32) for rel in RELATIONS][:256]
-                self.report["encoder_keys_per_s_by_threads"] = _pick_threads(self.enc, probe)
+                self.report["encoder_keys_per_s_by_threads"] = pick_threads(self.enc, probe)
             else:
                 self.enc.threads = encoder_threads
             self.report["encoder_threads"] = self.enc.threads
@@ -149,14 +101,12 @@ class _KBBench:
         self.keys = self.rows.keys()
         self.sample = np.zeros(0, dtype=np.int64)  # keys embedded for real
         self.vectors: SyntheticVectors | None = None
-        self.seed = seed
 
     def build(self) -> None:
         from ..kb import KnowledgeBase
 
         if self.reuse:
-            self._reopen()
-            return
+            return self._reopen()
         t = time.perf_counter()
         for _ in self.rows:  # what making the rows costs on its own (the build below makes them again)
             pass
@@ -168,8 +118,8 @@ class _KBBench:
                     progress=self.n >= 50_000, embed=False)
         self.store_s = time.perf_counter() - t
         build_rss = peak_rss_mb()
-        if self.map_kind in _MAP_LIMITS:
-            self.kb.map_limit = _MAP_LIMITS[self.map_kind]
+        if self.map_kind in MAP_LIMITS:
+            self.kb.map_limit = MAP_LIMITS[self.map_kind]
         gc.collect()
         before, t = rss_mb(), time.perf_counter()
         self.kb.refresh()  # the reader's map of the store, read at the first lookup (a write never reads it)
@@ -181,8 +131,7 @@ class _KBBench:
                            reader_loaded_rss_mb=round(peak_rss_mb()))
 
     def _reopen(self) -> None:
-        """Open the KB an earlier run kept, as it was built: its triples must be this run's (checked
-        on a sample when the key index is read) and nothing may have changed it since."""
+        """Open the KB an earlier run kept as built (its key ids are checked against this run's triples)."""
         from ..kb import KnowledgeBase
 
         self.log(f"reusing the KB of {self.n:,} triples in {self.kb_dir}")
@@ -191,8 +140,8 @@ class _KBBench:
         if version != 1 or size != self.n:
             raise ValueError(f"--reuse: the KB in {self.kb_dir} is at version {version} with {size:,} triples; "
                              f"it must be as built by a run of --triples {self.n} (version 1): keep it with --no-forget")
-        if self.map_kind in _MAP_LIMITS:
-            self.kb.map_limit = _MAP_LIMITS[self.map_kind]
+        if self.map_kind in MAP_LIMITS:
+            self.kb.map_limit = MAP_LIMITS[self.map_kind]
         gc.collect()
         t = time.perf_counter()
         self.kb.refresh()
@@ -401,7 +350,7 @@ class _KBBench:
         del kb
         self.release()
         self.log("looking the forgotten facts up from a second process")
-        other = _check_other_process(self.kb_dir, forget, some, vectors, self.map_kind)
+        other = check_other_process(self.kb_dir, forget, some, vectors, self.map_kind)
         second = f"{k} by exact key + {len(some)} entity-aware" + (f" + {len(some)} by vector" if vectors is not None else "")
         self.report.update(deleted_retrievable=bad + other, deleted_retrievable_other_process=other,
                            deleted_checked=f"{checked} here; {second} in a second process",
@@ -422,7 +371,7 @@ class _KBBench:
 
     def finish(self) -> dict:
         self.release()
-        sizes = _folder_bytes(self.kb_dir)
+        sizes = folder_bytes(self.kb_dir)
         store = sum(v for name, v in sizes.items() if name.startswith("kb.sqlite"))
         r = self.report
         r.update(disk_bytes_per_triple=round(sum(sizes.values()) / self.n),
@@ -524,7 +473,7 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
         raise typer.BadParameter(f"--triples must be at least 100, got {triples}")
     if deleted_check < 1:
         raise typer.BadParameter(f"--deleted-check must be at least 1, got {deleted_check}")
-    if map_kind not in ("auto", *_MAP_LIMITS):
+    if map_kind not in ("auto", *MAP_LIMITS):
         raise typer.BadParameter(f"--map must be auto, memory or store, got {map_kind!r}")
     if reuse and not (work / "kb" / "kb.sqlite").exists():
         raise typer.BadParameter(f"no KB in {work / 'kb'} to reuse: keep one with --keep --no-forget", param_hint="--reuse")

@@ -1,0 +1,62 @@
+"""Helpers of ``lmlm bench kb`` that stand outside its phases: the deleted-facts check from a second
+process, the encoder's thread probe, a KB folder's file sizes. Exercised by ``lmlm bench kb``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["MAP_LIMITS", "check_other_process", "folder_bytes", "pick_threads"]
+
+
+def folder_bytes(path: Path) -> dict[str, int]:
+    return {f.name: f.stat().st_size for f in path.iterdir() if f.is_file()}
+
+
+MAP_LIMITS = {"memory": 2**62, "store": 0}  # KnowledgeBase.map_limit per --map (auto: the default)
+
+
+def check_other_process(kb_dir: Path, deleted: list, some: np.ndarray, vectors: np.ndarray | None,
+                         map_kind: str = "auto") -> int:
+    """Open the KB in a fresh process; count deleted facts it can still retrieve: every one by its
+    exact key, those at ``some`` entity-aware too, and ``vectors`` (theirs) by vector."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if vectors is not None:
+            np.save(Path(tmp) / "v.npy", vectors)
+        Path(tmp, "d.json").write_text(json.dumps({"deleted": deleted, "some": some.tolist()}))
+        code = ("import json, os, sys, numpy as np\nfrom lmlm.kb import KnowledgeBase\n"
+                "kb = KnowledgeBase.open(sys.argv[1])\nd = json.load(open(sys.argv[2]))\n"
+                "gone = {tuple(x) for x in d['deleted']}\nkeys = [(e, r) for e, r, v in d['deleted']]\n"
+                "hits = lambda ms: sum(m is not None and (m.entity, m.relation, m.value) in gone for m in ms)\n"
+                "bad = sum(hits(kb.lookup_batch(keys[i:i + 100000], fuzzy=False, matching='key'))\n"
+                "          for i in range(0, len(keys), 100000))\n"
+                "bad += hits(kb.lookup_batch([keys[i] for i in d['some']], fuzzy=False))\n"
+                "if os.path.exists(sys.argv[3]):\n"
+                "    bad += hits(kb.lookup_vectors(np.load(sys.argv[3]), threshold=0.0))\n"
+                "print(bad)\n")
+        env = dict(os.environ)
+        if map_kind in MAP_LIMITS:
+            env["LMLM_KB_MAP_LIMIT"] = str(MAP_LIMITS[map_kind])
+        out = subprocess.run([sys.executable, "-c", code, str(kb_dir), str(Path(tmp) / "d.json"),
+                              str(Path(tmp) / "v.npy")], capture_output=True, text=True, check=True, env=env)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def pick_threads(enc, texts: list[str]) -> dict[int, float]:
+    """Encoder keys/s with 1 and 2 torch threads on the same texts; the encoder keeps the faster."""
+    rates = {}
+    for n in (1, 2):
+        enc.threads = n
+        t = time.perf_counter()
+        enc.encode(texts, cache=False)
+        rates[n] = round(len(texts) / (time.perf_counter() - t), 1)
+    enc.threads = max(rates, key=rates.get)
+    return rates
