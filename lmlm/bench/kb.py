@@ -67,7 +67,7 @@ import typer
 
 from ..report import write_json
 from . import bench_app, peak_rss_mb, percentile_ms, rss_mb
-from .kb_checks import MAP_LIMITS, check_other_process, folder_bytes, pick_threads
+from .kb_checks import MAP_LIMITS, check_other_process, draw_in_few_blocks, folder_bytes, pick_threads
 from .kb_rows import RELATIONS, SyntheticTriples, SyntheticVectors, perturb
 
 __all__ = ["RELATIONS", "SyntheticTriples", "perturb", "run_kb_bench"]
@@ -307,7 +307,7 @@ class _KBBench:
         self.report.update(forgotten=removed, delete_forget_seconds=round(time.perf_counter() - t, 3))
         gone_set = set(map(tuple, forget))
         hits = lambda ms: sum(m is not None and (m.entity, m.relation, m.value) in gone_set for m in ms)  # noqa: E731
-        some = np.sort(self.rng.choice(k, size=min(k, deleted_check), replace=False))
+        some = draw_in_few_blocks(self.rng, gone, deleted_check, None if self.vectors is None else SyntheticVectors.BLOCK)
         self.log(f"looking the forgotten facts up: {k:,} by key, {len(some):,} entity-aware and by vector")
         bad = sum(hits(kb.lookup_batch([f[:2] for f in forget[i:i + 100_000]], fuzzy=False, matching="key"))
                   for i in range(0, k, 100_000))
@@ -341,7 +341,7 @@ class _KBBench:
                         for j, m in zip(part, kb.lookup_batch([self.keys[j] for j in part], fuzzy=False)))
         retained = f"{len(kept)} exact"
         if self.vectors is not None:
-            check = np.sort(self.rng.choice(kept, size=min(retain_check, len(kept)), replace=False))
+            check = kept[draw_in_few_blocks(self.rng, kept, retain_check, SyntheticVectors.BLOCK)]
             lost += sum(m is None or m.value != rows[j][2]
                         for j, m in zip(check.tolist(), kb.lookup_vectors(self.vectors.rows(check))))
             retained += f" + {len(check)} by own key vector"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["MAP_LIMITS", "check_other_process", "folder_bytes", "pick_threads"]
+__all__ = ["MAP_LIMITS", "check_other_process", "draw_in_few_blocks", "folder_bytes", "pick_threads"]
 
 
 def folder_bytes(path: Path) -> dict[str, int]:
@@ -60,3 +60,23 @@ def pick_threads(enc, texts: list[str]) -> dict[int, float]:
         rates[n] = round(len(texts) / (time.perf_counter() - t), 1)
     enc.threads = max(rates, key=rates.get)
     return rates
+
+
+def draw_in_few_blocks(rng: np.random.Generator, facts: np.ndarray, count: int, block: int | None) -> np.ndarray:
+    """Positions (ascending) of ``count`` of ``facts`` (fact indices), drawn from as few blocks of
+    ``block`` facts as hold that many, in random blocks: the synthetic vectors are made a block at a
+    time, and those of facts scattered over all blocks took a pass over every vector (13 min at
+    5.46 x 10^7). ``block`` None: drawn from all facts."""
+    count = min(count, len(facts))
+    if block is None:
+        return np.sort(rng.choice(len(facts), size=count, replace=False))
+    of = np.asarray(facts) // block
+    picked, total = [], 0
+    for b in rng.permutation(np.unique(of)).tolist():
+        at = np.flatnonzero(of == b)
+        picked.append(at)
+        total += len(at)
+        if total >= count:
+            break
+    pos = np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
+    return np.sort(rng.choice(pos, size=count, replace=False))
