@@ -117,18 +117,21 @@ class _KBBench:
         self.kb.add(self.rows, who="bench", why="build", batch_size=5000,  # tuples made as the store takes them
                     progress=self.n >= 50_000, embed=False)
         self.store_s = time.perf_counter() - t
-        build_rss = peak_rss_mb()
+        self.report.update(store_s=round(self.store_s, 2), store_triples_per_s=round(self.n / self.store_s),
+                           build_peak_rss_mb=round(peak_rss_mb()))
+        self._read_map()
+
+    def _read_map(self) -> None:
+        """The reader's map of the store (``--map``), read now and timed: a write never reads it."""
         if self.map_kind in MAP_LIMITS:
             self.kb.map_limit = MAP_LIMITS[self.map_kind]
         gc.collect()
         before, t = rss_mb(), time.perf_counter()
-        self.kb.refresh()  # the reader's map of the store, read at the first lookup (a write never reads it)
+        self.kb.refresh()
         load_s = time.perf_counter() - t
         gc.collect()
-        self.report.update(store_s=round(self.store_s, 2), store_triples_per_s=round(self.n / self.store_s),
-                           build_peak_rss_mb=round(build_rss), map=self.kb.stats()["map"],
-                           reader_load_s=round(load_s, 2), reader_rss_mb=round(rss_mb() - before),
-                           reader_loaded_rss_mb=round(peak_rss_mb()))
+        self.report.update(map=self.kb.stats()["map"], reader_load_s=round(load_s, 2),
+                           reader_rss_mb=round(rss_mb() - before), reader_loaded_rss_mb=round(peak_rss_mb()))
 
     def _reopen(self) -> None:
         """Open the KB an earlier run kept as built (its key ids are checked against this run's triples)."""
@@ -140,13 +143,8 @@ class _KBBench:
         if version != 1 or size != self.n:
             raise ValueError(f"--reuse: the KB in {self.kb_dir} is at version {version} with {size:,} triples; "
                              f"it must be as built by a run of --triples {self.n} (version 1): keep it with --no-forget")
-        if self.map_kind in MAP_LIMITS:
-            self.kb.map_limit = MAP_LIMITS[self.map_kind]
-        gc.collect()
-        t = time.perf_counter()
-        self.kb.refresh()
-        self.report.update(reused=True, reader_load_s=round(time.perf_counter() - t, 2), map=self.kb.stats()["map"],
-                           reader_loaded_rss_mb=round(peak_rss_mb()))
+        self.report["reused"] = True
+        self._read_map()
 
     def index(self, embed_keys: int) -> None:
         """A real sample of keys embedded, synthetic vectors for the rest (made a block at a time,
@@ -475,8 +473,6 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
         raise typer.BadParameter(f"--deleted-check must be at least 1, got {deleted_check}")
     if map_kind not in ("auto", *MAP_LIMITS):
         raise typer.BadParameter(f"--map must be auto, memory or store, got {map_kind!r}")
-    if reuse and not (work / "kb" / "kb.sqlite").exists():
-        raise typer.BadParameter(f"no KB in {work / 'kb'} to reuse: keep one with --keep --no-forget", param_hint="--reuse")
     work.mkdir(parents=True, exist_ok=True)
     try:
         report = run_kb_bench(triples, work, embed_keys=embed_keys, ann_queries=ann_queries,

@@ -419,11 +419,12 @@ class VectorKeyIndex:
                 "trained_on": self._trained_on,
                 "config": asdict(self.config)}
 
-    def write_body(self, f: IO[bytes]) -> None:
-        """Key ids (as header ``key_ids`` says), alive mask (one bit a row), stored rows (header
-        ``vectors``), the row codec's quantiser (header ``codec_bytes``), then the FAISS structure."""
+    def write_body(self, f: IO[bytes], key_ids: dict | None = None) -> None:
+        """Key ids (as header ``key_ids`` says; given, it is not worked out again), alive mask (one bit
+        a row), stored rows (header ``vectors``), the row codec's quantiser (header ``codec_bytes``),
+        then the FAISS structure."""
         n = self._n
-        write_key_ids(f, self._keys[:n], key_ids_layout(self._keys[:n]))
+        write_key_ids(f, self._keys[:n], key_ids or key_ids_layout(self._keys[:n]))
         write_array(f, np.packbits(self._alive[:n], bitorder="little"))
         for i in range(0, n, 1 << 20):  # a contiguous copy of a slice at a time, never of all rows
             write_array(f, self._vecs[i:min(i + (1 << 20), n)])
@@ -479,7 +480,7 @@ def _legacy_flat(f: IO[bytes], header: dict) -> VectorKeyIndex:
 def save_index(index: VectorKeyIndex, path: str | os.PathLike, header: dict) -> None:
     """Write ``index`` with ``header`` (plus kind, dim, size) to ``path`` atomically (temp file + rename)."""
     head = {**header, **index.header(), "kind": index.kind, "dim": index.dim, "size": len(index)}
-    write_atomically(path, head, index.write_body)
+    write_atomically(path, head, lambda f: index.write_body(f, head["key_ids"]))  # the layout the header names
 
 
 def load_index(path: str | os.PathLike) -> tuple[VectorKeyIndex, dict] | None:
