@@ -132,18 +132,27 @@ class KnowledgeBaseReader(EntityLookup):
 
     def _nearest_vectors(self, vectors: np.ndarray, k: int) -> list[list[tuple[Best, float]]]:
         scores, ids = self._search_index(vectors, k + _CANDIDATES)
-        ids = ids.tolist()
-        active = self._map.by_ids({kid for row in ids for kid in row if kid >= 0})
-        out = []
-        for row_scores, row_ids in zip(scores.tolist(), ids):
-            found = []
-            for s, kid in zip(row_scores, row_ids):
-                b = active.get(kid)
-                if b is not None:  # -1 (no hit) and keys not active in this version drop out
-                    found.append((b, float(s)))
-                if len(found) == k:
-                    break
+        ids, scores = ids.tolist(), scores.tolist()
+        # The first k hits of each row are read first: on a KB read from its store each read is a
+        # row lookup, and the hits after them matter only where one of the first was deleted.
+        active = self._map.by_ids({kid for row in ids for kid in row[:k] if kid >= 0})
+        out, short = [], []
+        for i, (row_scores, row_ids) in enumerate(zip(scores, ids)):
+            found = [(active[kid], float(s)) for s, kid in zip(row_scores[:k], row_ids[:k]) if kid in active]
             out.append(found)
+            if len(found) < k and any(kid >= 0 for kid in row_ids[k:]):
+                short.append(i)
+        if short:
+            active.update(self._map.by_ids({kid for i in short for kid in ids[i][k:] if kid >= 0}))
+            for i in short:
+                found = []
+                for s, kid in zip(scores[i], ids[i]):
+                    b = active.get(kid)
+                    if b is not None:  # -1 (no hit) and keys not active in this version drop out
+                        found.append((b, float(s)))
+                    if len(found) == k:
+                        break
+                out[i] = found
         return out
 
     def _sources(self, triple_ids: list[int]) -> dict[int, tuple[str, ...]]:

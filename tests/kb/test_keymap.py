@@ -106,3 +106,23 @@ def test_a_large_kb_is_served_from_the_store_and_a_small_one_from_memory(tmp_pat
             assert kb.stats()["map"] == "unread"
             assert kb.lookup("Grace Hopper", "Employer", fuzzy=False).value == "US Navy"
             assert kb.stats()["map"] == kind
+
+
+@pytest.mark.parametrize("kind", ["memory", "store"])
+def test_a_search_passes_over_hits_that_are_not_active_for_the_next_nearest(tmp_path, encoder, kind):
+    """The first hits of a search are read first, the rest only where one of them is not active: a
+    key deleted while the index still proposes it (here made live in the index again by hand) is
+    passed over for the next nearest, in a batch beside queries whose first hit is fine."""
+    with KnowledgeBase.create(tmp_path / "kb", encoder=encoder) as kb:
+        kb.map_limit = 0 if kind == "store" else 10**9
+        kb.add(PEOPLE)
+        queries = [("Ada Lovelace", "birthplace"), ("Grace Hoper", "employed by")]
+        before = kb.lookup_batch(queries, threshold=0.0, matching="key")
+        assert [(m.relation, m.value) for m in before] == [("Birth City", "London"), ("Employer", "US Navy")]
+        key_id = kb._map.get("ada lovelace\tbirth city").key_id
+        kb.forget([("Ada Lovelace", "Birth City")])
+        assert kb.key_index().restore([key_id]) == []  # its vector is live in the index again
+        after = kb.lookup_batch(queries, threshold=0.0, matching="key")
+        assert after[0] is not None and after[0].relation != "Birth City" and after[1].value == "US Navy"
+        near = kb.search("Ada Lovelace", "birthplace", k=3)
+        assert len(near) == 3 and ("Ada Lovelace", "Birth City") not in {(m.entity, m.relation) for m in near}
