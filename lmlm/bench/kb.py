@@ -19,7 +19,7 @@ Everything runs in one process on a synthetic KB and prints one JSON object as i
    (:class:`lmlm.bench.kb_rows.SyntheticVectors`), so no copy of all vectors is held. ``method`` in
    the JSON says this. The vectors go in block by block through
    ``KnowledgeBase.put_vector_chunks``, which builds the index for the final size first (exact,
-   HNSW, IVF or, from 4M keys, IVF with 96-byte PQ rows: ``index_kind``, ``index_rows``);
+   HNSW, IVF or, from 4M keys, IVF with 128-byte PQ rows: ``index_kind``, ``index_rows``);
    ``build_triples_per_s`` counts store and index, and ``build_triples_per_s_with_encoding`` adds
    the time encoding every key at the measured rate would take.
 4. **Lookups.** Exact: existing keys in other spellings. Fuzzy: the sampled keys with the relation

@@ -6,7 +6,7 @@ once there are enough keys, an approximate FAISS structure chosen by size (:clas
 exact search below ``flat_max`` keys, HNSW (8-bit scalar-quantised codes) up to ``ivf_min``, IVF
 from there (4-bit product-quantised codes scanned with SIMD "fast scan", ten times faster than 8-bit
 codes at 10^6 keys), and from ``pq_min`` the same IVF with rows kept as ``pq_bytes``-byte PQ codes
-(``ivfpq``: 96 bytes a key instead of float16's 768, so 5 x 10^7 keys fit in a few GB). The
+(``ivfpq``: 128 bytes a key instead of float16's 768, so 5 x 10^7 keys fit in a few GB). The
 approximate structure only proposes candidates; each query's top candidates (``rescore`` for HNSW,
 ``ivf_rescore`` for IVF) are re-scored against the stored rows, so the scores a lookup compares
 with its threshold are cosines (of the decoded row for ``ivfpq``). Deleting a key
@@ -37,7 +37,7 @@ from typing import IO, Iterable
 
 import numpy as np
 
-from .index_codes import RowCodec
+from .index_codes import RowCodec, scan_codes
 from .index_file import (key_ids_layout, open_body, read_array, read_header, read_key_ids, write_array,
                          write_atomically, write_key_ids)
 from .index_rows import RowOf, Selection, _no_hits, _top_k, large_allocations_from_os
@@ -47,6 +47,7 @@ __all__ = ["AnnConfig", "VectorKeyIndex", "Selection", "read_header", "save_inde
 _QUERY_BLOCK = 256  # queries searched together: (256, 128 candidates, 384) float32 is 50 MB of scratch
 _RANK = {"flat": 0, "hnsw": 1, "ivf": 2, "ivfpq": 3}
 _ROWS = {"flat": "float32", "hnsw": "float32", "ivf": "float16", "ivfpq": "pq"}  # stored rows per structure
+_RESCORE = {"hnsw": "rescore", "ivf": "ivf_rescore", "ivfpq": "pq_rescore"}  # candidates re-scored per query
 _ADD_CHUNK = 50_000  # rows added to the FAISS structure at a time (decoded rows are float32 scratch)
 
 
@@ -57,18 +58,19 @@ class AnnConfig:
     Args:
         flat_max (int, default 50_000): below this many live keys, search is exact (no ANN).
         ivf_min (int, default 300_000): from this many live keys, IVF; between the two, HNSW.
-        pq_min (int, default 4_000_000): from this many live keys, IVF with rows stored as PQ codes.
-        pq_bytes (int, default 96): bytes of a stored row's PQ code there (must divide the dimension;
-            on ``lmlm bench kb``'s 10^6 keys top-1 agreement with exact search was 0.93 at 64 bytes,
-            0.95-0.96 at 96, 0.96 at 128, 0.99 for float16's 768).
+        pq_min (int, default 4_000_000), pq_bytes (int, default 128): from this many live keys, IVF
+            with rows stored as PQ codes of this many bytes (it must divide the dimension).
+        pq_scan_bytes (int, default 24), pq_rescore (int, default 256): bytes of a key's 4-bit IVF
+            code there (24: PQ48x4 for 384 dimensions) and candidates re-scored with the PQ rows. At
+            ``lmlm bench kb``'s 10^6 keys, top-1 agreement with exact search: 48 + 96 bytes with 128
+            candidates 0.955, 24 + 128 with 256 0.9685, 16 + 128 with 512 0.9605; float16 rows 0.994.
         ivf_max_lists (int, default 4096): at most this many IVF lists (about ``2 sqrt(n)`` below
             it): assigning each added key to its list compares it with every list's centroid, which at
             5 x 10^7 keys and 14,000 lists would cost a 2-core CPU over an hour.
-        hnsw_m (int, default 32): HNSW neighbours per node.
-        hnsw_ef_construction (int, default 40), hnsw_ef_search (int, default 128): HNSW beam widths.
-        ivf_nprobe (int, default 64): IVF lists scanned per query.
-        rescore (int, default 32): HNSW candidates per query re-scored exactly with the float32 vectors.
-        ivf_rescore (int, default 128): the same for IVF, whose 4-bit codes rank more coarsely.
+        hnsw_m (int, default 32), hnsw_ef_construction (int, default 40), hnsw_ef_search (int,
+            default 128): HNSW neighbours per node and beam widths; ivf_nprobe (int, default 64):
+            IVF lists scanned per query; rescore (int, default 32), ivf_rescore (int, default 128):
+            HNSW's and IVF's candidates per query re-scored with the stored rows.
     """
 
     flat_max: int = 50_000
@@ -80,7 +82,9 @@ class AnnConfig:
     rescore: int = 32
     ivf_rescore: int = 128
     pq_min: int = 4_000_000
-    pq_bytes: int = 96
+    pq_bytes: int = 128
+    pq_scan_bytes: int = 24
+    pq_rescore: int = 256
     ivf_max_lists: int = 4096
 
     def __post_init__(self) -> None:
@@ -159,7 +163,7 @@ class VectorKeyIndex:
 
     @property
     def row_codec(self) -> str:
-        """What a stored row is: ``float32``, ``float16`` or ``pq96x8``."""
+        """What a stored row is: ``float32``, ``float16`` or ``pq128x8``."""
         return self._codec.name
 
     def vectors(self, ids: Iterable[int]) -> np.ndarray:
@@ -312,7 +316,7 @@ class VectorKeyIndex:
         else:
             large_allocations_from_os()  # the lists' growth leaves no heap holes
             nlist = self.config.lists(expected)
-            codes = f"PQ{self.dim // 4}x4fs" if self.dim % 4 == 0 else "SQ8"  # 4 dims per 4-bit code
+            codes = scan_codes(self.dim, 2 * self.config.pq_scan_bytes if kind == "ivfpq" else self.dim // 4)
             index = faiss.index_factory(self.dim, f"IVF{nlist},{codes}", faiss.METRIC_INNER_PRODUCT)
             ivf = faiss.extract_index_ivf(index)
             ivf.cp.niter, ivf.cp.spherical = 10, True
@@ -374,7 +378,7 @@ class VectorKeyIndex:
     def _approximate(self, q: np.ndarray, k: int, within: Selection | None) -> tuple[np.ndarray, np.ndarray]:
         import faiss
 
-        cand = max(k, self.config.rescore if self.ann_kind == "hnsw" else self.config.ivf_rescore)
+        cand = max(k, getattr(self.config, _RESCORE[self.ann_kind]))
         sel = None
         if within is not None:
             bitmap = within.bitmap
@@ -456,7 +460,6 @@ class VectorKeyIndex:
             index._recode(RowCodec(dim, "float32"))  # float16 rows of an IVF saved before its structure caught up
         if index.ann_kind != "flat":
             import faiss
-
             large_allocations_from_os()  # the lists' blocks, rounded up to powers of two, count only where written
             index._ann = faiss.read_index(faiss.PyCallbackIOReader(f.read))
             index._ann_rows = n
@@ -468,10 +471,8 @@ class VectorKeyIndex:
 def _legacy_flat(f: IO[bytes], header: dict) -> VectorKeyIndex:
     """Read an index file of the first format (``faiss-flat``: a serialised ``IndexIDMap2``)."""
     import faiss
-
     old = faiss.deserialize_index(np.frombuffer(f.read(), dtype=np.uint8))
-    ids = faiss.vector_to_array(old.id_map).astype(np.int64)
-    index = VectorKeyIndex(int(header["dim"]))
+    ids, index = faiss.vector_to_array(old.id_map).astype(np.int64), VectorKeyIndex(int(header["dim"]))
     if len(ids):
         index.add(ids, old.index.reconstruct_n(0, len(ids)))
     return index

@@ -7,9 +7,9 @@ into vectors:
 * ``float32``: the vector itself (4 bytes a dimension): exact search and HNSW;
 * ``float16``: half the memory, cosines within 1e-3 of float32's: IVF;
 * ``pq``: a FAISS product quantiser of ``m`` sub-vectors with 256 centroids each (``m`` bytes a row,
-  96 by default for MiniLM's 384 dimensions instead of 768 for float16): IVF at the sizes where
+  128 by default for MiniLM's 384 dimensions instead of 768 for float16): IVF at the sizes where
   float16 rows no longer fit in memory (``AnnConfig.pq_min``, 4M keys by default: 54.6M keys would
-  take 42 GB as float16, 5.2 GB as 96-byte codes). Scores are the cosine of the query with the decoded row,
+  take 42 GB as float16, 7.0 GB as 128-byte codes). Scores are the cosine of the query with the decoded row,
   made unit length again (the stored vectors were): not exact, but far finer than the 4-bit codes
   the candidates come from (measured by ``lmlm bench kb``'s top-1 agreement with an exact search).
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RowCodec", "KINDS"]
+__all__ = ["KINDS", "RowCodec", "scan_codes"]
 
 KINDS = ("float32", "float16", "pq")
 
@@ -70,7 +70,7 @@ class RowCodec:
 
     @property
     def name(self) -> str:
-        """``float32``, ``float16`` or ``pq96x8``: what an index file's header records."""
+        """``float32``, ``float16`` or ``pq128x8``: what an index file's header records."""
         return f"pq{self.pq.M}x8" if self.kind == "pq" else self.kind
 
     def encode(self, vectors: np.ndarray) -> np.ndarray:
@@ -121,3 +121,11 @@ class RowCodec:
         codec = cls(dim, "pq", holder.pq)
         codec._holder = holder  # the quantiser lives inside it
         return codec
+
+
+def scan_codes(dim: int, m: int) -> str:
+    """The FAISS code an IVF scans: ``m`` 4-bit sub-quantisers (SIMD fast scan) where ``m`` divides
+    ``dim``, else one per 4 dimensions, else 8-bit scalar codes."""
+    if m >= 1 and dim % m == 0:
+        return f"PQ{m}x4fs"
+    return f"PQ{dim // 4}x4fs" if dim % 4 == 0 else "SQ8"

@@ -3,10 +3,12 @@
 import struct
 import json
 
+import faiss
 import numpy as np
 import pytest
 
 from lmlm.kb.index import AnnConfig, VectorKeyIndex, load_index, read_header, save_index
+from lmlm.kb.index_codes import scan_codes
 
 SMALL = AnnConfig(flat_max=200, ivf_min=1000, rescore=32)
 
@@ -199,7 +201,12 @@ def test_sparse_key_ids_are_found_and_ids_out_of_range_refused(tmp_path):
         index.vectors([5, 9])
 
 
-PQ = AnnConfig(flat_max=200, ivf_min=1000, pq_min=2000, pq_bytes=8, rescore=32)
+PQ = AnnConfig(flat_max=200, ivf_min=1000, pq_min=2000, pq_bytes=8, rescore=32, pq_scan_bytes=2, pq_rescore=64)
+
+
+def test_the_scanned_codes_are_as_many_4_bit_codes_as_asked_where_they_divide_the_dimension():
+    assert [scan_codes(384, 48), scan_codes(384, 96), scan_codes(32, 48), scan_codes(30, 48)] == [
+        "PQ48x4fs", "PQ96x4fs", "PQ8x4fs", "SQ8"]
 
 
 def test_an_index_growing_past_pq_min_keeps_pq_codes_and_finds_what_it_held(tmp_path):
@@ -210,6 +217,7 @@ def test_an_index_growing_past_pq_min_keeps_pq_codes_and_finds_what_it_held(tmp_
         index.settle()
     assert index.ann_kind == "ivfpq" and index.row_codec == "pq8x8"
     assert index._vecs.dtype == np.uint8 and index._vecs.shape[1] == 8  # 8 bytes a row, not 64 of float16
+    assert faiss.downcast_index(faiss.extract_index_ivf(index._ann)).pq.M == 4  # 2 bytes of 4-bit codes a key
     queries = _near(vectors[:400], scale=0.3)
     scores, ids = index.search(queries, 1)
     assert (ids[:, 0] == np.arange(400)).mean() >= 0.95
@@ -223,6 +231,7 @@ def test_an_index_growing_past_pq_min_keeps_pq_codes_and_finds_what_it_held(tmp_
     save_index(index, tmp_path / "i.faiss", {"version": 3})
     loaded, header = load_index(tmp_path / "i.faiss")
     assert header["vectors"] == "pq8x8" and header["ann"] == "ivfpq" and len(loaded) == 3000
+    assert (loaded.config.pq_scan_bytes, loaded.config.pq_rescore) == (2, 64)
     np.testing.assert_array_equal(loaded.search(queries, 1)[1], index.search(queries, 1)[1])
     np.testing.assert_allclose(loaded.vectors([1, 2]), index.vectors([1, 2]))
     loaded.add(np.arange(4000, 4100), _unit(100, 32, seed=8))  # new rows are coded with the saved quantiser
