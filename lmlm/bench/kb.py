@@ -19,9 +19,9 @@ Everything runs in one process on a synthetic KB and prints one JSON object as i
    (:class:`lmlm.bench.kb_rows.SyntheticVectors`), so no copy of all vectors is held. ``method`` in
    the JSON says this. The vectors go in block by block through
    ``KnowledgeBase.put_vector_chunks``, which builds the index for the final size first (exact,
-   HNSW, IVF or, from 4M keys, IVF with 128-byte PQ rows: ``index_kind``, ``index_rows``);
-   ``build_triples_per_s`` counts store and index, and ``build_triples_per_s_with_encoding`` adds
-   the time encoding every key at the measured rate would take.
+   HNSW, IVF or, from 4M keys, IVF with 128-byte PQ rows: ``index_kind``, ``index_rows``; ``--ann``
+   sets other sizes and layouts, reported as ``ann_config``); ``build_triples_per_s`` counts store
+   and index, ``build_triples_per_s_with_encoding`` adds encoding every key at the measured rate.
 4. **Lookups.** Exact: existing keys in other spellings. Fuzzy: the sampled keys with the relation
    paraphrased (never an exact hit) and often a typo in the name, encoder cache cleared, so the
    embedding is in the time. Batched: ``lookup_batch`` of 256 unseen fuzzy queries at a time.
@@ -52,7 +52,7 @@ Examples:
 
 from __future__ import annotations
 
-import ctypes
+import dataclasses
 import gc
 import json
 import os
@@ -65,9 +65,10 @@ from typing import Optional
 import numpy as np
 import typer
 
+from ..kb.index_rows import trim_heap
 from ..report import write_json
 from . import bench_app, peak_rss_mb, percentile_ms, rss_mb
-from .kb_checks import MAP_LIMITS, check_other_process, draw_in_few_blocks, folder_bytes, pick_threads
+from .kb_checks import MAP_LIMITS, ann_config, check_other_process, draw_in_few_blocks, folder_bytes, pick_threads
 from .kb_rows import RELATIONS, SyntheticTriples, SyntheticVectors, perturb
 
 __all__ = ["RELATIONS", "SyntheticTriples", "perturb", "run_kb_bench"]
@@ -76,13 +77,14 @@ class _KBBench:
     """The steps of one run on ``n`` synthetic triples; each adds its numbers to ``report``."""
 
     def __init__(self, n: int, work: Path, encoder_threads: int | None, store_only: bool, seed: int, log,
-                 map_kind: str = "auto", reuse: bool = False):
+                 map_kind: str = "auto", reuse: bool = False, ann=None):
         from ..kb import get_encoder, key_text
 
         self.n, self.log, self.t0, self.map_kind, self.seed = n, log, time.perf_counter(), map_kind, seed
         self.rng = np.random.default_rng(seed)
         self.report: dict = {"triples": n, "load_avg_start": round(os.getloadavg()[0], 2), "cpu_count": os.cpu_count()}
-        self.kb_dir, self.reuse = work / "kb", reuse
+        self.kb_dir, self.reuse, self.ann_config = work / "kb", reuse, ann
+        self.report["ann_config"] = None if ann is None else dataclasses.asdict(ann)  # None: the KB's default
         if reuse and not (self.kb_dir / "kb.sqlite").exists():
             raise ValueError(f"--reuse: no KB in {self.kb_dir} (keep one with --keep --no-forget)")
         if self.kb_dir.exists() and not reuse:
@@ -113,7 +115,7 @@ class _KBBench:
         self.report["rows_s"] = round(time.perf_counter() - t, 2)
         self.log(f"building a KB of {self.n:,} triples in {self.kb_dir}")
         t = time.perf_counter()
-        self.kb = KnowledgeBase.create(self.kb_dir, encoder=self.enc)
+        self.kb = KnowledgeBase.create(self.kb_dir, encoder=self.enc, ann=self.ann_config)
         self.kb.add(self.rows, who="bench", why="build", batch_size=5000,  # tuples made as the store takes them
                     progress=self.n >= 50_000, embed=False)
         self.store_s = time.perf_counter() - t
@@ -138,7 +140,7 @@ class _KBBench:
         from ..kb import KnowledgeBase
 
         self.log(f"reusing the KB of {self.n:,} triples in {self.kb_dir}")
-        self.kb = KnowledgeBase.open(self.kb_dir, encoder=self.enc)
+        self.kb = KnowledgeBase.open(self.kb_dir, encoder=self.enc, ann=self.ann_config)
         version, size = self.kb.version, len(self.kb)
         if version != 1 or size != self.n:
             raise ValueError(f"--reuse: the KB in {self.kb_dir} is at version {version} with {size:,} triples; "
@@ -362,10 +364,7 @@ class _KBBench:
         self.kb.close()
         self.kb = None
         gc.collect()
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed heap pages otherwise
-        except (OSError, AttributeError):
-            pass
+        trim_heap()
 
     def finish(self) -> dict:
         self.release()
@@ -395,7 +394,7 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
                  forget_fraction: float = 0.05, retain_check: int = 20_000, retain_exact: int | None = None,
                  store_only: bool = False, encoder_threads: int | None = None, seed: int = 0, log=print,
                  map_kind: str = "auto", deleted_check: int = 100_000, on_phase=None, reuse: bool = False,
-                 forget: bool = True) -> dict:
+                 forget: bool = True, ann=None) -> dict:
     """Run every step on ``n`` synthetic triples in folder ``work``; returns the report.
 
     Args:
@@ -412,8 +411,9 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
         reuse (bool, default False): open the KB an earlier run with the same ``n`` and ``seed`` left in
             ``work`` (as built: see ``forget``) instead of building it; no build or index figures.
         forget (bool, default True): False skips the forget phase, leaving the KB as built for ``reuse``.
+        ann (AnnConfig, optional): the key index's sizes and layout (default: the KB's default).
     """
-    run = _KBBench(n, work, encoder_threads, store_only, seed, log, map_kind, reuse)
+    run = _KBBench(n, work, encoder_threads, store_only, seed, log, map_kind, reuse, ann)
     def done(phase: str) -> None:
         run.report.setdefault("rss_mb_after", {})[phase] = round(rss_mb())  # memory held, phase by phase
         if on_phase:
@@ -465,7 +465,8 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
              forget: bool = typer.Option(True, "--forget/--no-forget", help="run the forget phase (it changes the "
                                                                             "KB; --no-forget keeps it as built for --reuse)"),
              map_kind: str = typer.Option("auto", "--map", help="the reader's map of the store: memory (every key "
-                                          "held), store (lookups read from the store) or auto (by size)")):
+                                          "held), store (lookups read from the store) or auto (by size)"),
+             ann: str = typer.Option("", help="key index: AnnConfig fields, NAME=INT,... (e.g. pq_min=500000)")):
     """Build, lookup latency, ANN quality and a 5% forget set at N triples; JSON last line."""
     if triples < 100:
         raise typer.BadParameter(f"--triples must be at least 100, got {triples}")
@@ -473,6 +474,10 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
         raise typer.BadParameter(f"--deleted-check must be at least 1, got {deleted_check}")
     if map_kind not in ("auto", *MAP_LIMITS):
         raise typer.BadParameter(f"--map must be auto, memory or store, got {map_kind!r}")
+    try:
+        config = ann_config(ann)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     work.mkdir(parents=True, exist_ok=True)
     try:
         report = run_kb_bench(triples, work, embed_keys=embed_keys, ann_queries=ann_queries,
@@ -480,7 +485,7 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
                               encoder_threads=encoder_threads or None, store_only=store_only,
                               retain_exact=retain_exact or None, seed=seed, map_kind=map_kind,
                               deleted_check=deleted_check, log=lambda s: print(s, file=sys.stderr), reuse=reuse,
-                              forget=forget,
+                              forget=forget, ann=config,
                               on_phase=(lambda phase, r: write_json(out, r)) if out is not None else None)
     except ValueError as e:
         if not reuse:

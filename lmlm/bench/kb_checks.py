@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["MAP_LIMITS", "check_other_process", "draw_in_few_blocks", "folder_bytes", "pick_threads"]
+__all__ = ["MAP_LIMITS", "ann_config", "check_other_process", "draw_in_few_blocks", "folder_bytes", "pick_threads"]
 
 
 def folder_bytes(path: Path) -> dict[str, int]:
@@ -80,3 +80,23 @@ def draw_in_few_blocks(rng: np.random.Generator, facts: np.ndarray, count: int, 
             break
     pos = np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
     return np.sort(rng.choice(pos, size=count, replace=False))
+
+
+def ann_config(spec: str):
+    """The key index's :class:`lmlm.kb.index.AnnConfig` from ``--ann`` ``NAME=INT,...`` (its fields;
+    empty: the defaults), so another index layout is measured on the same draws; ValueError names
+    the part that is wrong."""
+    from dataclasses import fields
+
+    from ..kb.index import AnnConfig
+
+    known, values = {f.name for f in fields(AnnConfig)}, {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, eq, value = (x.strip() for x in part.partition("="))
+        if not eq or name not in known:
+            raise ValueError(f"--ann: expected NAME=INT, NAME one of {', '.join(sorted(known))}; got {part!r}")
+        try:
+            values[name] = int(value.replace("_", ""))
+        except ValueError:
+            raise ValueError(f"--ann: {name} must be an integer, got {value!r}") from None
+    return AnnConfig(**values)  # its own checks (positive, ivf_min >= flat_max, ...) raise ValueError too

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["RowOf", "MAX_KEY_ID", "Selection", "large_allocations_from_os"]
+__all__ = ["RowOf", "MAX_KEY_ID", "Selection", "large_allocations_from_os", "trim_heap"]
 
 MAX_KEY_ID = 2**31 - 2  # rows are int32; a store makes key ids one by one from 1
 
@@ -73,6 +73,14 @@ def large_allocations_from_os(threshold: int = 128 * 1024) -> bool:
 
 
 _FROM_OS: bool | None = None
+
+
+def trim_heap() -> None:
+    """Give the heap's free pages back to the system (glibc keeps them otherwise; elsewhere nothing)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclass

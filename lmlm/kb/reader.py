@@ -134,25 +134,25 @@ class KnowledgeBaseReader(EntityLookup):
         scores, ids = self._search_index(vectors, k + _CANDIDATES)
         ids, scores = ids.tolist(), scores.tolist()
         # The first k hits of each row are read first: on a KB read from its store each read is a
-        # row lookup, and the hits after them matter only where one of the first was deleted.
+        # row lookup, and the hits after them matter only where one of the first was not active.
         active = self._map.by_ids({kid for row in ids for kid in row[:k] if kid >= 0})
-        out, short = [], []
-        for i, (row_scores, row_ids) in enumerate(zip(scores, ids)):
-            found = [(active[kid], float(s)) for s, kid in zip(row_scores[:k], row_ids[:k]) if kid in active]
-            out.append(found)
-            if len(found) < k and any(kid >= 0 for kid in row_ids[k:]):
-                short.append(i)
+
+        def best(i: int, upto: int) -> list[tuple[Best, float]]:
+            found = []
+            for s, kid in zip(scores[i][:upto], ids[i][:upto]):
+                b = active.get(kid)
+                if b is not None:  # -1 (no hit) and keys not active in this version drop out
+                    found.append((b, float(s)))
+                    if len(found) == k:
+                        break
+            return found
+
+        out = [best(i, k) for i in range(len(ids))]
+        short = [i for i, found in enumerate(out) if len(found) < k and any(kid >= 0 for kid in ids[i][k:])]
         if short:
             active.update(self._map.by_ids({kid for i in short for kid in ids[i][k:] if kid >= 0}))
             for i in short:
-                found = []
-                for s, kid in zip(scores[i], ids[i]):
-                    b = active.get(kid)
-                    if b is not None:  # -1 (no hit) and keys not active in this version drop out
-                        found.append((b, float(s)))
-                    if len(found) == k:
-                        break
-                out[i] = found
+                out[i] = best(i, len(ids[i]))
         return out
 
     def _sources(self, triple_ids: list[int]) -> dict[int, tuple[str, ...]]:

@@ -102,6 +102,24 @@ def test_bench_kb_prints_its_json_last(tmp_path, encoder):
     assert report["ann_top1_agreement"] == 1.0  # 400 keys: exact search
 
 
+def test_bench_kb_measures_the_key_index_settings_it_is_given(tmp_path, encoder):
+    ann = "flat_max=100,ivf_min=200,pq_min=300,pq_bytes=96,pq_scan_bytes=24,pq_rescore=32"
+    res = runner.invoke(app, [str(a) for a in ["bench", "kb", "--triples", 400, "--embed-keys", 60, "--ann-queries",
+                                                 50, "--fuzzy-queries", 5, "--batched-queries", 32, "--ann", ann,
+                                                 "--work", tmp_path / "bench"]])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    assert (report["index_kind"], report["index_rows"]) == ("ivfpq", "pq96x8")
+    assert {k: report["ann_config"][k] for k in ("pq_min", "pq_scan_bytes", "pq_rescore")} == {
+        "pq_min": 300, "pq_scan_bytes": 24, "pq_rescore": 32}
+    assert report["deleted_retrievable"] == 0 and report["retained_lost"] == 0
+    for bad, said in (("pq_bytes=x", "pq_bytes must be an integer"), ("nope=1", "expected NAME=INT"),
+                      ("ivf_min=10", "ivf_min (10) must be >= flat_max")):
+        res = runner.invoke(app, ["bench", "kb", "--triples", "300", "--ann", bad, "--work", str(tmp_path / "x")])
+        assert res.exit_code == 2 and said in res.output, res.output
+        assert not (tmp_path / "x" / "kb").exists()  # refused before anything was built
+
+
 def test_the_bench_rows_read_at_random_are_the_rows_iterated():
     from lmlm.bench.kb import RELATIONS, SyntheticTriples
 
