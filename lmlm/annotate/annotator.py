@@ -199,7 +199,9 @@ class Annotator:
             from peft import PeftModel
 
             base, tok = load_base(options.base, device)
-            model = PeftModel.from_pretrained(base, str(folder))
+            # merged for decoding: the adapter's extra matrices would cost two products and a sum in
+            # every adapted layer at every step (kernel launches, where a GPU step is launch-bound)
+            model = PeftModel.from_pretrained(base, str(folder)).merge_and_unload()
         else:
             tok = load_tokenizer(folder)
             model = AutoModelForCausalLM.from_pretrained(str(folder)).to(default_device(device))
@@ -208,18 +210,50 @@ class Annotator:
 
 class _RowChoices:
     """The rows' state machines as a logits processor: each unfinished row's scores keep only the
-    token its :class:`_Row` chooses (the text's next token, a call's opening, a field or value token)."""
+    token its :class:`_Row` chooses (the text's next token, a call's opening, a field or value token).
+
+    Rows copying text (most rows at most steps) are decided together where the scores are, from two
+    scores a row (the next text token's and ``<|db_start|>``'s); only rows inside a call, which read
+    many candidates, are copied to the host and stepped one by one."""
 
     def __init__(self, rows: list["_Row"]):
         self.rows = rows
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        logits = scores.float().cpu()  # (B, vocab): one copy, read row by row
-        chosen = [(b, r.step(logits[b])) for b, r in enumerate(self.rows) if not r.done]
+        rows, device = self.rows, scores.device
+        copying = [b for b, r in enumerate(rows) if r.copying]
+        chosen = dict(zip(copying, _text_choices([rows[b] for b in copying], scores, copying)))
+        others = [b for b, r in enumerate(rows) if not r.done and b not in chosen]
+        if others:
+            logits = scores[torch.tensor(others, device=device)].float().cpu()  # (k, vocab)
+            chosen.update((b, rows[b].step(logits[k])) for k, b in enumerate(others))
         out = torch.full_like(scores, float("-inf"))
-        for b, t in chosen:
-            out[b, t] = 0.0
+        if chosen:
+            out[torch.tensor(list(chosen), device=device), torch.tensor(list(chosen.values()), device=device)] = 0.0
         return out
+
+
+def _text_choices(rows: list["_Row"], scores: torch.Tensor, index: list[int]) -> list[int]:
+    """For rows copying text: open a call where the row may (:meth:`_Row.may_call`) and the model
+    scores ``<|db_start|>`` (plus ``call_bias``) above the text's next token (and, with
+    ``call_threshold``, gives it at least that probability); else copy that token. Advances the rows."""
+    if not rows:
+        return []
+    ann = rows[0].ann
+    start, opts, device = ann.tok.start_id, ann.options, scores.device
+    nxt = torch.tensor([r.org[r.i] for r in rows], device=device)
+    at = torch.tensor(index, device=device)
+    # two scores a row, compared in float64 as Python compares two float32 scores and a float bias
+    call = scores[at, start].double() + opts.call_bias > scores[at, nxt].double()
+    if opts.call_threshold is not None:
+        call &= torch.softmax(scores[at].float(), -1)[:, start] >= opts.call_threshold
+    call &= torch.tensor([r.may_call() for r in rows], device=device)
+    out = []
+    for r, c, t in zip(rows, call.tolist(), nxt.tolist()):
+        t = start if c else t
+        r._advance(t)
+        out.append(t)
+    return out
 
 
 def _text_tokens(tok: LookupTokenizer, text: str) -> tuple[list[int], list[bool], list[bool]]:
@@ -255,20 +289,27 @@ class _Row:
     out: list[int] = field(default_factory=list)
     done: bool = False
 
+    @property
+    def copying(self) -> bool:
+        """Copying the text, with a text token left to copy (the choice :func:`_text_choices` makes)."""
+        return not self.done and self.mode == _TEXT and self.i < len(self.org)
+
+    def may_call(self) -> bool:
+        """Whether a call may open before the next text token: at a word start, after some text to
+        copy an entity from (unless entities are free), and not too many calls here already."""
+        opts = self.ann.options
+        return (self.calls_here < opts.max_calls_per_position and self.starts[self.i]
+                and (self.i > 0 or opts.entity == "free"))
+
     def step(self, logits: torch.Tensor) -> int:
-        """Choose the next token from ``logits`` (vocab,) under the constraints, and advance."""
+        """Choose the next token from ``logits`` (vocab,) under the constraints, and advance (rows
+        copying text are decided by :func:`_text_choices`)."""
         tok, opts = self.ann.tok, self.ann.options
         if self.mode == _TEXT:
-            if self.i >= len(self.org):
-                self.done = True
-                return tok.eos_id
-            t = self.org[self.i]
-            can_call = (self.calls_here < opts.max_calls_per_position and self.starts[self.i]
-                        and (self.i > 0 or opts.entity == "free"))
-            if can_call and float(logits[tok.start_id]) + opts.call_bias > float(logits[t]) and (
-                    opts.call_threshold is None
-                    or float(torch.softmax(logits.float(), -1)[tok.start_id]) >= opts.call_threshold):
-                t = tok.start_id
+            if self.i < len(self.org):
+                return _text_choices([self], logits[None], [0])[0]
+            self.done = True
+            return tok.eos_id
         elif self.mode == _VALUE:
             j = self.i + len(self.field_ids)
             cands = ([self.org[j]] if j < len(self.org) and len(self.field_ids) < opts.max_field_tokens else []) \

@@ -266,8 +266,8 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
     if not _done(run_dir):
         t = time.time()
         write_documents(folder / "run-passages.jsonl", rest)
-        rep = run_corpus(folder / "run-passages.jsonl", run_dir, ann_dir, shard_size=256,
-                         batch_size=spec.run_batch_size, progress=progress)
+        rep = run_corpus(folder / "run-passages.jsonl", run_dir, ann_dir, batch_size=spec.run_batch_size,
+                         shard_size=max(256, spec.run_batch_size), progress=progress)
         if rep["shards_done"] != rep["shards"]:
             raise RuntimeError(f"{run_dir}: {rep['shards_done']} of {rep['shards']} shards annotated")
         _finish(run_dir, {**rep, "seconds": time.time() - t})

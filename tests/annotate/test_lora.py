@@ -4,6 +4,7 @@ import importlib.util
 import json
 
 import pytest
+import torch
 
 from lmlm.annotate.serve_gguf import smollm2_gguf_path
 
@@ -38,3 +39,15 @@ def test_lora_distill_on_smollm2(tmp_path):
     annotator.threads = 1
     [raw] = annotator.generate([text])
     assert strip(parse(raw).segments) == text
+    # opened from its folder, the adapter is merged into the base for decoding: same scores, same output
+    from peft import PeftModel
+
+    from lmlm.annotate.annotator import Annotator
+
+    loaded = Annotator.load(tmp_path / "ann")
+    loaded.threads = 1
+    assert not isinstance(loaded.model, PeftModel)
+    ids = torch.tensor([annotator.prompt_ids(text)])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids).logits, annotator.model(ids).logits, atol=2e-3, rtol=1e-3)
+    assert loaded.generate([text]) == [raw]
