@@ -13,8 +13,8 @@ from typing import Iterator, Sequence
 
 from .keys import KEY_SEP
 
-__all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "NAMED", "KEY_NORM", "KEY_IS", "ACTIVE_AT", "NoChange", "chunks",
-           "marks"]
+__all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "NAMED", "KEY_NORM", "KEY_IS", "ACTIVE_AT", "NO_POSITION",
+           "NoChange", "chunks", "marks"]
 
 DB_FILENAME = "kb.sqlite"
 FORMAT = "lmlm-kb"
@@ -168,4 +168,22 @@ MIGRATIONS: list[str] = [
     CREATE UNIQUE INDEX sources_once ON sources(triple_id, doc, ifnull(position, -1));
     CREATE INDEX sources_doc ON sources(doc);
     """,
+    # 5: sources keyed by what makes one unique (triple, document, position; -1: no position) in a
+    # table without rowids, so the table is its own unique index (one b-tree where there were two:
+    # about 19 bytes a triple less at 10^6 triples). A triple's sources read in the order their
+    # documents were first seen.
+    """
+    CREATE TABLE sources_5 (
+        triple_id INTEGER NOT NULL REFERENCES triples(id),
+        doc INTEGER NOT NULL REFERENCES documents(id),
+        position INTEGER NOT NULL,
+        version INTEGER,
+        PRIMARY KEY (triple_id, doc, position)) WITHOUT ROWID;
+    INSERT OR IGNORE INTO sources_5 SELECT triple_id, doc, ifnull(position, -1), version FROM sources ORDER BY rowid;
+    DROP TABLE sources;
+    ALTER TABLE sources_5 RENAME TO sources;
+    CREATE INDEX sources_doc ON sources(doc);
+    """,
 ]
+
+NO_POSITION = -1  # a source's position when the document gives none (stored so, read back as None)

@@ -14,7 +14,7 @@ from typing import Iterator
 
 from .records import Best, DiffEntry, KBError, TripleRecord, _group_records
 from .keys import KEY_SEP
-from .schema import ACTIVE_AT, KEY_IS, KEY_NORM, NAMED
+from .schema import ACTIVE_AT, KEY_IS, KEY_NORM, NAMED, NO_POSITION
 
 __all__ = ["PastVersions"]
 
@@ -57,9 +57,9 @@ class PastVersions:
             "WHERE version <= ?", f"WHERE version <= ? AND triple_id IN (SELECT t.id FROM triples t WHERE {KEY_IS})")
         yield from _group_records(self._x(
             f"WITH n AS ({counts}) SELECT t.id, e.name, r.name, t.value, n.count, t.created_version, NULL,"
-            f" d.doc_id, s.position FROM {NAMED} JOIN n ON n.triple_id = t.id"
+            f" d.doc_id, nullif(s.position, {NO_POSITION}) FROM {NAMED} JOIN n ON n.triple_id = t.id"
             " LEFT JOIN sources s ON s.triple_id = t.id AND s.version <= ? LEFT JOIN documents d ON d.id = s.doc"
-            f" WHERE {ACTIVE_AT}{only} ORDER BY t.id, s.rowid", (v, *params, v, v, v, *params)))
+            f" WHERE {ACTIVE_AT}{only} ORDER BY t.id, s.doc, s.position", (v, *params, v, v, v, *params)))
 
     def counts_at(self, version: int) -> dict[str, int]:
         v = self.check_version(version)

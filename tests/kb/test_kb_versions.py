@@ -91,9 +91,14 @@ def test_a_kb_of_the_first_schema_is_migrated_and_readable_in_the_past(tmp_path)
         """)
     kb = KnowledgeBase.open(folder)
     with sqlite3.connect(folder / "kb.sqlite") as c:
-        assert c.execute("SELECT max(version) FROM schema_version").fetchone()[0] == len(MIGRATIONS) == 4
+        assert c.execute("SELECT max(version) FROM schema_version").fetchone()[0] == len(MIGRATIONS) == 5
+        # sources are their own unique index: a table without rowids, no second b-tree
+        assert "WITHOUT ROWID" in c.execute("SELECT sql FROM sqlite_master WHERE name = 'sources'").fetchone()[0]
+        assert {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE tbl_name = 'sources' AND type = 'index'"
+                                        " AND sql IS NOT NULL")} == {"sources_doc"}
     m = kb.lookup("Ada Lovelace", "Birth City")
     assert (m.value, m.support, m.sources) == ("London", 2, ("bio-ada", "bio-ada-2"))
+    assert kb.get(m.triple_id).sources == (("bio-ada", 10), ("bio-ada-2", None))  # no position stays none
     assert kb.checkout(1).lookup("Ada Lovelace", "Birth City").value == "London"
     assert kb.add([Triple("Ada Lovelace", "Birth City", "London", source="bio-ada-3")]) == 3
     assert _ops(kb.diff(2, 3)) == [("support", "Ada Lovelace", "London", 2, 3)]
