@@ -149,10 +149,10 @@ _TRANSLATED: dict[str, str] = {}
 
 
 def _translate(sql: str) -> str:
-    """SQLite statement -> PostgreSQL: placeholders, INSERT OR IGNORE/REPLACE, rowid."""
+    """SQLite statement -> PostgreSQL: placeholders, INSERT OR IGNORE/REPLACE."""
     out = _TRANSLATED.get(sql)
     if out is None:
-        out = sql.replace("?", "%s").replace("sources.rowid", "sources.seq").replace("s.rowid", "s.seq")
+        out = sql.replace("?", "%s")
         if "INSERT OR REPLACE INTO meta" in out:
             out = out.replace("INSERT OR REPLACE", "INSERT") + \
                 " ON CONFLICT (name) DO UPDATE SET value = excluded.value"

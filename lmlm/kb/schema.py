@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 from .keys import KEY_SEP
 
 __all__ = ["DB_FILENAME", "FORMAT", "MIGRATIONS", "NAMED", "KEY_NORM", "KEY_IS", "ACTIVE_AT", "NO_POSITION",
-           "NoChange", "chunks", "marks"]
+           "NoChange", "chunks", "marks", "stored_position"]
 
 DB_FILENAME = "kb.sqlite"
 FORMAT = "lmlm-kb"
@@ -187,3 +187,8 @@ MIGRATIONS: list[str] = [
 ]
 
 NO_POSITION = -1  # a source's position when the document gives none (stored so, read back as None)
+
+
+def stored_position(position: int | None) -> int:
+    """A source's position as the ``sources`` table keys it (:data:`NO_POSITION` for none)."""
+    return NO_POSITION if position is None else position

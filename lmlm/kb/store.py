@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 from .keys import normalize_text, normalize_value
 from .records import (Best, Change, KBError, KBNotFound, NotAKnowledgeBase, TripleRecord, VersionRecord, _group_records,
                       gc_paused)
-from .schema import DB_FILENAME, FORMAT, KEY_IS, MIGRATIONS, NAMED, NO_POSITION
+from .schema import DB_FILENAME, FORMAT, KEY_IS, MIGRATIONS, NAMED, NO_POSITION, stored_position
 from .schema import NoChange as _NoChange, chunks as _chunks, marks as _marks
 from .store_aliases import StoredAliases
 from .store_deletes import StoredDeletes
@@ -334,7 +334,7 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
             next_id += 1
             new_triples.append((tid, kid, f[2], vn, f[3], v))
             for d, p in f[4]:
-                new_sources.append((tid, docs[d], NO_POSITION if p is None else p, v))
+                new_sources.append((tid, docs[d], stored_position(p), v))
         self._xm("INSERT INTO triples(id, key_id, value, value_norm, count, created_version)"
                  " VALUES (?, ?, ?, ?, ?, ?)", new_triples)
         self._xm("INSERT OR IGNORE INTO sources(triple_id, doc, position, version) VALUES (?, ?, ?, ?)",
@@ -349,8 +349,7 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
         """Fact ``f`` seen again for active triple ``tid``: its new sources, and count + f.count
         (nothing at all when every source it names is already recorded)."""
         new = sum(self._x("INSERT OR IGNORE INTO sources(triple_id, doc, position, version) VALUES (?, ?, ?, ?)",
-                          (tid, cache.documents[d], NO_POSITION if p is None else p, v)).rowcount
-                  for d, p in f.sources)
+                          (tid, cache.documents[d], stored_position(p), v)).rowcount for d, p in f.sources)
         if f.sources and not new:
             return  # already read from exactly these places
         self._x("UPDATE triples SET count = count + ? WHERE id = ?", (f.count, tid))
@@ -394,7 +393,7 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
             for tid, doc in self._x(
                     "SELECT s.triple_id, d.doc_id FROM sources s JOIN documents d ON d.id = s.doc"
                     f" WHERE s.triple_id IN ({_marks(len(ch))}){upto}"
-                    " GROUP BY s.triple_id, d.doc_id ORDER BY s.triple_id, min(s.doc)", list(ch)):
+                    " GROUP BY s.triple_id, s.doc, d.doc_id ORDER BY s.triple_id, s.doc", list(ch)):
                 docs = out.setdefault(tid, [])
                 if len(docs) < limit:
                     docs.append(doc)
@@ -402,8 +401,8 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
 
     # -- reads for people ------------------------------------------------------------------------
     _RECORD_SQL = (f"SELECT t.id, e.name, r.name, t.value, t.count, t.created_version, t.deleted_version,"
-                   f" d.doc_id, nullif(s.position, {NO_POSITION}) FROM {NAMED} LEFT JOIN sources s ON s.triple_id = t.id"
-                   " LEFT JOIN documents d ON d.id = s.doc")
+                   f" d.doc_id, nullif(s.position, {NO_POSITION}) FROM {NAMED}"
+                   " LEFT JOIN sources s ON s.triple_id = t.id LEFT JOIN documents d ON d.id = s.doc")
 
     def _records(self, where: str, params: Sequence = ()) -> Iterator[TripleRecord]:
         return _group_records(self._x(f"{self._RECORD_SQL} WHERE {where} ORDER BY t.id, s.doc, s.position", params))
