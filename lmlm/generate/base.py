@@ -124,8 +124,7 @@ class LookupGenerator:
         if progress:
             from tqdm.auto import tqdm
             batches = tqdm(batches, desc="generate", unit="batch")
-        answers = Answerer(self.tok, self.kb, fallback=self.options["fallback"], on_miss=self.options["on_miss"],
-                           cache=cache, matching=self.options["matching"], use_context=self.options["use_context"])
+        answers = self.answerer(cache)
         stop_ids = [] if ignore_eos else self._stop_ids()
         user_criteria = list(hf_kwargs.pop("stopping_criteria", None) or [])
         stops = _StopStrings(self.tok, stop_strings) if stop_strings else None
@@ -213,6 +212,13 @@ class LookupGenerator:
         if self.cuda_graphs is None:
             return self.model.device.type == "cuda"
         return self.cuda_graphs
+
+    def answerer(self, cache: dict | None = None) -> Answerer:
+        """The lookups' answerer with this generator's options; pass its ``cache`` to :meth:`generate`
+        to read the answers a generation gave (as streaming does)."""
+        o = self.options
+        return Answerer(self.tok, self.kb, fallback=o["fallback"], on_miss=o["on_miss"], cache=cache,
+                        matching=o["matching"], use_context=o["use_context"])
 
     def _stop_ids(self) -> list[int]:
         return sorted({self.tok.eos_id, self.tok.doc_id})

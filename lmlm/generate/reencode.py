@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 from transformers import LogitsProcessorList
 
-from .answers import Answerer, call_context, call_start, query_key
+from .answers import call_context, call_start, query_key
 from .base import LookupGenerator
 from .trace import GenerationResult, build_result
 
@@ -42,8 +42,7 @@ def reencode_generate(gen: LookupGenerator, prompt: str, *, max_new_tokens: int 
         text = tok.hf.decode(ids, skip_special_tokens=False)
         ids = tok.hf.encode(text, add_special_tokens=False)
     width = len(ids)
-    answers = Answerer(tok, gen.kb, fallback=gen.options["fallback"], on_miss=gen.options["on_miss"],
-                       matching=gen.options.get("matching"), use_context=gen.options.get("use_context", True))
+    answers = gen.answerer()
     stops = [] if ignore_eos else gen._stop_ids()
     window = 2 * gen.options["max_field_tokens"] + 2
     force_at = None if force_lookup_at is None else [tuple(force_lookup_at)]

@@ -1,6 +1,7 @@
 """Streaming: text pieces and lookup events while ``model.generate`` runs in a background thread.
 
-Exercised by ``lmlm generate --stream``.
+:class:`TokenEvents` turns one row's tokens into these events; ``stream()`` and the server's
+streaming responses both read rows through it. Exercised by ``lmlm generate --stream``.
 
 Examples:
     >>> for event in generator.stream("Ada Lovelace was born in", max_new_tokens=32):
@@ -21,7 +22,7 @@ from transformers.generation.streamers import BaseStreamer
 from .answers import Answerer
 from .trace import GenerationResult, LookupTrace, _trace_entry, call_spans, continuation_text, open_call
 
-__all__ = ["StreamEvent", "stream"]
+__all__ = ["StreamEvent", "TokenEvents", "stream"]
 
 
 @dataclass
@@ -63,17 +64,26 @@ class _Cancel(StoppingCriteria):
         return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
-class _Decoder:
+class TokenEvents:
     """Turns one row's tokens, one at a time, into stream events: text pieces that add up to the
-    result's ``clean_text`` (:func:`lmlm.generate.trace.continuation_text`, as the server's), and one
-    lookup event per call as it closes."""
+    result's ``clean_text`` (:func:`lmlm.generate.trace.continuation_text`: the text outside calls), and
+    one lookup event per call as it closes.
 
-    def __init__(self, gen, prompt: str, ids: list[int], answers: Answerer, prefix: list[int] = ()):
-        self.tok, self.answers, self.prefix, self.prompt = gen.tok, answers, list(prefix), prompt
+    Args:
+        gen (`LookupGenerator`): the generator decoding the row (tokenizer, field limit, prefix tree).
+        prompt (`str`): the row's prompt.
+        prompt_ids (`list[int]`): its ids as ``gen.prompt_ids`` made them (a forced call's open tail included).
+        answers (`Answerer`): the answers ``generate`` gave (its ``cache`` passed to ``generate``).
+    """
+
+    def __init__(self, gen, prompt: str, prompt_ids: list[int], answers: Answerer):
+        tail = open_call(prompt_ids, gen.tok)
+        self.tok, self.answers, self.prompt = gen.tok, answers, prompt
+        self.prefix = list(prompt_ids[:len(prompt_ids) - len(tail)])
         self.max_field, self.tree = gen.options["max_field_tokens"], gen.trie
         self.stops = set(gen._stop_ids())
-        self.ids = list(ids)
-        self.in_call = bool(ids)
+        self.ids = list(tail)
+        self.in_call = bool(tail)
         self.sent = ""
 
     def feed(self, t: int) -> Iterator[StreamEvent]:
@@ -114,9 +124,7 @@ def stream(gen, prompt: str, **kwargs) -> Iterator[StreamEvent]:
         raise ValueError("streaming does not support beam search")
     if isinstance(prompt, (list, tuple)):
         raise TypeError("stream takes one prompt (a string)")
-    o = gen.options
-    answers = Answerer(gen.tok, gen.kb, cache=kwargs.pop("cache", None), fallback=o["fallback"], on_miss=o["on_miss"],
-                       matching=o["matching"], use_context=o["use_context"])
+    answers = gen.answerer(kwargs.pop("cache", None))
     tokens, cancel = _TokenQueue(), _Cancel()
     stopping = list(kwargs.pop("stopping_criteria", None) or []) + [cancel]
     box: dict = {}
@@ -130,9 +138,7 @@ def stream(gen, prompt: str, **kwargs) -> Iterator[StreamEvent]:
         finally:
             tokens.queue.put(None)
 
-    prompt_ids = gen.prompt_ids(prompt, kwargs.get("force_lookup", False))
-    tail = open_call(prompt_ids, gen.tok)
-    decoder = _Decoder(gen, prompt, tail, answers, prompt_ids[:len(prompt_ids) - len(tail)])
+    decoder = TokenEvents(gen, prompt, gen.prompt_ids(prompt, kwargs.get("force_lookup", False)), answers)
     thread = threading.Thread(target=work, name="lmlm-stream", daemon=True)
     thread.start()
     try:

@@ -101,6 +101,20 @@ def _finish(folder: Path, info: dict) -> dict:
     return info
 
 
+class Stopped(Exception):
+    """A run stopped after the stage ``--until`` named (its outputs finished and kept)."""
+
+    def __init__(self, stage: str):
+        super().__init__(stage)
+        self.stage = stage
+
+
+def stop_after(stage: str, until: str | None) -> None:
+    """Raise :class:`Stopped` once ``stage`` is finished if it is the one the run stops after."""
+    if until == stage:
+        raise Stopped(stage)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -169,8 +183,10 @@ def _examples(infobox: list[Document] | None, folder: Path, max_chars: int) -> P
 
 
 def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | None, spec: LLMSpec,
-            device: str | None, seed: int, progress: bool = True, log: Callable[[str], None] = print) -> tuple[dict[str, Layer], dict]:
-    """The LLM path over ``documents``; returns ``{"llm_seed": layer, "llm_distilled": layer}`` and a report."""
+            device: str | None, seed: int, progress: bool = True, log: Callable[[str], None] = print,
+            until: str | None = None) -> tuple[dict[str, Layer], dict]:
+    """The LLM path over ``documents``; returns ``{"llm_seed": layer, "llm_distilled": layer}`` and a report.
+    ``until``: ``seed``, ``correct`` or ``distill`` raises :class:`Stopped` once that step is done."""
     from ..annotate.corrector import CorrectorConfig, correct, summary
     from ..annotate.distill import DistillConfig, distill, run_corpus
     from ..annotate.lm import FitConfig
@@ -201,6 +217,7 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
             del server
         _finish(seed_dir, {**rep, "seconds": time.time() - t})
     report["seed"] = _done(seed_dir)
+    stop_after("seed", until)
     seeded = read_documents(seed_dir / "annotated.jsonl")
     if not any(d.num_calls for d in seeded):
         log("seed: no call survived validation; the LLM path stops here")
@@ -215,6 +232,7 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
         result = correct(seeded, config, corr_dir, progress=progress)
         _finish(corr_dir, {**{k: v for k, v in summary(result).items() if k != "train"}, "seconds": time.time() - t})
     report["correct"] = _done(corr_dir)
+    stop_after("correct", until)
     kept = read_documents(corr_dir / "kept.jsonl")
 
     # 3. distill: the annotator learns from the corrected seed (and the infobox passages), validated
@@ -254,6 +272,7 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
                 f"{info['check']['predicted']} calls for {info['check']['gold']})")
         _finish(ann_dir, info)
     report["distill"] = _done(ann_dir)
+    stop_after("distill", until)
     f1 = (report["distill"].get("check") or {}).get("f1")
     if f1 is not None and f1 < spec.min_f1:
         log(f"run: skipped, the annotator's F1 {f1:.3f} is below annotate.llm.min_f1 = {spec.min_f1} "

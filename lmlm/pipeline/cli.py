@@ -12,6 +12,16 @@ import typer
 __all__ = ["pipeline_command"]
 
 
+class Until(str, Enum):  # lmlm.pipeline.run.UNTIL, as choices for --help
+    corpus = "corpus"
+    seed = "seed"
+    correct = "correct"
+    distill = "distill"
+    annotate = "annotate"
+    kb = "kb"
+    train = "train"
+
+
 class Device(str, Enum):
     auto = "auto"
     cpu = "cpu"
@@ -27,6 +37,8 @@ def pipeline_command(
                                              "(e.g. train.max_steps=2), repeatable"),
     device: Optional[Device] = typer.Option(None, help="auto (CUDA when visible), cpu or cuda; default: the recipe's"),
     fresh: bool = typer.Option(False, help="start over instead of resuming in OUT"),
+    until: Optional[Until] = typer.Option(None, help="stop after this stage (seed, correct, distill: the LLM path's "
+                                          "steps); the same command without it goes on, with another --device too"),
     progress: bool = typer.Option(True, help="show progress bars"),
 ):
     """Run a recipe end to end; rerun the same command to resume (finished stages are skipped).
@@ -46,7 +58,10 @@ def pipeline_command(
                            device=device.value if device else None)
         if not spec.corpus.path:
             fail(f"recipe {spec.name} names no corpus: pass --corpus (a Wikipedia dump or a document file)")
-        report = run_pipeline(spec, out, fresh=fresh, progress=progress)
+        report = run_pipeline(spec, out, fresh=fresh, progress=progress, until=until.value if until else None)
+    if report is None:
+        print(json.dumps({"stopped_after": until.value, "out": str(out)}))
+        return
     c = report["corpus"]
     print(json.dumps({"lookup_calls": c["lookup_calls"], "calls_by_method": c["calls_by_method"],
                       "text_unchanged": c["text_unchanged"], "cloze": report["cloze"]["table"],

@@ -101,6 +101,7 @@ def write_pipeline_report(recipe: Recipe, out: Path, corpus: dict, annotation: d
         "edits": evaluation.get("edits"),
         "call_samples": _call_samples(out, 20, recipe.seed),
         "timings_seconds": {**stage_seconds, **timings},
+        "runs": _runs(out),
     }
     report["figures"] = _figures(out, report)
     tmp = out / "report.json.tmp"
@@ -108,6 +109,12 @@ def write_pipeline_report(recipe: Recipe, out: Path, corpus: dict, annotation: d
     tmp.replace(out / "report.json")
     (out / "report.md").write_text(_markdown(report, out), encoding="utf-8")
     return report
+
+
+def _runs(out: Path) -> list[dict]:
+    """Each run of the folder: when, on which device, the stages done before it, where it stopped."""
+    path = out / "runs.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def _markdown(r: dict, out: Path) -> str:
@@ -165,6 +172,10 @@ def _markdown(r: dict, out: Path) -> str:
         lines += [f"- gold *{s['gold']}*: {render_generation(s['text'])}" for s in samples]
     lines += ["", "## Time", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {k} | {_fmt(v, 0)} |" for k, v in r["timings_seconds"].items() if v is not None]
+    if len(r["runs"]) > 1:
+        lines += ["", "Run in parts: " + "; ".join(
+            f"{x['started']} on {x['ran_on']}" + (f" until {x['until']}" if x.get("until") else "")
+            for x in r["runs"]) + "."]
     return "\n".join(lines) + "\n"
 
 

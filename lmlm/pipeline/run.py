@@ -15,7 +15,9 @@
 
 A stage is done when its folder holds ``done.json``; rerunning the same command skips finished
 stages and resumes an interrupted one (training from its last saved state, the annotator from its
-last finished document).
+last finished document). ``until`` stops a run after one stage (:data:`UNTIL`), and the device may
+change between runs of one folder (say the CPU stages on a laptop, the rest on a GPU machine):
+``OUT/runs.jsonl`` records each run's device and the stages it reached.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from rich.console import Console
 
 from ..corpus import Document, corpus_stats, read_documents, write_documents
 from .recipe import Recipe, RecipeError, recipe_json
-from .annotation import _done, _finish  # one stage marker for both modules
+from .annotation import Stopped, _done, _finish, stop_after  # one stage marker for both modules
 
-__all__ = ["run_pipeline", "STAGES"]
+__all__ = ["run_pipeline", "STAGES", "UNTIL"]
 
 STAGES = ("corpus", "annotate", "kb", "train", "evaluate", "report")
+# the stages a run can stop after: the corpus, the LLM path's seed, correction and distillation, the rest
+UNTIL = ("corpus", "seed", "correct", "distill", "annotate", "kb", "train")
 console = Console(stderr=True)
 
 
@@ -100,7 +104,7 @@ def stage_corpus(recipe: Recipe, out: Path) -> dict:
 
 # -- 2. annotation -------------------------------------------------------------------------------------
 
-def stage_annotate(recipe: Recipe, out: Path, device: str | None, progress: bool) -> dict:
+def stage_annotate(recipe: Recipe, out: Path, device: str | None, progress: bool, until: str | None = None) -> dict:
     from ..annotate.validate import calls_with_offsets
     from .annotation import call_layer, merge_layers, run_llm
 
@@ -117,7 +121,7 @@ def stage_annotate(recipe: Recipe, out: Path, device: str | None, progress: bool
         layers["given"] = call_layer(read_documents(out / "corpus" / "given.jsonl"))
     if "llm" in recipe.annotate.methods:
         llm_layers, report["llm"] = run_llm(folder / "llm", docs, infobox, recipe.annotate.llm, device,
-                                            recipe.seed, progress=progress, log=_log)
+                                            recipe.seed, progress=progress, log=_log, until=until)
         layers.update(llm_layers)
     merged = merge_layers(docs, layers)
     write_documents(folder / "documents.jsonl", merged)
@@ -289,36 +293,61 @@ def _device(recipe: Recipe) -> str | None:
     return None if recipe.device == "auto" else recipe.device
 
 
-def _check_folder(recipe: Recipe, out: Path, fresh: bool) -> None:
+def _check_folder(recipe: Recipe, out: Path, fresh: bool, until: str | None) -> None:
+    """Refuse a folder holding a run of another recipe (the device aside); note this run in ``runs.jsonl``."""
+    import torch
+
     if fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     resolved = recipe_json(recipe)
     path = out / "recipe.json"
-    if path.exists() and path.read_text() != resolved:
-        raise RecipeError(f"{out} holds a run of another recipe (see {path}); pass --fresh to start over "
-                          "or choose another --out")
+    if path.exists():
+        before = json.loads(path.read_text())
+        if {**before, "device": None} != {**json.loads(resolved), "device": None}:
+            raise RecipeError(f"{out} holds a run of another recipe (see {path}); pass --fresh to start over "
+                              "or choose another --out")
     path.write_text(resolved)
+    cuda = recipe.device != "cpu" and torch.cuda.is_available()
+    record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": recipe.device,
+              "ran_on": torch.cuda.get_device_name(0) if cuda else "cpu",
+              "done_before": [s for s in ("corpus", "annotate", "kb") if (out / s / "done.json").exists()],
+              "until": until}
+    with (out / "runs.jsonl").open("a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
-def run_pipeline(recipe: Recipe, out: str | Path, fresh: bool = False, progress: bool = True) -> dict:
-    """Run every stage of ``recipe`` into ``out`` (skipping finished ones) and return the report."""
+def run_pipeline(recipe: Recipe, out: str | Path, fresh: bool = False, progress: bool = True,
+                 until: str | None = None) -> dict | None:
+    """Run every stage of ``recipe`` into ``out`` (skipping finished ones) and return the report, or
+    ``None`` when ``until`` (one of :data:`UNTIL`) stopped the run after that stage."""
     from .report import write_pipeline_report
 
+    if until is not None and until not in UNTIL:
+        raise RecipeError(f"until: {until!r} is not a stage to stop after; one of {', '.join(UNTIL)}")
     out = Path(out)
-    _check_folder(recipe, out, fresh)
+    _check_folder(recipe, out, fresh, until)
     device = _device(recipe)
     timings: dict[str, float] = {}
     t0 = time.time()
-    console.rule(f"[bold]lmlm pipeline {recipe.name}: corpus")
-    corpus = stage_corpus(recipe, out)
-    console.rule("[bold]annotation")
-    annotation = stage_annotate(recipe, out, device, progress)
-    console.rule("[bold]knowledge base")
-    kb = stage_kb(recipe, out)
-    t = time.time()
-    models = stage_train(recipe, out)
-    timings["train_this_run"] = time.time() - t
+    try:
+        console.rule(f"[bold]lmlm pipeline {recipe.name}: corpus")
+        corpus = stage_corpus(recipe, out)
+        stop_after("corpus", until)
+        console.rule("[bold]annotation")
+        annotation = stage_annotate(recipe, out, device, progress, until)
+        stop_after("annotate", until)
+        console.rule("[bold]knowledge base")
+        kb = stage_kb(recipe, out)
+        stop_after("kb", until)
+        t = time.time()
+        models = stage_train(recipe, out)
+        timings["train_this_run"] = time.time() - t
+        stop_after("train", until)
+    except Stopped as e:
+        _log(f"[bold]stopped after {e.stage}[/]: its outputs are in {out}; the same command without --until "
+             "goes on from there (on another device too)")
+        return None
     console.rule("[bold]evaluation")
     evaluation = stage_evaluate(recipe, out)
     timings["this_run"] = time.time() - t0

@@ -18,21 +18,25 @@ from ..lookup import Lookup
 from .schemas import CompletionResponse, GenerateResponse, request_models
 from .worker import Finished, GenParams
 
-__all__ = ["router", "result_json"]
+__all__ = ["router", "result_json", "trace_json"]
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+def trace_json(t) -> dict:
+    """One ``LookupTrace`` as the responses and the streamed ``lookup`` events give it."""
+    return {"query_entity": t.query_entity, "query_relation": t.query_relation, "matched_entity": t.matched_entity,
+            "matched_relation": t.matched_relation, "value": t.value, "score": t.score, "triple_id": t.triple_id,
+            "sources": [str(s) for s in t.sources], "kb_version": t.kb_version, "found": t.found,
+            "status": getattr(t, "status", None) or None, "problem": getattr(t, "problem", None),
+            "via": getattr(t, "via", None), "miss_reason": getattr(t, "miss_reason", None),
+            "miss_detail": getattr(t, "miss_detail", None),
+            "candidates": [[str(c[0]), float(c[1])] for c in getattr(t, "candidates", ()) or ()]}
+
+
 def result_json(r) -> dict:
     """Text, segments (each lookup pointing at its trace entry) and the trace of a ``GenerationResult``."""
-    trace = [{"query_entity": t.query_entity, "query_relation": t.query_relation, "matched_entity": t.matched_entity,
-              "matched_relation": t.matched_relation, "value": t.value, "score": t.score, "triple_id": t.triple_id,
-              "sources": [str(s) for s in t.sources], "kb_version": t.kb_version, "found": t.found,
-              "status": getattr(t, "status", None) or None, "problem": getattr(t, "problem", None),
-              "via": getattr(t, "via", None), "miss_reason": getattr(t, "miss_reason", None),
-              "miss_detail": getattr(t, "miss_detail", None),
-              "candidates": [[str(c[0]), float(c[1])] for c in getattr(t, "candidates", ()) or ()]}
-             for t in r.trace]
+    trace = [trace_json(t) for t in r.trace]
     segments, k = [], 0
     for seg in r.segments:
         if not isinstance(seg, Lookup):
@@ -96,7 +100,9 @@ def router(state) -> APIRouter:
     @api.post("/api/generate", tags=["generate"], response_model=GenerateResponse,
               summary="Continue a prompt, answering its lookups from the KB",
               responses={200: {"content": {"text/event-stream": {}}, "description": "JSON, or with stream=true the "
-                               "events token {index, token, text}, result (this JSON) and done"},
+                               "events token {index, token, text}, lookup {index, and the trace entry's fields} as "
+                               "each call closes, text {index, text} if the end completes a character, "
+                               "result (this JSON) and done"},
                          422: {"description": "invalid request, or the prompt is too long"},
                          429: {"description": "too many generation requests in flight"}})
     async def generate(body: R.GenerateRequest):
@@ -115,7 +121,10 @@ def router(state) -> APIRouter:
 
         async def events():
             async for i, event in sub.tokens():
-                yield _sse("token", {"index": i, **event})
+                if "lookup" in event:
+                    yield _sse("lookup", {"index": i, **trace_json(event["lookup"])})
+                else:  # a token, or the text that completes the last character
+                    yield _sse("token" if "token" in event else "text", {"index": i, **event})
             result = GenerateResponse(**await answer(await sub.finished()))  # the same fields as without streaming
             yield _sse("result", result.model_dump(mode="json"))
             yield _sse("done", {})
@@ -161,7 +170,7 @@ def router(state) -> APIRouter:
                 for i, p in enumerate(prompts):
                     yield chunk(i, p)
             async for i, event in sub.tokens():
-                if piece := cut[i].push(event["text"]):
+                if piece := cut[i].push(event.get("text", "")):
                     yield chunk(i, piece)
             fin = await sub.finished()
             for i in range(len(prompts)):

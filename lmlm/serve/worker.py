@@ -4,8 +4,8 @@ Requests that arrive while a batch runs wait in a queue; the worker then takes a
 waiting (up to ``max_batch`` prompts), groups those with the same decoding options and runs each
 group as one :meth:`LookupGenerator.generate` call. Only this thread touches the model and the
 tokenizer; the knowledge base is shared with the HTTP handlers (it is thread-safe) and every
-lookup reads its current version. Streaming rows get their tokens from a
-:class:`BatchStreamer` as the batch decodes.
+lookup reads its current version. Streaming rows get their tokens and
+lookups from a :class:`BatchStreamer` as the batch decodes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Callable
 from transformers.generation.streamers import BaseStreamer
 
 from ..generate.base import batch_order
-from ..generate.trace import continuation_text, open_call
+from ..generate.stream import TokenEvents
+from ..generate.trace import open_call
 
 __all__ = ["GenParams", "ModelWorker", "PromptTooLong", "Finished", "BatchStreamer"]
 
@@ -182,14 +183,16 @@ class ModelWorker:
         gen = self.generators[p.use_db]
         prompts = [x for job in group for x in job.prompts]
         owners = [(job, i) for job in group for i in range(len(job.prompts))]
-        streamer = None
-        if any(job.on_token for job in group):
-            streamer = BatchStreamer(self.tok, [ids for job in group for ids in job.prompt_ids], owners)
+        streamer, cache = None, None
+        if any(job.on_token for job in group):  # the streamer's lookup events read the answers generate gave
+            answers = gen.answerer()
+            cache = answers.cache
+            streamer = BatchStreamer(gen, [ids for job in group for ids in job.prompt_ids], owners, answers)
         start = time.perf_counter()
         try:
             results = gen.generate(prompts, max_new_tokens=p.max_new_tokens, batch_size=len(prompts),
                                    force_lookup=p.force_lookup, do_sample=p.do_sample, temperature=p.temperature,
-                                   top_p=p.top_p, top_k=p.top_k, seed=p.seed,
+                                   top_p=p.top_p, top_k=p.top_k, seed=p.seed, cache=cache,
                                    **({"streamer": streamer} if streamer else {}))
             run_s = time.perf_counter() - start
             k = 0
@@ -220,19 +223,21 @@ class BatchStreamer(BaseStreamer):
     streamer checks the prompts it is given against that order and stays silent if
     they differ (the requests still get their results at the end).
 
-    Each event is ``{"token": raw text of the token, "text": new plain text}``: ``token`` shows the
-    lookup markers as the model writes them; ``text`` grows only with text outside calls, the way
-    ``GenerationResult.clean_text`` reads, so the pieces add up to it.
+    Each row is read by a :class:`lmlm.generate.stream.TokenEvents`, as ``stream()`` reads its one
+    row. A token gives ``{"token": raw text of the token, "text": new plain text}``: ``token`` shows the
+    lookup markers as the model writes them; ``text`` grows only with text outside
+    calls, the way ``GenerationResult.clean_text`` reads, so the pieces add up to it (a row that ends
+    inside a character gives its last piece as ``{"text": ...}``). A call that closes first gives
+    ``{"lookup": LookupTrace}``; ``answers`` must be the answerer whose cache ``generate`` was given.
     """
 
-    def __init__(self, tok, prompt_ids: list[list[int]], owners: list[tuple[_Job, int]]):
-        self.tok = tok
+    def __init__(self, gen, prompt_ids: list[list[int]], owners: list[tuple[_Job, int]], answers):
+        self.tok = gen.tok
         order = batch_order(prompt_ids)
         self.rows = [(owners[i], prompt_ids[i]) for i in order]  # model row -> ((job, index), prompt ids)
-        self.ids: list[list[int]] = [open_call(ids, tok) for _, ids in self.rows]
-        self.sent = [""] * len(self.rows)
+        self.readers = [TokenEvents(gen, job.prompts[i], ids, answers) for (job, i), ids in self.rows]
         self.done = [False] * len(self.rows)
-        self.stops = {tok.eos_id, tok.doc_id}
+        self.stops = set(gen._stop_ids())
         self.started = False
         self.silent = False
 
@@ -250,23 +255,29 @@ class BatchStreamer(BaseStreamer):
             if self.done[k]:
                 continue
             if token in self.stops:
-                self.done[k] = True
+                self._finish(k)
                 continue
-            (job, i), _ = self.rows[k]
-            if job.on_token is None:
-                continue
-            self.ids[k].append(token)
-            job.on_token(i, {"token": self.tok.hf.decode([token], skip_special_tokens=False),
-                             "text": self._text_delta(k)})
+            self._send(k, self.readers[k].feed(token), self.tok.hf.decode([token], skip_special_tokens=False))
 
     def end(self) -> None:
-        pass
+        if self.started and not self.silent:
+            for k in range(len(self.rows)):
+                self._finish(k)
 
-    def _text_delta(self, k: int) -> str:
-        """Plain text new since the last event (a character still incomplete waits for its bytes)."""
+    def _finish(self, k: int) -> None:
+        if not self.done[k]:
+            self.done[k] = True
+            self._send(k, self.readers[k].finish(), None)
+
+    def _send(self, k: int, events, token: str | None) -> None:
+        """A row's events: lookups as they come, its text as one event (with ``token`` when one was read)."""
         (job, i), _ = self.rows[k]
-        text = continuation_text(job.prompts[i], self.ids[k], self.tok).rstrip("\ufffd")
-        if not text.startswith(self.sent[k]):
-            return ""
-        delta, self.sent[k] = text[len(self.sent[k]):], text
-        return delta
+        text = ""
+        for e in events:
+            if e.lookup is not None and job.on_token is not None:
+                job.on_token(i, {"lookup": e.lookup})
+            text += e.text
+        if job.on_token is not None and token is not None:
+            job.on_token(i, {"token": token, "text": text})
+        elif job.on_token is not None and text:  # the row's end completes a character
+            job.on_token(i, {"text": text})

@@ -142,6 +142,26 @@ def test_wikipedia_dump_then_train_exactly_as_documented(tmp_path, shared_data):
     assert (Path("T") / "checkpoint" / "model.safetensors").exists()
 
 
+def test_a_run_stopped_after_a_stage_goes_on_with_another_device(tmp_path, shared_data):
+    dump = _excerpt(tmp_path, shared_data, 3)
+    args = ["pipeline", "wiki-cpu", "--corpus", dump, "--out", tmp_path / "P", "--no-progress", "--until", "corpus"]
+    first = lmlm(*args, "--device", "cpu")
+    assert json.loads(first.stdout.strip().splitlines()[-1])["stopped_after"] == "corpus"
+    assert "stopped after corpus" in first.stderr
+    marker = tmp_path / "P" / "corpus" / "done.json"
+    assert marker.exists() and not (tmp_path / "P" / "annotate").exists()
+    stamp = marker.stat().st_mtime_ns
+    lmlm(*args, "--device", "auto")  # the device is no part of the recipe's identity: nothing is redone
+    assert marker.stat().st_mtime_ns == stamp
+    runs = [json.loads(x) for x in (tmp_path / "P" / "runs.jsonl").read_text().splitlines()]
+    import torch
+    auto = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    assert [(r["device"], r["ran_on"], r["done_before"]) for r in runs] == [("cpu", "cpu", []),
+                                                                           ("auto", auto, ["corpus"])]
+    res = lmlm(*args, "--set", "corpus.heldout=0.5", check=False)  # another recipe is still refused
+    assert res.returncode == 2 and "holds a run of another recipe" in res.stderr
+
+
 @needs_llm
 def test_pipeline_wiki_cpu_reduced_then_resumed(tmp_path, shared_data):
     dump = _excerpt(tmp_path, shared_data, 6)
@@ -152,8 +172,16 @@ def test_pipeline_wiki_cpu_reduced_then_resumed(tmp_path, shared_data):
     args = ["pipeline", "wiki-cpu", "--corpus", dump, "--out", tmp_path / "P", "--device", "cpu", "--no-progress"]
     for s in shrink:
         args += ["--set", s]
-    lmlm(*args, timeout=1500)
+    # the CPU stages first, stopped after the annotator is distilled; then the rest with another device setting
+    part = lmlm(*args, "--until", "distill", timeout=1500)
+    assert json.loads(part.stdout.strip().splitlines()[-1]) == {"stopped_after": "distill", "out": str(tmp_path / "P")}
+    assert (tmp_path / "P" / "annotate" / "llm" / "annotator" / "done.json").exists()
+    assert not (tmp_path / "P" / "annotate" / "done.json").exists() and not (tmp_path / "P" / "kb").exists()
+    lmlm(*[a if a != "cpu" else "auto" for a in args], timeout=1500)
     report = json.loads((tmp_path / "P" / "report.json").read_text())
+    assert [(r["device"], r["until"], r["done_before"]) for r in report["runs"]] == [
+        ("cpu", "distill", []), ("auto", None, ["corpus"])]
+    assert "Run in parts" in (tmp_path / "P" / "report.md").read_text()
     corpus = report["corpus"]
     assert corpus["text_unchanged"] == 1.0 and corpus["documents"] == 6
     by_method = corpus["calls_by_method"]

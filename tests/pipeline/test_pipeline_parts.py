@@ -59,6 +59,9 @@ def test_cli_errors_are_one_line(tmp_path):
     docs.write_text(json.dumps({"id": "a", "text": "plain"}) + "\n")
     res = runner.invoke(app, ["pipeline", "wiki-cpu", "--corpus", str(docs), "--out", str(tmp_path / "q")])
     assert res.exit_code == 2 and "'infobox' needs a Wikipedia dump" in res.output
+    res = runner.invoke(app, ["pipeline", "wiki-cpu", "--corpus", str(docs), "--out", str(tmp_path / "q"),
+                              "--until", "evaluate"])
+    assert res.exit_code == 2 and "'evaluate' is not one of" in res.output and "Traceback" not in res.output
     assert runner.invoke(app, ["pipeline", "--help"]).exit_code == 0
 
 

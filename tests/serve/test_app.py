@@ -117,6 +117,13 @@ def test_generate_streams_tokens_then_the_result(client, demo):
     result = json.loads(events[-2][1])
     assert len(tokens) == result["tokens"]
     assert "<|db_start|>" in "".join(t["token"] for t in tokens)
+    texts = [json.loads(d)["text"] for e, d in events if e in ("token", "text")]
+    assert "".join(texts) == result["clean_text"]  # the pieces add up to the clean text
+    lookups = [json.loads(d) for e, d in events if e == "lookup"]
+    assert lookups and [(x["query_entity"], x["query_relation"], x["value"], x["triple_id"]) for x in lookups] == [
+        (t["query_entity"], t["query_relation"], t["value"], t["triple_id"]) for t in result["trace"]]
+    first = next(k for k, (e, _) in enumerate(events) if e == "lookup")  # sent as the call closes, not at the end
+    assert any(e == "token" for e, _ in events[first:])
     assert result == {**_generate(client, demo.prompts[1], max_new_tokens=40),
                       **{k: result[k] for k in ("queued_s", "run_s", "batch_rows")}}
 

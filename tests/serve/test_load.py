@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 import fastapi  # noqa: F401  (fastapi, httpx and uvicorn are in the [test] extra)
 import httpx  # noqa: F401
