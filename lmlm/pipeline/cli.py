@@ -9,17 +9,12 @@ from typing import List, Optional
 
 import typer
 
+from .run import UNTIL
+
 __all__ = ["pipeline_command"]
 
 
-class Until(str, Enum):  # lmlm.pipeline.run.UNTIL, as choices for --help
-    corpus = "corpus"
-    seed = "seed"
-    correct = "correct"
-    distill = "distill"
-    annotate = "annotate"
-    kb = "kb"
-    train = "train"
+Until = Enum("Until", {s: s for s in UNTIL}, type=str)  # the choices --help lists
 
 
 class Device(str, Enum):

@@ -39,8 +39,8 @@ from .annotation import Stopped, _done, _finish, stop_after  # one stage marker 
 __all__ = ["run_pipeline", "STAGES", "UNTIL"]
 
 STAGES = ("corpus", "annotate", "kb", "train", "evaluate", "report")
-# the stages a run can stop after: the corpus, the LLM path's seed, correction and distillation, the rest
-UNTIL = ("corpus", "seed", "correct", "distill", "annotate", "kb", "train")
+LLM_STEPS = ("seed", "correct", "distill")  # the LLM path's steps a run can stop after
+UNTIL = ("corpus", *LLM_STEPS, "annotate", "kb", "train")  # every stage a run can stop after
 console = Console(stderr=True)
 
 
@@ -325,6 +325,8 @@ def run_pipeline(recipe: Recipe, out: str | Path, fresh: bool = False, progress:
 
     if until is not None and until not in UNTIL:
         raise RecipeError(f"until: {until!r} is not a stage to stop after; one of {', '.join(UNTIL)}")
+    if until in LLM_STEPS and "llm" not in recipe.annotate.methods:
+        raise RecipeError(f"until: {until!r} is a step of the LLM path, and annotate.methods has no 'llm'")
     out = Path(out)
     _check_folder(recipe, out, fresh, until)
     device = _device(recipe)
@@ -336,6 +338,8 @@ def run_pipeline(recipe: Recipe, out: str | Path, fresh: bool = False, progress:
         stop_after("corpus", until)
         console.rule("[bold]annotation")
         annotation = stage_annotate(recipe, out, device, progress, until)
+        if until in LLM_STEPS:  # the LLM path ended before that step, or an earlier run finished the stage
+            raise Stopped(until)
         stop_after("annotate", until)
         console.rule("[bold]knowledge base")
         kb = stage_kb(recipe, out)

@@ -236,8 +236,7 @@ class BatchStreamer(BaseStreamer):
         order = batch_order(prompt_ids)
         self.rows = [(owners[i], prompt_ids[i]) for i in order]  # model row -> ((job, index), prompt ids)
         self.readers = [TokenEvents(gen, job.prompts[i], ids, answers) for (job, i), ids in self.rows]
-        self.done = [False] * len(self.rows)
-        self.stops = set(gen._stop_ids())
+        self.done = [job.on_token is None for (job, _), _ in self.rows]  # a row nobody streams is never read
         self.started = False
         self.silent = False
 
@@ -254,7 +253,7 @@ class BatchStreamer(BaseStreamer):
         for k, token in enumerate(value[:, -1].tolist()):
             if self.done[k]:
                 continue
-            if token in self.stops:
+            if token in self.readers[k].stops:
                 self._finish(k)
                 continue
             self._send(k, self.readers[k].feed(token), self.tok.hf.decode([token], skip_special_tokens=False))
@@ -274,10 +273,10 @@ class BatchStreamer(BaseStreamer):
         (job, i), _ = self.rows[k]
         text = ""
         for e in events:
-            if e.lookup is not None and job.on_token is not None:
+            if e.lookup is not None:
                 job.on_token(i, {"lookup": e.lookup})
             text += e.text
-        if job.on_token is not None and token is not None:
+        if token is not None:
             job.on_token(i, {"token": token, "text": text})
-        elif job.on_token is not None and text:  # the row's end completes a character
+        elif text:  # the row's end completes a character
             job.on_token(i, {"text": text})
