@@ -179,7 +179,9 @@ class EntityIndex:
     """
 
     def __init__(self):
-        self.relations: dict[str, dict[str, None]] = {}  # entity_norm -> its relation_norms, in order
+        # entity_norm -> its relation_norms in order, a tuple (a 10-relation dict costs 352 bytes a
+        # person, a tuple 136, a tuple shared by every person with the same relations 8: :meth:`compact`)
+        self.relations: dict[str, tuple[str, ...]] = {}
         self.relation_counts: dict[str, int] = {}  # relation_norm -> entities that have it
         self.display: dict[str, str] = {}  # entity_norm -> name as first written
         self.aliases: dict[str, dict[str, str]] = {}  # alias_norm -> {entity_norm: alias as written}
@@ -196,20 +198,21 @@ class EntityIndex:
         relation_norm = sys.intern(relation_norm)  # one string per relation, not one per key read from the store
         rels = self.relations.get(entity_norm)
         if rels is None:
-            rels = self.relations[entity_norm] = {}
+            rels = ()
             self.display.setdefault(entity_norm, entity)
             self._index_name(entity_norm, entity, entity_norm)
             self._scan = None
         if relation_norm not in rels:
             self.relation_counts[relation_norm] = self.relation_counts.get(relation_norm, 0) + 1
-        rels[relation_norm] = None
+            self.relations[entity_norm] = (*rels, relation_norm)
 
     def remove_key(self, entity_norm: str, relation_norm: str) -> None:
         rels = self.relations.get(entity_norm)
         if rels is None:
             return
-        if rels.pop(relation_norm, None) is not None:
+        if relation_norm in rels:
             self.relation_counts[relation_norm] -= 1
+            rels = self.relations[entity_norm] = tuple(r for r in rels if r != relation_norm)
         if not rels:
             del self.relations[entity_norm]
             self._unindex_name(entity_norm, entity_norm)
@@ -229,6 +232,13 @@ class EntityIndex:
             self.aliases.pop(alias_norm, None)
         self._unindex_name(alias_norm, entity_norm)
         self._scan = None
+
+    def compact(self) -> None:
+        """Share one tuple among the entities with the same relations in the same order (after a bulk
+        build: about 150 bytes a person less for people of 10 relations each)."""
+        pool: dict[tuple[str, ...], tuple[str, ...]] = {}
+        for en, rels in self.relations.items():
+            self.relations[en] = pool.setdefault(rels, rels)
 
     def add_gone(self, name_norm: str, name: str, entity_norm: str) -> None:
         """Record the name of a deleted entity (or of a deleted alias of one)."""
@@ -291,7 +301,7 @@ class EntityIndex:
             for name in list(self.relations) + [a for a in self.aliases if self._alias_owners(a)]:
                 k = name_key(name)
                 if k:
-                    self._scan[k] = name
+                    self._scan[name if k == name else k] = name  # the name's own string where they are equal
                     words = k.split(" ")
                     self._first.setdefault(words[0], set()).add(len(words))
         words = [w for w in (_POSSESSIVE.sub("", _edge_strip(w)) for w in normalize_text(context).split()) if w]

@@ -55,6 +55,7 @@ class EntityLookup:
             ents = EntityIndex()
             for en, rn, entity in self._map.names():
                 ents.add_key(en, intern(rn), entity)  # a relation's name held once, not once per key
+            ents.compact()
             for a in self._alias_rows():
                 ents.add_alias(a.alias_norm, a.entity_norm, a.alias)
             for name, name_norm, en in self.store.deleted_names(**self._at()):
