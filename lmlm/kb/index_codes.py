@@ -12,6 +12,7 @@ into vectors:
   take 42 GB as float16, 7.0 GB as 128-byte codes). Scores are the cosine of the query with the decoded row,
   made unit length again (the stored vectors were): not exact, but far finer than the 4-bit codes
   the candidates come from (measured by ``lmlm bench kb``'s top-1 agreement with an exact search).
+  :meth:`RowCodec.score` computes them from the codes by table lookups, without decoding.
 
 Exercised by every search of the key index and by ``lmlm bench kb``.
 
@@ -87,6 +88,50 @@ class RowCodec:
         flat = self.table[np.arange(self.width), codes].reshape(len(codes), self.dim)  # (n, m, dim / m) gathered
         flat /= np.maximum(np.linalg.norm(flat, axis=1, keepdims=True), 1e-12)  # the rows were unit vectors
         return flat.reshape(*rows.shape[:-1], self.dim)
+
+    def score(self, q: np.ndarray, stored: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Cosines of queries ``q`` ``(n, dim)`` with the decoded stored rows ``stored[rows]``, ``rows``
+        ``(n, c)`` (-inf where a row is -1), as :meth:`decode` then a dot product would give them.
+
+        For ``pq`` rows, FAISS's table lookups (``ProductQuantizer.search_ip``, and ``search`` from
+        the origin for each row's squared norm) score a query's candidates in C without decoding
+        them: 1,024 candidates a query in 0.28 ms where decoding took 2.0 ms (``lmlm bench kb``
+        re-scores 1,024 per query at 5 x 10^7 keys)."""
+        ok = rows >= 0
+        picked = np.where(ok, rows, 0)
+        if self.kind != "pq":
+            out = np.einsum("ncd,nd->nc", self.decode(stored[picked]), q)
+        else:
+            out = np.empty(rows.shape, dtype=np.float32)
+            for i in range(len(q)):
+                out[i] = self._adc(np.ascontiguousarray(q[i], dtype=np.float32), stored[picked[i]])
+        out[~ok] = -np.inf
+        return out
+
+    def _adc(self, q: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        """One query's cosine with each of ``codes`` ``(c, m)`` as decoded (FAISS table lookups)."""
+        import faiss
+
+        c = len(codes)
+        ptr = faiss.swig_ptr(np.ascontiguousarray(codes))
+        ip, ip_at = np.empty(c, dtype=np.float32), np.empty(c, dtype=np.int64)
+        sq, sq_at = np.empty(c, dtype=np.float32), np.empty(c, dtype=np.int64)
+        heap = faiss.float_minheap_array_t()  # keeps the c largest inner products: all of them
+        heap.nh, heap.k, heap.ids, heap.val = 1, c, faiss.swig_ptr(ip_at), faiss.swig_ptr(ip)
+        self.pq.search_ip(faiss.swig_ptr(q), 1, ptr, c, heap, True)
+        heap = faiss.float_maxheap_array_t()  # squared distance from the origin: the squared norm
+        heap.nh, heap.k, heap.ids, heap.val = 1, c, faiss.swig_ptr(sq_at), faiss.swig_ptr(sq)
+        self.pq.search(faiss.swig_ptr(self._origin), 1, ptr, c, heap, True)
+        out = np.empty(c, dtype=np.float32)
+        norms = np.empty(c, dtype=np.float32)
+        out[ip_at], norms[sq_at] = ip, sq
+        return out / np.maximum(np.sqrt(norms), 1e-12)
+
+    @property
+    def _origin(self) -> np.ndarray:
+        if getattr(self, "_zero", None) is None:
+            self._zero = np.zeros(self.dim, dtype=np.float32)
+        return self._zero
 
     @property
     def table(self) -> np.ndarray:

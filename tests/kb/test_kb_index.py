@@ -238,6 +238,21 @@ def test_an_index_growing_past_pq_min_keeps_pq_codes_and_finds_what_it_held(tmp_
     assert loaded.search(_unit(100, 32, seed=8)[:5], 1)[1][:, 0].tolist() == list(range(4000, 4005))
 
 
+def test_pq_candidates_are_scored_as_their_decoded_rows_would_be():
+    vectors = _unit(3000, 32, seed=3)
+    index = VectorKeyIndex(32, PQ)
+    index.add(np.arange(3000), vectors)
+    assert index.ann_kind == "ivfpq"
+    queries = _near(vectors[:50], scale=0.3)
+    scores, ids = index.search(queries, 5)
+    decoded = index.vectors(ids.ravel()).reshape(50, 5, 32)  # the stored rows read back, unit length
+    np.testing.assert_allclose(scores, np.einsum("nkd,nd->nk", decoded, queries), atol=1e-5)
+    assert (np.diff(scores, axis=1) <= 1e-6).all()  # best first
+    rows = np.array([[0, -1, 2], [-1, -1, -1]])  # no row: -inf
+    got = index._codec.score(queries[:2], index._vecs, rows)
+    assert np.isneginf(got[rows < 0]).all() and np.isfinite(got[rows >= 0]).all()
+
+
 def test_prepare_builds_for_the_final_size_so_chunks_are_coded_as_they_come():
     vectors = _unit(3000, 32, seed=9)
     index = VectorKeyIndex(32, PQ)
