@@ -251,6 +251,9 @@ def test_pq_candidates_are_scored_as_their_decoded_rows_would_be():
     rows = np.array([[0, -1, 2], [-1, -1, -1]])  # no row: -inf
     got = index._codec.score(queries[:2], index._vecs, rows)
     assert np.isneginf(got[rows < 0]).all() and np.isfinite(got[rows >= 0]).all()
+    one = index._codec.score(queries[:2], index._vecs, rows, keep=1)  # the best inner product only, as a cosine
+    assert np.isfinite(one).sum(axis=1).tolist() == [1, 0] and np.isfinite(one[0, [0, 2]]).any()
+    assert one[0].max() == pytest.approx(got[0, [0, 2]][np.isfinite(one[0, [0, 2]])][0], abs=1e-6)
 
 
 def test_prepare_builds_for_the_final_size_so_chunks_are_coded_as_they_come():
