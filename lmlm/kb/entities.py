@@ -179,8 +179,8 @@ class EntityIndex:
     """
 
     def __init__(self):
-        # entity_norm -> its relation_norms in order, a tuple (a 10-relation dict costs 352 bytes a
-        # person, a tuple 136, a tuple shared by every person with the same relations 8: :meth:`compact`)
+        # entity_norm -> its relation_norms in order, a tuple (a 10-relation dict costs 272 bytes a
+        # person, a tuple 120, a tuple shared by every person with the same relations 8: :meth:`compact`)
         self.relations: dict[str, tuple[str, ...]] = {}
         self.relation_counts: dict[str, int] = {}  # relation_norm -> entities that have it
         self.display: dict[str, str] = {}  # entity_norm -> name as first written

@@ -101,14 +101,13 @@ class RowCodec:
         took 1.8 ms (``lmlm bench kb`` re-scores 1,024 per query)."""
         ok = rows >= 0
         if self.kind != "pq" or keep is None or keep >= rows.shape[1]:
-            out = np.einsum("ncd,nd->nc", self.decode(stored[np.where(ok, rows, 0)]), q)
-            out[~ok] = -np.inf
-            return out
-        kept = np.full((len(q), keep), -1, dtype=np.int64)  # columns of rows, best inner product first
-        for i in range(len(q)):
-            cols = np.flatnonzero(ok[i])
-            best = self._best_inner(np.ascontiguousarray(q[i], dtype=np.float32), stored[rows[i, cols]], keep)
-            kept[i, :len(best)] = cols[best]
+            kept = np.where(ok, np.arange(rows.shape[1]), -1)  # every column of rows
+        else:
+            kept = np.full((len(q), keep), -1, dtype=np.int64)  # columns of rows, best inner product first
+            for i in range(len(q)):
+                cols = np.flatnonzero(ok[i])
+                best = self._best_inner(np.ascontiguousarray(q[i], dtype=np.float32), stored[rows[i, cols]], keep)
+                kept[i, :len(best)] = cols[best]
         has = kept >= 0
         picked = np.take_along_axis(rows, np.maximum(kept, 0), axis=1)
         cos = np.einsum("nkd,nd->nk", self.decode(stored[np.where(has, picked, 0)]), q)
@@ -127,7 +126,7 @@ class RowCodec:
         heap = faiss.float_minheap_array_t()  # keeps the k largest
         heap.nh, heap.k, heap.ids, heap.val = 1, k, faiss.swig_ptr(at), faiss.swig_ptr(vals)
         if k:
-            self.pq.search_ip(faiss.swig_ptr(q), 1, faiss.swig_ptr(np.ascontiguousarray(codes)), len(codes), heap, True)
+            self.pq.search_ip(faiss.swig_ptr(q), 1, faiss.swig_ptr(codes), len(codes), heap, True)  # codes: a fresh gather
         return at[at >= 0]
 
     @property
