@@ -44,6 +44,8 @@ ANNOTATOR_INSTRUCTIONS = (
     "reusable relation labels and concise values; one fact per call; a call only once its entity and "
     "relation have appeared.")
 _TEXT, _ENTITY, _RELATION, _VALUE = range(4)
+CALL_ROOM = 192  # tokens a passage's calls may take in all (about 15 calls of usual size): a call opens only
+                 # where the longest call still fits, so each row's length is bounded before decoding
 
 
 @dataclass
@@ -94,6 +96,9 @@ class Annotator:
         self.options = options or AnnotatorOptions()
         self.generated_tokens = 0  # answer tokens written so far (forced text tokens included)
         self.threads: int | None = None  # torch CPU threads while decoding (see lm.cpu_threads)
+        # decode over a static KV cache, each one-token step replayed from a CUDA graph
+        # (lmlm.generate.graphs); None: where the model is on a CUDA device
+        self.graphs: bool | None = None
         self._relations = TokenTrie(tokenizer.encode_field(r) for r in (self.options.relations or []))
         specials = set(tokenizer.call_ids) | {tokenizer.doc_id, tokenizer.eos_id} | set(tokenizer.hf.all_special_ids)
         vocab = max(len(tokenizer), model.get_output_embeddings().weight.shape[0])
@@ -156,19 +161,28 @@ class Annotator:
 
     def _decode(self, texts: list[str]) -> list[list[int]]:
         """Insert-only decoding of a batch through the package's KV-cached loop
-        (:func:`lmlm.generate.loop.decode`); returns each row's answer ids."""
+        (:func:`lmlm.generate.loop.decode`), over a static cache with CUDA graphs on a GPU (every
+        row's length is bounded: :data:`CALL_ROOM`); returns each row's answer ids."""
         from transformers import LogitsProcessorList
 
         from ..generate.loop import decode
 
         device = next(self.model.parameters()).device
         rows = [_Row(self, *_text_tokens(self.tok, t)) for t in texts]
+        for r in rows:  # the text, its calls, the end: no row runs past its room
+            r.room = len(r.org) + CALL_ROOM + 1
         prompts = [self.prompt_ids(t) for t in texts]
         width = max(map(len, prompts))
         pad = self.tok.eos_id
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-        decode(self.model, ids, mask, LogitsProcessorList([_RowChoices(rows)]), None, [pad], pad)
+        graphs = device.type == "cuda" if self.graphs is None else self.graphs
+        decode(self.model, ids, mask, LogitsProcessorList([_RowChoices(rows)]), max(r.room for r in rows), [pad],
+               pad, graphs=graphs)
+        if graphs:
+            from ..generate.graphs import release
+
+            release(self.model, keep=1)  # one static cache held at a time (batches of a run share it)
         self.generated_tokens += sum(len(r.out) for r in rows)
         return [r.out for r in rows]
 
@@ -288,6 +302,7 @@ class _Row:
     calls_here: int = 0
     out: list[int] = field(default_factory=list)
     done: bool = False
+    room: int = 1 << 30  # most tokens this row may write, its end included
 
     @property
     def copying(self) -> bool:
@@ -296,10 +311,13 @@ class _Row:
 
     def may_call(self) -> bool:
         """Whether a call may open before the next text token: at a word start, after some text to
-        copy an entity from (unless entities are free), and not too many calls here already."""
+        copy an entity from (unless entities are free), not too many calls here already, and room
+        left for the longest call and the rest of the text."""
         opts = self.ann.options
+        longest = 3 * opts.max_field_tokens + 4  # its markers and three fields of the longest
         return (self.calls_here < opts.max_calls_per_position and self.starts[self.i]
-                and (self.i > 0 or opts.entity == "free"))
+                and (self.i > 0 or opts.entity == "free")
+                and len(self.out) + longest + len(self.org) - self.i + 1 <= self.room)
 
     def step(self, logits: torch.Tensor) -> int:
         """Choose the next token from ``logits`` (vocab,) under the constraints, and advance (rows

@@ -27,7 +27,7 @@ import torch
 
 from ..models import cache_kwargs
 
-__all__ = ["StaticDecoder", "static_decoder", "positions"]
+__all__ = ["StaticDecoder", "static_decoder", "positions", "release"]
 
 SLOT_ROUNDING = 256  # cache lengths are rounded up to a multiple of this, so graphs are reused
 _KEEP = 4  # recorded decoders kept per model (least recently used dropped)
@@ -64,6 +64,13 @@ def static_decoder(model, batch: int, length: int) -> "StaticDecoder | None":
     while len(kept) > _KEEP:
         kept.popitem(last=False)
     return decoder
+
+
+def release(model, keep: int = 0) -> None:
+    """Drop ``model``'s recorded decoders (and their caches) but the ``keep`` used last."""
+    kept = _DECODERS.get(model)
+    while kept and len(kept) > keep:
+        kept.popitem(last=False)
 
 
 class StaticDecoder:

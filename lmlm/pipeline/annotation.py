@@ -243,12 +243,20 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
         if "infobox" in spec.distill_from and infobox:
             train_docs += [p for p in _infobox_passages(infobox, spec.passage_chars) if p.id not in seed_ids]
         train_docs = [d for d in (_validated(d) for d in train_docs) if d.num_calls]
+        # passages without a call: the annotator learns to copy them unchanged, and its check counts
+        # the calls it writes there as wrong (most passages it runs on state no infobox fact)
+        blank = [p for p in _infobox_passages(infobox or [], spec.passage_chars, with_calls=False)
+                 if p.id not in seed_ids] if train_docs and spec.negatives > 0 else []
+        random.Random(seed).shuffle(blank)
         check: list[Document] = []
         if spec.min_f1 > 0 and len(train_docs) >= 20:  # held out to measure the annotator before it runs
             random.Random(seed).shuffle(train_docs)
             k = max(5, len(train_docs) // 7)
             check, train_docs = train_docs[:k], train_docs[k:]
+            k_blank = min(round(spec.negatives * k), len(blank))
+            check, blank = check + blank[:k_blank], blank[k_blank:]
             write_documents(folder / "check.jsonl", check)
+        negatives = blank[:round(spec.negatives * len(train_docs))]
         if not train_docs:
             log("distill: no validated call to learn from; the LLM path stops after the seed")
             return {"llm_seed": call_layer(kept, _passage_origin), "llm_distilled": {}}, report
@@ -257,19 +265,20 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
                                fit=FitConfig(steps=spec.distill_steps, batch_size=8, seq_len=256,
                                              lr=2e-3 if base else 5e-3, seed=seed))
         log(f"distill: an annotator ({base or spec.distill_preset}) learns from {len(train_docs)} passages, "
-            f"{sum(d.num_calls for d in train_docs)} calls")
-        _, stats = distill(train_docs, config, ann_dir, progress=progress)
+            f"{sum(d.num_calls for d in train_docs)} calls, and {len(negatives)} passages without a call")
+        _, stats = distill(train_docs + negatives, config, ann_dir, progress=progress)
         if spec.call_bias or spec.call_threshold:
             meta = json.loads((ann_dir / "annotator.json").read_text())
             meta["options"].update(call_bias=spec.call_bias, call_threshold=spec.call_threshold or None)
             (ann_dir / "annotator.json").write_text(json.dumps(meta, indent=2) + "\n")
         info = {**{k: stats[k] for k in ("steps", "first_loss", "final_loss", "seconds", "documents")},
-                "calls": sum(d.num_calls for d in train_docs)}
+                "calls": sum(d.num_calls for d in train_docs), "passages_without_calls": len(negatives)}
         if check:
             info["check"] = _check_annotator(ann_dir, check, spec.run_batch_size)
-            log(f"distill: on {len(check)} held-out annotated passages the annotator scores F1 "
-                f"{info['check']['f1']:.3f} (precision {info['check']['precision']:.3f}, "
-                f"{info['check']['predicted']} calls for {info['check']['gold']})")
+            log(f"distill: on {len(check)} held-out passages ({info['check']['without_calls']} without a call) "
+                f"the annotator scores F1 {info['check']['f1']:.3f} (precision {info['check']['precision']:.3f}, "
+                f"{info['check']['predicted']} calls for {info['check']['gold']}; "
+                f"{info['check']['calls_where_none']} where none belongs)")
         _finish(ann_dir, info)
     report["distill"] = _done(ann_dir)
     stop_after("distill", until)
@@ -297,13 +306,17 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
 
 
 def _check_annotator(folder: Path, check: list[Document], batch_size: int) -> dict[str, Any]:
-    """Call-level precision/recall/F1 of the annotator in ``folder`` on held-out annotated passages."""
+    """Call-level precision/recall/F1 of the annotator in ``folder`` on held-out passages (those without a
+    call count each call written there as wrong), and how many calls it wrote where none belongs."""
     from ..annotate.annotator import Annotator
     from ..annotate.corrupt import call_f1
     from ..annotate.validate import calls_with_offsets
 
     results = Annotator.load(folder).annotate([d.text for d in check], batch_size)
-    return call_f1([list(zip(v.positions, v.kept)) for v in results], [calls_with_offsets(d.segments) for d in check])
+    predicted = [list(zip(v.positions, v.kept)) for v in results]
+    gold = [calls_with_offsets(d.segments) for d in check]
+    blank = [p for p, g in zip(predicted, gold) if not g]  # passages where no call belongs
+    return {**call_f1(predicted, gold), "without_calls": len(blank), "calls_where_none": sum(map(len, blank))}
 
 
 def _validated(doc: Document) -> Document:
@@ -314,8 +327,9 @@ def _validated(doc: Document) -> Document:
     return Document.from_segments(doc.id, v.segments, source=doc.source, split=doc.split, meta=doc.meta)
 
 
-def _infobox_passages(infobox: list[Document], max_chars: int) -> list[Document]:
-    """The infobox-annotated documents cut into passages, those with calls only."""
+def _infobox_passages(infobox: list[Document], max_chars: int, with_calls: bool = True) -> list[Document]:
+    """The infobox-annotated documents cut into passages: those with calls (or, ``with_calls=False``,
+    those of the same articles where distant supervision placed none)."""
     from ..annotate.validate import insert_calls
 
     out = []
@@ -325,7 +339,7 @@ def _infobox_passages(infobox: list[Document], max_chars: int) -> list[Document]
         layer = call_layer([d])[d.id]
         for s, e in split_passages(d.text, max_chars):
             calls = [(q - s, c) for q, c in layer if s <= q < e]
-            if calls:
+            if bool(calls) == with_calls:
                 out.append(Document.from_segments(f"{d.id}@{s}", insert_calls(d.text[s:e], calls), source=d.id,
                                                   split=d.split, meta={"doc": d.id, "start": s}))
     return out

@@ -77,6 +77,10 @@ class LLMSpec:
         min_f1: a seventh of the annotator's validated training passages is held out; if its call-level F1
             there (offset, entity, relation and value all right) is below this, it does not run and its
             calls are not merged (0: no check, every passage trains it).
+        negatives: passages without a call (of the infobox articles, where distant supervision placed
+            none) per passage with calls, in the annotator's training and in its check (where each call
+            it writes in them counts as wrong): without them it learns that every passage holds a
+            fact, and its check, on passages that all do, flatters it.
     """
 
     model: str = ""
@@ -98,6 +102,7 @@ class LLMSpec:
     call_bias: float = 0.0
     call_threshold: float = 0.0
     min_f1: float = 0.0
+    negatives: float = 1.0
 
 
 @dataclass
@@ -195,6 +200,9 @@ class Recipe:
         check("train.precision", self.train.precision, ("auto", "no", "bf16", "fp16"))
         if not 0 <= self.corpus.heldout < 1:
             raise RecipeError(f"recipe {self.name}: corpus.heldout = {self.corpus.heldout} must be in [0, 1)")
+        if self.annotate.llm.negatives < 0:
+            raise RecipeError(f"recipe {self.name}: annotate.llm.negatives = {self.annotate.llm.negatives} "
+                              "must be at least 0")
         for name in ("train.max_steps", "train.batch_size", "train.seq_len", "annotate.llm.seed_passages",
                      "annotate.llm.passage_chars", "annotate.llm.parallel", "evaluate.max_new_tokens"):
             section, _, key = name.rpartition(".")

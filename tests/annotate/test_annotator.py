@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from lmlm.annotate.annotator import Annotator, _continuations, _text_tokens
+from lmlm.annotate.annotator import CALL_ROOM, Annotator, _continuations, _text_tokens
 from lmlm.annotate.corrupt import call_f1
 from lmlm.annotate.distill import DistillConfig, distill, run_corpus
 from lmlm.annotate.lm import FitConfig
@@ -71,6 +71,28 @@ def test_a_long_document_is_annotated_passage_by_passage(world, trained):
     # passages cut where the bios meet: the long document gets about the calls of its parts
     assert abs(len(whole.kept) - sum(len(v.kept) for v in singles)) <= len(held)
     assert len(whole.kept) >= len(held)
+
+
+def test_static_cache_decoding_writes_the_same_and_no_row_outgrows_its_room(world, trained):
+    annotator, _, folder = trained
+    texts = [d.plain for d in world.heldout_documents[:9]]
+    eager = annotator.generate(texts, batch_size=4)
+    static = Annotator.load(folder)
+    static.graphs = True  # the static KV cache the GPU replays as CUDA graphs, here run eagerly
+    assert static.generate(texts, batch_size=4) == eager
+    # an annotator that would open a call at every word: its rows stop opening calls when only the
+    # room for the longest call and the rest of the text is left, and every text is still copied whole
+    eager_calls = Annotator.load(folder)
+    eager_calls.options.call_bias = 1e9
+    eager_calls.options.max_calls_per_position = 1
+    for graphs in (False, True):
+        eager_calls.graphs = graphs
+        before = eager_calls.generated_tokens
+        results = eager_calls.annotate(texts, batch_size=4)
+        assert all(not v.text_changed and strip(v.segments) == t for v, t in zip(results, texts))
+        lengths = [len(annotator.tok.encode_text(t)) for t in texts]
+        assert eager_calls.generated_tokens - before <= sum(lengths) + len(texts) * CALL_ROOM
+        assert sum(len(v.kept) for v in results) > 3 * len(texts)  # calls do open, until the room is spent
 
 
 def test_run_corpus_in_shards_resumes_after_a_kill(world, trained, tmp_path):

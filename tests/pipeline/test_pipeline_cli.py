@@ -189,6 +189,9 @@ def test_pipeline_wiki_cpu_reduced_then_resumed(tmp_path, shared_data):
     assert set(by_method) <= {"infobox", "llm_seed", "llm_distilled"}
     llm = report["annotation"]["llm"]
     assert llm["seed_passages"] == 4 and llm["run_passages"] == 12 and llm["seed"]["documents"] == 4
+    assert llm["distill"]["passages_without_calls"] >= 1  # it also learns to leave a passage as it is
+    if "check" in llm["distill"]:  # passages without a call are checked too: calls written there are wrong
+        assert llm["distill"]["check"]["without_calls"] >= 1 and llm["distill"]["check"]["calls_where_none"] >= 0
     rows = {r["model"]: r for r in report["cloze"]["table"]}
     assert set(rows) == {"lmlm", "lmlm_constrained", "lmlm_no_kb", "standard"}
     for row in rows.values():

@@ -12,7 +12,7 @@ from lmlm.corpus import Document
 from lmlm.evaluate.trex import read_trex
 from lmlm.lookup import Lookup, strip
 from lmlm.pipeline import RecipeError, load_recipe, recipe_names
-from lmlm.pipeline.annotation import call_layer, merge_layers, passages_of, split_passages
+from lmlm.pipeline.annotation import _infobox_passages, call_layer, merge_layers, passages_of, split_passages
 from lmlm.pipeline.facts import ClozeFact, choose_edits, cloze_facts, write_trex
 
 runner = CliRunner()
@@ -40,6 +40,7 @@ def test_shipped_recipes_load_and_take_overrides():
     (['annotate.methods=["ocr"]'], "annotate.methods = 'ocr' is not one of"),
     (["corpus.heldout=1.5"], r"corpus.heldout = 1.5 must be in \[0, 1\)"),
     (["train.max_steps=0"], "train.max_steps = 0 must be at least 1"),
+    (["annotate.llm.negatives=-1.0"], "annotate.llm.negatives = -1.0 must be at least 0"),
     (["nonsense"], "expected section.key=value"),
 ])
 def test_bad_recipe_fields_are_named(overrides, message):
@@ -74,6 +75,20 @@ def test_passages_cover_paragraphs_and_sentences():
     ps = passages_of([doc], 60)  # passages of at least 40 characters
     assert [p.text for p in ps] == texts[:1]
     assert [LINCOLN[p.meta["start"]:p.meta["start"] + len(p.text)] for p in ps] == texts[:1] and ps[0].meta["doc"] == "d1"
+
+
+def test_infobox_passages_split_into_those_with_calls_and_those_without():
+    born = LINCOLN.index("February 12, 1809")
+    infobox = Document.from_annotated("d1", LINCOLN[:born] + "[dblookup('Abraham Lincoln', 'Birth Date') -> "
+                                      "February 12, 1809] " + LINCOLN[born:])
+    bare = Document("d2", LINCOLN, LINCOLN)  # an article without infobox calls gives neither kind
+    with_calls = _infobox_passages([infobox, bare], 60)
+    without = _infobox_passages([infobox, bare], 60, with_calls=False)
+    assert [(p.id, p.num_calls) for p in with_calls] == [("d1@0", 1)]
+    assert with_calls[0].lookups[0].value == "February 12, 1809"
+    starts = [LINCOLN.index("He was born"), LINCOLN.index("He married")]
+    assert [(p.id, p.num_calls, p.text) for p in without] == [
+        (f"d1@{s}", 0, LINCOLN[s:e]) for s, e in split_passages(LINCOLN, 60) if s in starts]
 
 
 def test_merging_methods_keeps_the_text_and_prefers_infobox():
