@@ -293,6 +293,18 @@ def _device(recipe: Recipe) -> str | None:
     return None if recipe.device == "auto" else recipe.device
 
 
+def _differences(before: dict, now: dict, where: str = "") -> dict[str, tuple]:
+    """Fields of two recipes that differ, by dotted name: (before, now); a field one lacks shows as None."""
+    out: dict[str, tuple] = {}
+    for k in sorted(set(before) | set(now)):
+        a, b = before.get(k), now.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.update(_differences(a, b, f"{where}{k}."))
+        elif a != b:
+            out[f"{where}{k}"] = (a, b)
+    return out
+
+
 def _check_folder(recipe: Recipe, out: Path, fresh: bool, until: str | None) -> None:
     """Refuse a folder holding a run of another recipe (the device aside); note this run in ``runs.jsonl``."""
     import torch
@@ -305,8 +317,10 @@ def _check_folder(recipe: Recipe, out: Path, fresh: bool, until: str | None) -> 
     if path.exists():
         before = json.loads(path.read_text())
         if {**before, "device": None} != {**json.loads(resolved), "device": None}:
-            raise RecipeError(f"{out} holds a run of another recipe (see {path}); pass --fresh to start over "
-                              "or choose another --out")
+            changed = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in _differences(before, json.loads(resolved)).items()
+                                if k != "device")
+            raise RecipeError(f"{out} holds a run of another recipe ({changed}; see {path}); pass --fresh to start "
+                              "over or choose another --out")
     path.write_text(resolved)
     cuda = recipe.device != "cpu" and torch.cuda.is_available()
     record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": recipe.device,

@@ -160,6 +160,7 @@ def test_a_run_stopped_after_a_stage_goes_on_with_another_device(tmp_path, share
                                                                            ("auto", auto, ["corpus"])]
     res = lmlm(*args, "--set", "corpus.heldout=0.5", check=False)  # another recipe is still refused
     assert res.returncode == 2 and "holds a run of another recipe" in res.stderr
+    assert "corpus.heldout: " in res.stderr and "-> 0.5" in res.stderr  # the field that differs, named
 
 
 @needs_llm
