@@ -169,8 +169,6 @@ class Annotator:
 
         device = next(self.model.parameters()).device
         rows = [_Row(self, *_text_tokens(self.tok, t)) for t in texts]
-        for r in rows:  # the text, its calls, the end: no row runs past its room
-            r.room = len(r.org) + CALL_ROOM + 1
         prompts = [self.prompt_ids(t) for t in texts]
         width = max(map(len, prompts))
         pad = self.tok.eos_id
@@ -302,7 +300,11 @@ class _Row:
     calls_here: int = 0
     out: list[int] = field(default_factory=list)
     done: bool = False
-    room: int = 1 << 30  # most tokens this row may write, its end included
+
+    @property
+    def room(self) -> int:
+        """The most tokens this row may write: its text, its calls, its end."""
+        return len(self.org) + CALL_ROOM + 1
 
     @property
     def copying(self) -> bool:

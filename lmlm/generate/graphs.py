@@ -61,8 +61,7 @@ def static_decoder(model, batch: int, length: int) -> "StaticDecoder | None":
                       "decoding eagerly", RuntimeWarning, stacklevel=3)
         return None
     kept[key] = decoder
-    while len(kept) > _KEEP:
-        kept.popitem(last=False)
+    release(model, keep=_KEEP)
     return decoder
 
 

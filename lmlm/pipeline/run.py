@@ -316,10 +316,10 @@ def _check_folder(recipe: Recipe, out: Path, fresh: bool, until: str | None) -> 
     path = out / "recipe.json"
     if path.exists():
         before = json.loads(path.read_text())
-        if {**before, "device": None} != {**json.loads(resolved), "device": None}:
-            changed = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in _differences(before, json.loads(resolved)).items()
-                                if k != "device")
-            raise RecipeError(f"{out} holds a run of another recipe ({changed}; see {path}); pass --fresh to start "
+        changed = {k: d for k, d in _differences(before, json.loads(resolved)).items() if k != "device"}
+        if changed:
+            named = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
+            raise RecipeError(f"{out} holds a run of another recipe ({named}; see {path}); pass --fresh to start "
                               "over or choose another --out")
     path.write_text(resolved)
     cuda = recipe.device != "cpu" and torch.cuda.is_available()
