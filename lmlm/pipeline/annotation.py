@@ -9,7 +9,9 @@ Methods, each resumable on its own (a finished step leaves ``done.json`` in its 
   worst (``lmlm annotate correct``); an annotator is distilled from the rest (``lmlm annotate
   distill``) and run on every other passage (``lmlm annotate run``, sharded and resumable).
 
-The calls are then merged per document at their character offsets (one call per position; an
+The LLM's calls are then checked against the reference facts (the infoboxes', or the corpus's own
+calls): each agrees with them, conflicts with them or names what they do not know, and
+``annotate.llm.keep`` says which enter the corpus and the KB (:func:`vet_layer`). The calls are then merged per document at their character offsets (one call per position; an
 infobox call wins over an LLM one, the seed's over the distilled annotator's) with
 :func:`lmlm.annotate.validate.insert_calls`, so every document's annotation strips back to its text.
 Each document records which method wrote each call (``call_methods``).
@@ -30,7 +32,8 @@ from ..corpus import Document, iter_documents, read_documents, write_documents
 from ..lookup import Lookup
 from .recipe import LLMSpec
 
-__all__ = ["split_passages", "passages_of", "call_layer", "merge_layers", "run_llm", "METHOD_NAMES"]
+__all__ = ["split_passages", "passages_of", "call_layer", "merge_layers", "run_llm", "METHOD_NAMES", "Reference",
+           "vet_layer", "VERDICTS"]
 
 METHOD_NAMES = {"infobox": "infobox", "given": "given", "llm_seed": "llm seed (SmolLM2, corrected)",
                 "llm_distilled": "llm distilled annotator"}
@@ -83,6 +86,59 @@ def merge_layers(documents: list[Document], layers: dict[str, Layer]) -> list[Do
         if out[-1].text != d.text:
             raise AssertionError(f"{d.id}: merging the annotations changed the text")
     return out
+
+
+VERDICTS = ("agrees", "conflicts", "unknown_entity", "unknown_relation")
+
+
+class Reference:
+    """Facts to check calls against: ``(entity, relation) -> values`` with the entities' other names.
+
+    Names and values are compared as :func:`lmlm.kb.keys.normalize_text` writes them (case, spacing
+    and the punctuation at their ends do not count), and an alias stands for its entity.
+    """
+
+    def __init__(self, triples, aliases=()):
+        from ..kb.keys import normalize_text
+
+        self._norm = normalize_text
+        self.aliases = {normalize_text(a): normalize_text(e) for a, e in aliases}
+        self.values: dict[tuple[str, str], set[str]] = {}
+        for e, r, v in triples:
+            self.values.setdefault((self.entity(e), normalize_text(r)), set()).add(normalize_text(v))
+        self.entities = {e for e, _ in self.values}
+
+    def entity(self, name: str) -> str:
+        n = self._norm(name)
+        return self.aliases.get(n, n)
+
+    def verdict(self, call: Lookup) -> str:
+        """``agrees``, ``conflicts`` (the entity and relation are known, with other values),
+        ``unknown_entity`` or ``unknown_relation``."""
+        e = self.entity(call.entity)
+        if e not in self.entities:
+            return "unknown_entity"
+        known = self.values.get((e, self._norm(call.relation)))
+        if known is None:
+            return "unknown_relation"
+        return "agrees" if self._norm(call.value) in known else "conflicts"
+
+
+KEEP = {"all": set(VERDICTS), "consistent": {"agrees", "unknown_entity", "unknown_relation"}, "known": {"agrees"}}
+
+
+def vet_layer(layer: Layer, reference: Reference, keep: str) -> tuple[Layer, dict[str, int]]:
+    """The calls of ``layer`` that ``keep`` lets in (``all``; ``consistent``: all but those that conflict
+    with the reference; ``known``: only those that agree), and how many had each verdict."""
+    allowed, counts, out = KEEP[keep], Counter(), {}
+    for doc, calls in layer.items():
+        for q, call in calls:
+            verdict = reference.verdict(call)
+            counts[verdict] += 1
+            if verdict in allowed:
+                out.setdefault(doc, []).append((q, call))
+    return out, {"calls": sum(counts.values()), **{v: counts[v] for v in VERDICTS},
+                 "kept": sum(map(len, out.values()))}
 
 
 # -- the LLM path ----------------------------------------------------------------------------------

@@ -81,6 +81,11 @@ class LLMSpec:
             none) per passage with calls, in the annotator's training and in its check (where each call
             it writes in them counts as wrong): without them it learns that every passage holds a
             fact, and its check, on passages that all do, flatters it.
+        keep: which of the LLM's calls (seed and annotator) enter the corpus and the KB, once each is
+            checked against the reference facts (the infoboxes', or the corpus's own calls): ``all``
+            (the paper's way, for a strong annotator), ``consistent`` (all but those that give a known
+            entity and relation another value) or ``known`` (only those that state a reference fact:
+            mentions the distant supervision missed). The report counts each verdict.
     """
 
     model: str = ""
@@ -103,6 +108,7 @@ class LLMSpec:
     call_threshold: float = 0.0
     min_f1: float = 0.0
     negatives: float = 1.0
+    keep: str = "all"
 
 
 @dataclass
@@ -196,6 +202,11 @@ class Recipe:
         check("annotate.methods", self.annotate.methods, METHODS)
         check("annotate.llm.style", self.annotate.llm.style, ("facts", "inline"))
         check("annotate.llm.distill_from", self.annotate.llm.distill_from, ("seed", "infobox"))
+        check("annotate.llm.keep", self.annotate.llm.keep, ("all", "consistent", "known"))
+        if (self.annotate.llm.keep != "all" and "llm" in self.annotate.methods
+                and not {"infobox", "given"} & set(self.annotate.methods)):
+            raise RecipeError(f"recipe {self.name}: annotate.llm.keep = {self.annotate.llm.keep!r} checks the LLM's "
+                              "calls against reference facts, but annotate.methods has neither 'infobox' nor 'given'")
         check("train.modes", self.train.modes, ("lmlm", "standard"))
         check("train.precision", self.train.precision, ("auto", "no", "bf16", "fp16"))
         if not 0 <= self.corpus.heldout < 1:

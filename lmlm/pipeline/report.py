@@ -132,6 +132,14 @@ def _markdown(r: dict, out: Path) -> str:
                   f"({seed.get('kept')} of {seed.get('calls')} calls passed validation, "
                   f"rejected: {seed.get('rejected_by_reason')}); the corrector dropped {corr.get('dropped')} of "
                   f"{corr.get('calls')}; {_run_sentence(llm)}"]
+        vet = llm.get("vetting") or {}
+        if vet:
+            lines += ["", f"The LLM's calls against the reference facts (`annotate.llm.keep = {vet['keep']}`):", "",
+                      "| method | calls | agree | conflict | unknown entity | unknown relation | kept |",
+                      "|---|---|---|---|---|---|---|"]
+            lines += [f"| {METHOD_NAMES.get(m, m)} | {v['calls']} | {v['agrees']} | {v['conflicts']} | "
+                      f"{v['unknown_entity']} | {v['unknown_relation']} | {v['kept']} |"
+                      for m, v in vet.items() if isinstance(v, dict)]
     if r.get("figures", {}).get("calls"):
         lines += ["", f"![calls per method]({r['figures']['calls']})"]
     lines += ["", f"Knowledge base: {r['kb'].get('triples', r['kb'].get('active_triples', '–'))} triples.", "",

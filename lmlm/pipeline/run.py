@@ -106,7 +106,7 @@ def stage_corpus(recipe: Recipe, out: Path) -> dict:
 
 def stage_annotate(recipe: Recipe, out: Path, device: str | None, progress: bool, until: str | None = None) -> dict:
     from ..annotate.validate import calls_with_offsets
-    from .annotation import call_layer, merge_layers, run_llm
+    from .annotation import call_layer, merge_layers, run_llm, vet_layer
 
     folder = out / "annotate"
     if (info := _done(folder)) is not None:
@@ -122,6 +122,15 @@ def stage_annotate(recipe: Recipe, out: Path, device: str | None, progress: bool
     if "llm" in recipe.annotate.methods:
         llm_layers, report["llm"] = run_llm(folder / "llm", docs, infobox, recipe.annotate.llm, device,
                                             recipe.seed, progress=progress, log=_log, until=until)
+        keep = recipe.annotate.llm.keep
+        reference = _reference(out, layers)
+        vetted = {m: vet_layer(layer, reference, keep) for m, layer in llm_layers.items()}
+        llm_layers = {m: layer for m, (layer, _) in vetted.items()}
+        report["llm"]["vetting"] = {"keep": keep, **{m: c for m, (_, c) in vetted.items()}}
+        for m, (_, c) in vetted.items():
+            _log(f"{m}: {c['calls']} calls, {c['agrees']} agree with the reference facts, {c['conflicts']} "
+                 f"conflict, {c['unknown_entity'] + c['unknown_relation']} name what they do not hold; "
+                 f"{c['kept']} kept (annotate.llm.keep = {keep})")
         layers.update(llm_layers)
     merged = merge_layers(docs, layers)
     write_documents(folder / "documents.jsonl", merged)
@@ -137,6 +146,22 @@ def stage_annotate(recipe: Recipe, out: Path, device: str | None, progress: bool
     _log(f"annotation: {stats['lookup_calls']} calls ({by_method}), text unchanged in "
          f"{stats['text_unchanged']:.1%} of {stats['documents']} documents")
     return _finish(folder, info)
+
+
+def _reference(out: Path, layers: dict):
+    """The facts the LLM's calls are checked against: the dump's infobox facts (with its aliases) or
+    the corpus's own calls (none: every call names an unknown entity)."""
+    from .annotation import Reference
+
+    wiki = out / "corpus" / "wikipedia"
+    if (wiki / "triples.jsonl").exists():
+        from ..kb.formats import read, read_aliases
+
+        facts, _ = read(wiki / "triples.jsonl", "jsonl")
+        aliases = read_aliases(wiki / "aliases.jsonl") if (wiki / "aliases.jsonl").exists() else ()
+        return Reference(((f.entity, f.relation, f.value) for f in facts), aliases)
+    given = layers.get("given")
+    return Reference((c.entity, c.relation, c.value) for calls in (given or {}).values() for _, c in calls)
 
 
 def _write_triples(path: Path, merged: list[Document], infobox_triples: Path, calls_with_offsets) -> int:

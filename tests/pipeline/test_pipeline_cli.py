@@ -193,6 +193,11 @@ def test_pipeline_wiki_cpu_reduced_then_resumed(tmp_path, shared_data):
     assert llm["distill"]["passages_without_calls"] >= 1  # it also learns to leave a passage as it is
     if "check" in llm["distill"]:  # passages without a call are checked too: calls written there are wrong
         assert llm["distill"]["check"]["without_calls"] >= 1 and llm["distill"]["check"]["calls_where_none"] >= 0
+    vetting = llm["vetting"]  # checked against the infobox facts, only those that agree enter (keep = "known")
+    assert vetting["keep"] == "known" and set(vetting) - {"keep"} <= {"llm_seed", "llm_distilled"}
+    for m, v in (x for x in vetting.items() if x[0] != "keep"):
+        assert v["calls"] == v["agrees"] + v["conflicts"] + v["unknown_entity"] + v["unknown_relation"]
+        assert v["kept"] == v["agrees"] and by_method.get(m, 0) <= v["kept"]
     rows = {r["model"]: r for r in report["cloze"]["table"]}
     assert set(rows) == {"lmlm", "lmlm_constrained", "lmlm_no_kb", "standard"}
     for row in rows.values():

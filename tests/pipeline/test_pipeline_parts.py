@@ -12,7 +12,8 @@ from lmlm.corpus import Document
 from lmlm.evaluate.trex import read_trex
 from lmlm.lookup import Lookup, strip
 from lmlm.pipeline import RecipeError, load_recipe, recipe_names
-from lmlm.pipeline.annotation import _infobox_passages, call_layer, merge_layers, passages_of, split_passages
+from lmlm.pipeline.annotation import (Reference, _infobox_passages, call_layer, merge_layers, passages_of,
+                                     split_passages, vet_layer)
 from lmlm.pipeline.facts import ClozeFact, choose_edits, cloze_facts, write_trex
 
 runner = CliRunner()
@@ -41,6 +42,8 @@ def test_shipped_recipes_load_and_take_overrides():
     (["corpus.heldout=1.5"], r"corpus.heldout = 1.5 must be in \[0, 1\)"),
     (["train.max_steps=0"], "train.max_steps = 0 must be at least 1"),
     (["annotate.llm.negatives=-1.0"], "annotate.llm.negatives = -1.0 must be at least 0"),
+    (['annotate.llm.keep="some"'], "annotate.llm.keep = 'some' is not one of all, consistent, known"),
+    (['annotate.methods=["llm"]', 'annotate.llm.keep="known"'], "has neither 'infobox' nor 'given'"),
     (["nonsense"], "expected section.key=value"),
 ])
 def test_bad_recipe_fields_are_named(overrides, message):
@@ -111,6 +114,30 @@ def test_merging_methods_keeps_the_text_and_prefers_infobox():
                                                                 ("Mary Todd", "Married In")]
     assert merged.meta["call_methods"] == ["infobox", "llm_seed"]
     assert merged.meta["calls_by_method"] == {"infobox": 1, "llm_seed": 1}
+
+
+def test_llm_calls_are_vetted_against_the_reference_facts():
+    reference = Reference([("Abraham Lincoln", "Birth Place", "Hodgenville, Kentucky"),
+                           ("Abraham Lincoln", "Spouse", "Mary Todd"), ("Abraham Lincoln", "Spouse", "Mary Todd Lincoln")],
+                          aliases=[("Honest Abe", "Abraham Lincoln")])
+    calls = {"agrees": Lookup("honest abe", "birth place", "Hodgenville, Kentucky."),  # an alias, case, end punctuation
+             "also agrees": Lookup("Abraham Lincoln", "Spouse", "mary todd lincoln"),  # one of two values
+             "conflicts": Lookup("Abraham Lincoln", "Birth Place", "Springfield"),
+             "unknown_relation": Lookup("Abraham Lincoln", "Occupation", "lawyer"),
+             "unknown_entity": Lookup("Mary Todd", "Birth Place", "Lexington")}
+    assert {k: reference.verdict(c) for k, c in calls.items()} == {
+        "agrees": "agrees", "also agrees": "agrees", "conflicts": "conflicts",
+        "unknown_relation": "unknown_relation", "unknown_entity": "unknown_entity"}
+    layer = {"d1": [(i * 10, c) for i, c in enumerate(calls.values())], "d2": [(0, calls["conflicts"])]}
+    kept = {keep: vet_layer(layer, reference, keep) for keep in ("all", "consistent", "known")}
+    counts = {"calls": 6, "agrees": 2, "conflicts": 2, "unknown_entity": 1, "unknown_relation": 1}
+    assert kept["all"] == (layer, {**counts, "kept": 6})
+    assert kept["consistent"] == ({"d1": [(0, calls["agrees"]), (10, calls["also agrees"]), (30, calls["unknown_relation"]),
+                                          (40, calls["unknown_entity"])]}, {**counts, "kept": 4})
+    assert kept["known"] == ({"d1": [(0, calls["agrees"]), (10, calls["also agrees"])]}, {**counts, "kept": 2})
+    # without reference facts every call names an unknown entity: "known" keeps none
+    assert vet_layer(layer, Reference([]), "known") == ({}, {"calls": 6, "agrees": 0, "conflicts": 0,
+                                                             "unknown_entity": 6, "unknown_relation": 0, "kept": 0})
 
 
 def test_listed_facts_become_calls_before_their_mention():
