@@ -20,13 +20,100 @@ from transformers import LogitsProcessor
 from ..tokens import LookupTokenizer
 from .answers import Answer, Answerer, Key, call_context, call_start, query_key
 
-__all__ = ["LookupLogitsProcessor", "PAPER_LOGIT_BIAS", "Plan"]
+__all__ = ["LookupLogitsProcessor", "PAPER_LOGIT_BIAS", "Plan", "grammar_tables", "field_state", "RowGrammar"]
 
 PAPER_LOGIT_BIAS = (5.0, 2.0, 2.0, 2.0)  # added to <|db_start|>, <|sep|>, <|db_retrieve|>, <|db_end|>
 
 # Per-row decoding states. Each selects one row of the ban table; VALUE rows are forced instead.
 OUTSIDE, OUTSIDE_FULL, ENTITY0, ENTITY, RELATION0, RELATION, VALUE, NO_DB = range(8)
 _NEG_INF = float("-inf")
+
+
+def grammar_tables(call_ids: Sequence[int], stop_ids: Sequence[int], logit_bias, vocab_size: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The grammar as tables: each id's marker kind (0 not a marker, 1 start, 2 sep, 3 retrieve, 4 end),
+    the ids each state bans ``(n_states, vocab_size)`` and the markers' bias ``(vocab_size,)``.
+
+    Outside a call the closing markers are banned (and ``<|db_start|>`` too once the calls are spent);
+    inside a field the other markers and the stop tokens are, and an empty field cannot be closed.
+    """
+    start, sep, ret, end = call_ids
+    size = max(vocab_size, max(call_ids) + 1, max(stop_ids) + 1)
+    kind = torch.zeros(size, dtype=torch.long)
+    kind[list(call_ids)] = torch.arange(1, 5)
+    inside = [start, end, *stop_ids]
+    bans = {OUTSIDE: [sep, ret, end], OUTSIDE_FULL: [start, sep, ret, end], ENTITY0: inside + [ret, sep],
+            ENTITY: inside + [ret], RELATION0: inside + [sep, ret], RELATION: inside + [sep], VALUE: [],
+            NO_DB: list(call_ids)}
+    ban = torch.zeros(len(bans), vocab_size, dtype=torch.bool)
+    for state, ids in bans.items():
+        ban[state, [i for i in ids if i < vocab_size]] = True
+    bias = torch.zeros(vocab_size)
+    for i, b in zip(call_ids, logit_bias or ()):
+        if i < vocab_size:
+            bias[i] += b
+    return kind, ban, bias
+
+
+def field_state(kind: int, pos: int, length: int, calls: int, max_lookups: int) -> int:
+    """The state of a row of ``length`` ids whose last marker, of ``kind``, stands at ``pos``."""
+    if kind in (0, 4):
+        return OUTSIDE_FULL if calls >= max_lookups else OUTSIDE
+    if kind == 3:
+        return VALUE
+    return (ENTITY if kind == 1 else RELATION) - (pos == length - 1)
+
+
+class RowGrammar:
+    """One row's grammar for a decoder that hands over one row's ids and scores at a time (vLLM's
+    per-request processors, :mod:`lmlm.generate.vllm_grammar`): the markers' bias, the ban of the
+    row's state, an over-long field closed. No value is forced: the caller stops the row at
+    ``<|db_retrieve|>`` and appends the answer. Reads the ids it has not seen yet at each step.
+
+    Args (plain numbers and lists, so another process can build it):
+        call_ids: the ids of ``<|db_start|>``, ``<|sep|>``, ``<|db_retrieve|>``, ``<|db_end|>``.
+        stop_ids: ids that end a row (banned inside a field).
+        logit_bias: four floats added to the markers' scores, or ``None``.
+        max_lookups: calls the row may open in all; calls: those it has made before this request.
+        max_field_tokens: longest entity or relation.
+        use_db: ``False`` bans the four markers everywhere.
+    """
+
+    def __init__(self, call_ids, stop_ids, logit_bias=None, max_lookups: int = 16, calls: int = 0,
+                 max_field_tokens: int = 24, use_db: bool = True):
+        self.call_ids, self.stop_ids, self.logit_bias = tuple(call_ids), tuple(stop_ids), logit_bias
+        self.max_lookups, self.max_field_tokens, self.use_db = max_lookups, max_field_tokens, use_db
+        self.calls, self.kind, self.pos, self.seen = calls, 0, -1, 0  # counted from the request's first output
+        self._kinds = {i: k for k, i in enumerate(self.call_ids, 1)}
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _read(self, ids, offset: int, count: bool) -> None:
+        for j, t in enumerate(ids):
+            k = self._kinds.get(t)
+            if k:
+                self.kind, self.pos = k, offset + j
+                self.calls += count and k == 1
+
+    def __call__(self, prompt_ids: list[int], output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        if self._tables is None or self._tables[0].device != logits.device:
+            _, ban, bias = grammar_tables(self.call_ids, self.stop_ids, self.logit_bias, logits.shape[-1])
+            self._tables = (ban.to(logits.device), bias.to(logits.device))
+            if self.seen == 0:
+                self._read(prompt_ids, 0, count=False)
+        ban, bias = self._tables
+        n = len(prompt_ids)
+        self._read(output_ids[self.seen:], n + self.seen, count=True)
+        self.seen = len(output_ids)
+        length = n + self.seen
+        if not self.use_db:
+            return (logits + bias).masked_fill_(ban[NO_DB], _NEG_INF)
+        state = field_state(self.kind, self.pos, length, self.calls, self.max_lookups)
+        logits = (logits + bias).masked_fill_(ban[state], _NEG_INF)
+        if self.kind in (1, 2) and length - 1 - self.pos >= self.max_field_tokens:
+            forced = self.call_ids[self.kind]  # sep after the entity, retrieve after the relation
+            logits.fill_(_NEG_INF)
+            logits[forced] = 0.0
+        return logits
 
 
 class Plan(NamedTuple):
@@ -170,23 +257,8 @@ class LookupLogitsProcessor(LogitsProcessor):
 
     # -- tables, built once per vocabulary size and device ---------------------------------------
     def _build(self, vocab_size: int, device: torch.device) -> None:
-        t = self.tok
-        start, sep, ret, end = t.call_ids
-        size = max(vocab_size, max(t.call_ids) + 1, max(self.stop_ids) + 1)
-        kind = torch.zeros(size, dtype=torch.long)  # id -> 0 (not a marker), 1 start, 2 sep, 3 retrieve, 4 end
-        kind[list(t.call_ids)] = torch.arange(1, 5)
-        inside = [start, end, *self.stop_ids]
-        bans = {OUTSIDE: [sep, ret, end], OUTSIDE_FULL: [start, sep, ret, end], ENTITY0: inside + [ret, sep],
-                ENTITY: inside + [ret], RELATION0: inside + [sep, ret], RELATION: inside + [sep], VALUE: [],
-                NO_DB: list(t.call_ids)}
-        ban = torch.zeros(len(bans), vocab_size, dtype=torch.bool)  # (n_states, vocab)
-        for state, ids in bans.items():
-            ban[state, [i for i in ids if i < vocab_size]] = True
-        bias = torch.zeros(vocab_size)
-        for i, b in zip(t.call_ids, self.logit_bias or ()):
-            if i < vocab_size:
-                bias[i] += b
-        self._tables = tuple(x.to(device) for x in (kind, ban, bias))
+        tables = grammar_tables(self.tok.call_ids, self.stop_ids, self.logit_bias, vocab_size)
+        self._tables = tuple(x.to(device) for x in tables)
         self._codes = torch.zeros(0, dtype=torch.long, device=device)
 
     def _position_codes(self, length: int) -> torch.Tensor:
@@ -292,15 +364,13 @@ class LookupLogitsProcessor(LogitsProcessor):
         values: list[tuple[int, int]] = []  # (row, position of <|db_retrieve|>)
         for b in range(B):
             pos, kind = rows.last[b], rows.kind[b]
+            states.append(field_state(kind, pos, T, rows.calls[b], self.max_lookups))
             if kind in (0, 4):
-                states.append(OUTSIDE_FULL if rows.calls[b] >= self.max_lookups else OUTSIDE)
                 if self.force_at is not None and self._start_due(b, B, T, rows.start[b]):
                     forced[b] = self.tok.start_id
             elif kind == 3:
-                states.append(VALUE)
                 values.append((b, pos))
             else:
-                states.append((ENTITY if kind == 1 else RELATION) - (pos == T - 1))
                 ids = None
                 if self.constraint is not None and rows.start[b] >= 0:
                     ids = self.constraint.next_tokens(input_ids[b, rows.start[b] + 1:].tolist())

@@ -4,9 +4,10 @@ Every round submits each unfinished row as token ids and lets vLLM generate unti
 ``<|db_retrieve|>`` (or a stop token, or its budget ends). The queries of all rows that stopped at
 retrieve are answered in one KB batch, the value ids and ``<|db_end|>`` are appended, and the rows
 go back in. vLLM's prefix caching keeps the KV blocks of the text already seen, so a round encodes
-only what was appended. The grammar is lighter than the Hugging Face processor's: the markers get
-the logit bias, ``<|db_start|>`` is banned once ``max_lookups`` calls are made (and all four
-markers without a DB); calls the model writes out of order are reported in the trace, as always.
+only what was appended. Within a round the grammar is the Hugging Face engine's
+(:mod:`lmlm.generate.vllm_grammar` applies :func:`lmlm.generate.processor.grammar_tables` to each
+row: the markers' bias, the markers that cannot come next banned, over-long fields closed); the
+value and ``<|db_end|>`` are appended here rather than forced token by token.
 
 Install with ``pip install 'lmlm[vllm]'``.
 
@@ -28,9 +29,6 @@ from .trace import GenerationResult, build_result, open_call
 
 __all__ = ["VLLMLookupGenerator"]
 
-_BAN = -100.0  # the lowest logit bias vLLM accepts
-
-
 class VLLMLookupGenerator:
     """Generate with lookups on a vLLM engine.
 
@@ -40,8 +38,7 @@ class VLLMLookupGenerator:
         tokenizer (`LookupTokenizer`, optional): default: loaded from ``model`` with ``tokens``.
         tokens: the lookup token vocabulary when loading the tokenizer (``paper`` or ``released``).
         logit_bias, max_lookups, max_field_tokens, fallback, on_miss, use_db: as for
-            :class:`lmlm.generate.LookupGenerator` (``max_field_tokens`` only sizes the query window;
-            fields are not cut).
+            :class:`lmlm.generate.LookupGenerator`.
         **llm_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``dtype``, ...).
     """
 
@@ -61,7 +58,10 @@ class VLLMLookupGenerator:
         self.options = dict(logit_bias=logit_bias, max_lookups=max_lookups, max_field_tokens=max_field_tokens,
                             fallback=fallback, on_miss=on_miss, use_db=use_db)
         Answerer(tokenizer, kb, fallback=fallback, on_miss=on_miss)  # validate the options now
-        self.llm = LLM(model=str(model), enable_prefix_caching=True, **llm_kwargs)
+        from .vllm_grammar import LookupGrammar
+
+        processors = [*(llm_kwargs.pop("logits_processors", None) or ()), LookupGrammar]
+        self.llm = LLM(model=str(model), enable_prefix_caching=True, logits_processors=processors, **llm_kwargs)
 
     def prompt_ids(self, prompt: str, force_lookup: bool = False) -> list[int]:
         return [self.tok.doc_id, *self.tok.encode_text(prompt)] + ([self.tok.start_id] if force_lookup else [])
@@ -111,22 +111,22 @@ class VLLMLookupGenerator:
                 new[i] += value
                 budget[i] -= len(value)
             active = [i for i in active if budget[i] > 0]
-        no_cut = 10 ** 9  # vLLM does not close fields by force
-        return [build_result(p, ids, tok, answers, no_cut, prefix=pi[:len(pi) - s])
+        return [build_result(p, ids, tok, answers, self.options["max_field_tokens"], prefix=pi[:len(pi) - s])
                 for p, ids, pi, s in zip(prompts, new, prompt_ids, skip)]
 
     def _params(self, so_far: list[int], budget: int, stops: list[int], sampling: dict):
         from vllm import SamplingParams
 
-        t = self.tok
-        bias = dict(zip(t.call_ids, self.options["logit_bias"] or (0.0,) * 4))
-        if not self.options["use_db"]:
-            bias = {i: _BAN for i in t.call_ids}
-        elif so_far.count(t.start_id) >= self.options["max_lookups"]:
-            bias[t.start_id] = _BAN
-        stop_ids = stops + ([t.retrieve_id] if self.options["use_db"] else [])
-        return SamplingParams(max_tokens=budget, stop_token_ids=stop_ids, logit_bias=bias, detokenize=False,
-                              skip_special_tokens=False, **sampling)
+        from .vllm_grammar import GRAMMAR_ARG
+
+        t, o = self.tok, self.options
+        grammar = dict(call_ids=list(t.call_ids), stop_ids=sorted({t.eos_id, t.doc_id}),
+                       logit_bias=list(o["logit_bias"]) if o["logit_bias"] is not None else None,
+                       max_lookups=o["max_lookups"], calls=so_far.count(t.start_id),
+                       max_field_tokens=o["max_field_tokens"], use_db=o["use_db"])
+        stop_ids = stops + ([t.retrieve_id] if o["use_db"] else [])
+        return SamplingParams(max_tokens=budget, stop_token_ids=stop_ids, detokenize=False, skip_special_tokens=False,
+                              extra_args={GRAMMAR_ARG: grammar}, **sampling)
 
     def _round(self, rows: list[list[int]], params: list) -> list[list[int]]:
         """One vLLM call over all rows; each row's new ids, ending with the stop token that ended it."""

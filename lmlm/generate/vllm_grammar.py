@@ -1,0 +1,35 @@
+"""The lookup grammar inside vLLM: :class:`lmlm.generate.processor.RowGrammar` (the tables of
+:func:`~lmlm.generate.processor.grammar_tables`) applied to each row of a vLLM batch, as a
+per-request logits processor of vLLM's V1 engine.
+
+The vLLM backend (:mod:`lmlm.generate.vllm`) runs each row until ``<|db_retrieve|>`` and answers the
+lookup itself; within a round this processor gives the row the grammar the Hugging Face engine gives
+it: the markers' bias, the markers that cannot come next banned (``<|db_start|>`` inside a call or
+once ``max_lookups`` calls are made, the closing markers outside one, the stop tokens inside a field,
+an empty field closed), and a field of ``max_field_tokens`` tokens closed by force. A request takes
+it through ``SamplingParams(extra_args={"lmlm_grammar": {...}})`` (plain numbers and lists, so the
+engine's process can read them); requests without it are left alone.
+
+Imports vLLM: load it only where vLLM is installed.
+"""
+
+from __future__ import annotations
+
+from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+
+from .processor import RowGrammar
+
+__all__ = ["LookupGrammar", "GRAMMAR_ARG"]
+
+GRAMMAR_ARG = "lmlm_grammar"
+
+
+class LookupGrammar(AdapterLogitsProcessor):
+    """vLLM's per-request adapter for :class:`RowGrammar` (``LLM(..., logits_processors=[LookupGrammar])``)."""
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def new_req_logits_processor(self, params):
+        spec = (params.extra_args or {}).get(GRAMMAR_ARG)
+        return None if spec is None else RowGrammar(**spec)
