@@ -158,7 +158,8 @@ def _reference(out: Path, layers: dict):
         from ..kb.formats import read, read_aliases
 
         facts, _ = read(wiki / "triples.jsonl", "jsonl")
-        aliases = read_aliases(wiki / "aliases.jsonl") if (wiki / "aliases.jsonl").exists() else ()
+        names = wiki / "aliases.jsonl"  # empty when the dump has no redirect nor other infobox name
+        aliases = read_aliases(names) if names.exists() and names.stat().st_size else ()
         return Reference(((f.entity, f.relation, f.value) for f in facts), aliases)
     given = layers.get("given")
     return Reference((c.entity, c.relation, c.value) for calls in (given or {}).values() for _, c in calls)
