@@ -58,6 +58,10 @@ class VLLMLookupGenerator:
         self.options = dict(logit_bias=logit_bias, max_lookups=max_lookups, max_field_tokens=max_field_tokens,
                             fallback=fallback, on_miss=on_miss, use_db=use_db)
         Answerer(tokenizer, kb, fallback=fallback, on_miss=on_miss)  # validate the options now
+        # the row grammar's settings (plain lists, for vLLM's engine process), the same for every row and round
+        self._grammar = dict(call_ids=list(tokenizer.call_ids), stop_ids=sorted({tokenizer.eos_id, tokenizer.doc_id}),
+                             logit_bias=list(logit_bias) if logit_bias is not None else None, max_lookups=max_lookups,
+                             max_field_tokens=max_field_tokens, use_db=use_db)
         from .vllm_grammar import LookupGrammar
 
         processors = [*(llm_kwargs.pop("logits_processors", None) or ()), LookupGrammar]
@@ -119,12 +123,9 @@ class VLLMLookupGenerator:
 
         from .vllm_grammar import GRAMMAR_ARG
 
-        t, o = self.tok, self.options
-        grammar = dict(call_ids=list(t.call_ids), stop_ids=sorted({t.eos_id, t.doc_id}),
-                       logit_bias=list(o["logit_bias"]) if o["logit_bias"] is not None else None,
-                       max_lookups=o["max_lookups"], calls=so_far.count(t.start_id),
-                       max_field_tokens=o["max_field_tokens"], use_db=o["use_db"])
-        stop_ids = stops + ([t.retrieve_id] if o["use_db"] else [])
+        t, use_db = self.tok, self.options["use_db"]
+        stop_ids = stops + ([t.retrieve_id] if use_db else [])
+        grammar = {**self._grammar, "calls": so_far.count(t.start_id)}  # calls made in earlier rounds
         return SamplingParams(max_tokens=budget, stop_token_ids=stop_ids, detokenize=False, skip_special_tokens=False,
                               extra_args={GRAMMAR_ARG: grammar}, **sampling)
 
