@@ -44,6 +44,10 @@ _RELATION_ALIASES = {"vicepresident": "Vice President", "restingplace": "Resting
 _ABBREVIATIONS = {"lang": "Language", "elev": "Elevation", "us": "US", "pop": "Population", "govt": "Government",
                   "est": "Established", "subj": "Subject", "db": "DB", "id": "ID"}
 _SHORT_WORDS = {"of", "in", "on", "at", "to", "by", "us", "id", "db"}  # two-letter pieces a key may hold
+# Word endings that the encoder's vocabulary also holds as words: a key is never split before one
+# (``combatant`` is one word, not ``combat ant``).
+_SUFFIXES = {"ant", "ants", "ent", "ents", "ion", "ions", "ism", "ist", "ists", "ity", "ness", "ment", "ments",
+             "ship", "ance", "ence", "ers", "ing", "ings", "ian", "ians", "ese", "ish", "ive", "ous"}
 _WORD = re.compile(r"\w", re.UNICODE)
 MAX_VALUE_CHARS = 80
 
@@ -148,7 +152,8 @@ def _split_compound(key: str) -> tuple[str, ...]:
     for end in range(2, len(key) + 1):
         for start in range(max(0, end - 20), end - 1):
             piece, prev = key[start:end], best[start]
-            if prev is None or piece not in words or (len(piece) < 3 and piece not in _SHORT_WORDS):
+            if prev is None or piece not in words or (len(piece) < 3 and piece not in _SHORT_WORDS) \
+                    or (start > 0 and piece in _SUFFIXES):
                 continue
             cand = (prev[0] + 1, prev[1] + words[piece], prev[2] + (piece,))
             if best[end] is None or cand[:2] < best[end][:2]:

@@ -63,9 +63,9 @@ def test_infobox_fields_become_readable_triples():
     assert relation_name("term_start2") == "Term Start"
     # run-together keys are spelled as words (the encoder's vocabulary), abbreviations spelled out
     assert [relation_name(k) for k in ("officiallang", "notableworks", "placeofburial", "highestelevus",
-                                       "nationality", "medianhouseholdincome")] == \
+                                       "nationality", "medianhouseholdincome", "combatant2")] == \
         ["Official Language", "Notable Works", "Place Of Burial", "Highest Elevation US", "Nationality",
-         "Median Household Income"]
+         "Median Household Income", "Combatant"]
 
 
 def test_calls_sit_before_mentions_and_the_text_is_unchanged():
