@@ -33,7 +33,7 @@ from .wikitext import (MONTHS, Infobox, WikiPage, article_text, field_values, it
 PASSAGE_CHARS = 1000  # about what a 256-token training window holds: a value gets a call once per passage
 
 __all__ = ["WikiPage", "Infobox", "iter_pages", "parse_infobox", "article_text", "annotate_article",
-           "annotate_dump", "relation_name", "PASSAGE_CHARS"]
+           "annotate_dump", "relation_name", "value_forms", "PASSAGE_CHARS"]
 
 
 def _aliases(title: str, box: Infobox | None, raw_name: str | None) -> list[str]:
@@ -46,7 +46,7 @@ def _birth_names(box: Infobox | None) -> list[str]:
     return [v for r, v in (box.facts if box else []) if r == "Birth Name"]
 
 
-def _value_forms(value: str) -> list[str]:
+def value_forms(value: str) -> list[str]:
     """Ways a value may be written in text: a ``Month D, YYYY`` date also as ``D Month YYYY``."""
     forms = [value]
     m = re.fullmatch(r"([A-Z][a-z]+) (\d{1,2}), (\d{4})", value)
@@ -82,7 +82,7 @@ def _find_mention(text: str, value: str, start: int, stop: int | None = None) ->
     if len(value) < 3 or re.fullmatch(r"[\d\s.,%]+", value) or re.fullmatch(r"[a-z]+", value):
         return None  # bare numbers and single common words ("right") match text by chance
     best = None
-    for form in _value_forms(value):
+    for form in value_forms(value):
         for m in re.finditer(r"(?<!\w)" + re.escape(form) + r"(?!\w)", text[start:stop]):
             a, b = start + m.start(), start + m.end()
             if not _inside_longer_name(text, a, b):

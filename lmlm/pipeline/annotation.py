@@ -95,17 +95,20 @@ class Reference:
     """Facts to check calls against: ``(entity, relation) -> values`` with the entities' other names.
 
     Names and values are compared as :func:`lmlm.kb.keys.normalize_text` writes them (case, spacing
-    and the punctuation at their ends do not count), and an alias stands for its entity.
+    and the punctuation at their ends do not count), an alias stands for its entity, and a value in
+    any of the forms text writes it (:func:`lmlm.annotate.wikipedia.value_forms`: ``April 4, 1932``
+    is also ``4 April 1932``) is that value.
     """
 
     def __init__(self, triples, aliases=()):
+        from ..annotate.wikipedia import value_forms
         from ..kb.keys import normalize_text
 
         self._norm = normalize_text
         self.aliases = {normalize_text(a): normalize_text(e) for a, e in aliases}
         self.values: dict[tuple[str, str], set[str]] = {}
         for e, r, v in triples:
-            self.values.setdefault((self.entity(e), normalize_text(r)), set()).add(normalize_text(v))
+            self.values.setdefault((self.entity(e), normalize_text(r)), set()).update(map(normalize_text, value_forms(v)))
         self.entities = {e for e, _ in self.values}
 
     def entity(self, name: str) -> str:

@@ -135,6 +135,10 @@ def test_llm_calls_are_vetted_against_the_reference_facts():
     assert kept["consistent"] == ({"d1": [(0, calls["agrees"]), (10, calls["also agrees"]), (30, calls["unknown_relation"]),
                                           (40, calls["unknown_entity"])]}, {**counts, "kept": 4})
     assert kept["known"] == ({"d1": [(0, calls["agrees"]), (10, calls["also agrees"])]}, {**counts, "kept": 2})
+    # a date the text writes day first is the infobox's date; another day is not
+    dated = Reference([("Abraham Lincoln", "Birth Date", "February 12, 1809")])
+    assert dated.verdict(Lookup("Abraham Lincoln", "Birth Date", "12 February 1809")) == "agrees"
+    assert dated.verdict(Lookup("Abraham Lincoln", "Birth Date", "13 February 1809")) == "conflicts"
     # without reference facts every call names an unknown entity: "known" keeps none
     assert vet_layer(layer, Reference([]), "known") == ({}, {"calls": 6, "agrees": 0, "conflicts": 0,
                                                              "unknown_entity": 6, "unknown_relation": 0, "kept": 0})
