@@ -46,7 +46,7 @@ class RowCodec:
         if (kind == "pq") != (pq is not None):
             raise ValueError("a pq codec needs its trained quantiser (RowCodec.train_pq), and only it")
         self.dim, self.kind, self.pq = dim, kind, pq
-        if pq is not None and hasattr(pq, "sync_transposed_centroids"):
+        if pq is not None:
             # the centroids also laid out sub-vector by sub-vector: encoding takes FAISS's path for
             # short sub-vectors (3 dims at 128 bytes), 1.8x faster for the same codes (one in 10^6
             # differs, a tie): at 5.46 x 10^7 keys, encoding was over half the index build

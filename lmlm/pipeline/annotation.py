@@ -108,7 +108,8 @@ class Reference:
         self.aliases = {normalize_text(a): normalize_text(e) for a, e in aliases}
         self.values: dict[tuple[str, str], set[str]] = {}
         for e, r, v in triples:
-            self.values.setdefault((self.entity(e), normalize_text(r)), set()).update(map(normalize_text, value_forms(v)))
+            forms = map(normalize_text, value_forms(v))
+            self.values.setdefault((self.entity(e), normalize_text(r)), set()).update(forms)
         self.entities = {e for e, _ in self.values}
 
     def entity(self, name: str) -> str:
