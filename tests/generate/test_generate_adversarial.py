@@ -5,35 +5,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_generate import FIRST, _gpt2, _prompts, make_kb, trained_world
+from gen_support import FIRST, bio_prompts, random_gpt2
 
 from lmlm.generate import LookupGenerator, call_spans, open_call
 from lmlm.generate.reencode import reencode_generate
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def world():
-    return trained_world()
-
-
-@pytest.fixture(scope="module")
-def kb(world, tmp_path_factory):
-    return make_kb(world, str(tmp_path_factory.mktemp("kb") / "kb"))
-
-
 @pytest.fixture(scope="module")
 def random_model(world):
     torch.manual_seed(3)
-    return _gpt2(world.tok).eval()
+    return random_gpt2(world.tok).eval()
 
 
 def test_engine_matches_the_reencode_loop(world, kb):
     """Forcing values into the KV-cached run gives the ids of encoding everything again after each lookup."""
     gen = LookupGenerator(world.model, world.tok, kb)
-    prompts = _prompts(world, 16) + ["The", "Hugo Moss works"]
+    prompts = bio_prompts(world, 16) + ["The", "Hugo Moss works"]
     engine = [gen.generate([p], max_new_tokens=48)[0] for p in prompts]
     loop = [reencode_generate(gen, p, max_new_tokens=48) for p in prompts]
     assert [r.token_ids for r in engine] == [r.token_ids for r in loop]

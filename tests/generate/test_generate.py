@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_lm import fit_tiny_gpt2, tiny_gpt2
-from transformers import GPT2LMHeadModel
+from gen_support import FIRST, bio_prompts, make_kb, random_gpt2
 
 from lmlm.generate import LookupGenerator, LookupLogitsProcessor, call_spans
 from lmlm.kb import KnowledgeBase, Triple
-from lmlm.lookup import Lookup, Text, strip
-from lmlm.tokens import LookupTokenizer, train_bpe
-
-FIRST = ["Ada", "Bram", "Cleo", "Dario", "Elin", "Farid", "Greta", "Hugo", "Ines", "Jonas",
-         "Kira", "Lars", "Mila", "Nico", "Olga", "Pavel", "Quinn", "Rosa", "Soren", "Tara"]
-LAST = ["Lind", "Moss"]
-CITIES = ["Paris", "Lisbon", "Oslo", "Cairo", "Lima", "Dublin", "Prague", "Vienna", "Quito", "Hanoi"]
-JOBS = ["baker", "pilot", "nurse", "farmer", "painter", "lawyer", "sailor", "teacher"]
-
-
-def make_kb(world, path: str = "kb") -> KnowledgeBase:
-    """A KB holding the world's facts, each citing the biography it came from."""
-    kb = KnowledgeBase.create(path)
-    kb.add([Triple(e, r, v, source=f"bio-{e}") for (e, r), v in world.facts.items()])
-    return kb
+from lmlm.lookup import Lookup
 
 
 class CountingKB:
@@ -39,45 +22,6 @@ class CountingKB:
     def lookup_batch(self, queries):
         self.calls.append(list(queries))
         return self.kb.lookup_batch(queries)
-
-
-def _doc(name: str, city: str, job: str, rng: random.Random) -> list:
-    born = [Text(f"{name} was born in "), Lookup(name, "Birth City", city), Text(f" {city}.")]
-    works = [Text(f"{name} works as a "), Lookup(name, "Occupation", job), Text(f" {job}.")]
-    first, second = (born, works) if rng.random() < 0.5 else (works, born)
-    return first + [Text(" ")] + second
-
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def world():
-    return trained_world()
-
-
-@functools.cache
-def trained_world():
-    """A tokenizer, a GPT-2 trained on 40 people's annotated biographies, and their facts (built once
-    per session; the other generation test files share it)."""
-    rng = random.Random(0)
-    people = [(f"{f} {last}", rng.choice(CITIES), rng.choice(JOBS)) for f in FIRST for last in LAST]
-    docs = [_doc(*p, rng) for p in people for _ in range(3)]
-    tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=600, min_frequency=1))
-    model, loss = fit_tiny_gpt2(tok, docs, n_embd=64, n_positions=256, steps=250, lr=3e-3)
-    assert loss < 0.6
-    facts = {(n, "Birth City"): c for n, c, _ in people} | {(n, "Occupation"): j for n, _, j in people}
-    return SimpleNamespace(tok=tok, model=model.eval(), people=people, facts=facts)
-
-
-def _gpt2(tok: LookupTokenizer) -> GPT2LMHeadModel:
-    return tiny_gpt2(tok)
-
-
-def _prompts(world, n: int = 30) -> list[str]:
-    tails = ["was born in", "works as a"]
-    return [f"{name} {tails[i % 2]}" if i % 3 else f"{name} works as a {job}. {name} was born in"
-            for i, (name, _, job) in enumerate(world.people[:n])]
 
 
 def test_lookup_value_comes_from_the_kb(world):
@@ -104,7 +48,7 @@ def test_lookup_value_comes_from_the_kb(world):
 
 def test_batched_equals_single_row(world):
     gen = LookupGenerator(world.model, world.tok, make_kb(world))
-    prompts = _prompts(world) + ["Ada", "Hugo Moss works", "The"]
+    prompts = bio_prompts(world) + ["Ada", "Hugo Moss works", "The"]
     batched = gen.generate(prompts, max_new_tokens=40, batch_size=16)
     single = [gen.generate([p], max_new_tokens=40)[0] for p in prompts]
     assert [r.token_ids for r in batched] == [r.token_ids for r in single]
@@ -114,7 +58,7 @@ def test_batched_equals_single_row(world):
 
 def test_without_db_no_lookup_tokens(world):
     gen = LookupGenerator(world.model, world.tok, None, use_db=False, logit_bias=(30, 30, 30, 30))
-    for r in gen.generate(_prompts(world, 12), max_new_tokens=30):
+    for r in gen.generate(bio_prompts(world, 12), max_new_tokens=30):
         assert not set(r.token_ids) & set(world.tok.call_ids)
         assert r.trace == [] and r.text == r.clean_text
     with pytest.raises(ValueError, match="force_lookup"):
@@ -194,7 +138,7 @@ def test_trace_fields(world):
 def test_sampling_is_reproducible(world):
     kb = make_kb(world)
     gen = LookupGenerator(world.model, world.tok, kb)
-    prompts = _prompts(world, 8)
+    prompts = bio_prompts(world, 8)
     kw = dict(max_new_tokens=30, do_sample=True, temperature=1.5, top_k=50, top_p=0.95)
     a = gen.generate(prompts, seed=3, **kw)
     b = gen.generate(prompts, seed=3, **kw)
@@ -220,7 +164,7 @@ def test_beam_search_runs(world):
 @pytest.fixture(scope="module")
 def random_model(world):
     torch.manual_seed(1)
-    return _gpt2(world.tok).eval()
+    return random_gpt2(world.tok).eval()
 
 
 def test_random_model_terminates_within_limits(world, random_model):
@@ -316,7 +260,7 @@ def test_a_prompt_beyond_the_context_is_refused_and_generation_stops_at_its_end(
 
 
 def test_copy_bias_favours_the_answered_value_only_while_the_text_states_it(world, tmp_path):
-    from lmlm.kb import KnowledgeBase, Triple, get_encoder
+    from lmlm.kb import get_encoder
 
     tok = world.tok
     kb = KnowledgeBase.create(tmp_path / "kb", encoder=get_encoder())

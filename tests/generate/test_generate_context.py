@@ -4,16 +4,10 @@ document names, answers that depend on it are cached per context, and a miss say
 from __future__ import annotations
 
 import pytest
-from test_generate import trained_world
 
 from lmlm.generate import Answerer, LookupGenerator
 from lmlm.generate.answers import call_context
 from lmlm.kb import KnowledgeBase, Triple
-
-
-@pytest.fixture(scope="module")
-def world():
-    return trained_world()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from test_generate import _prompts, make_kb, trained_world
+from gen_support import bio_prompts, make_kb, trained_world
 
 from lmlm.checkpoint import save_checkpoint
 from lmlm.generate import LookupGenerator
@@ -62,7 +62,7 @@ def test_vllm_matches_the_engine(tmp_path):
     world = trained_world()
     folder = save_checkpoint(tmp_path / "ckpt", world.model, world.tok)
     kb = make_kb(world, str(tmp_path / "kb"))
-    prompts = _prompts(world, 12)
+    prompts = bio_prompts(world, 12)
     engine = LookupGenerator(world.model, world.tok, kb).generate(prompts, max_new_tokens=40)
     served = VLLMLookupGenerator(folder, kb, tokenizer=world.tok, gpu_memory_utilization=0.2, enforce_eager=True,
                                  dtype="float32").generate(prompts, max_new_tokens=40)

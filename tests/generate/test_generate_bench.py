@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import torch
-from test_generate import make_kb, trained_world
+from gen_support import make_kb, trained_world
 from typer.testing import CliRunner
 
 from lmlm.bench.generate import bench_prompts, run_generate_bench

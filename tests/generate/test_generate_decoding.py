@@ -5,28 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_generate import FIRST, _gpt2, make_kb, trained_world
+from gen_support import FIRST, make_kb, random_gpt2
 
 from lmlm.generate import LookupGenerator, call_spans
-
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def world():
-    return trained_world()
-
-
-@pytest.fixture(scope="module")
-def kb(world, tmp_path_factory):
-    return make_kb(world, str(tmp_path_factory.mktemp("kb") / "kb"))
 
 
 @pytest.fixture(scope="module")
 def random_model(world):
     torch.manual_seed(2)
-    return _gpt2(world.tok).eval()
+    return random_gpt2(world.tok).eval()
 
 
 def test_stop_strings_count_only_outside_calls(world, kb):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from test_generate import make_kb, trained_world
+from gen_support import make_kb
 from typer.testing import CliRunner
 
 from lmlm.bench.generate_paper import LOOKUP_PERIOD, lookup_offsets, paper_prompts, run_paper_bench
@@ -15,11 +15,6 @@ from lmlm.cli import app
 
 TINY = dict(hidden_size=32, n_layer=1, n_head=2, intermediate_size=64)
 SIZES = dict(prompt_tokens=40, new_tokens=48, n_single=1, n_batch=3)
-
-
-@pytest.fixture(scope="module")
-def world():
-    return trained_world()
 
 
 def _texts(world) -> list[str]:

@@ -6,22 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_generate import make_kb, trained_world
 
 from lmlm.generate import LookupGenerator
 from lmlm.generate.graphs import SLOT_ROUNDING, StaticDecoder, static_decoder
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def world():
-    return trained_world()
-
-
-@pytest.fixture(scope="module")
-def kb(world, tmp_path_factory):
-    return make_kb(world, str(tmp_path_factory.mktemp("kb") / "kb"))
 
 
 def _prompts(world) -> list[str]:  # different lengths: left padding in every batch
