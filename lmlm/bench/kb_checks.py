@@ -1,5 +1,5 @@
 """Helpers of ``lmlm bench kb`` that stand outside its phases: the deleted-facts check from a second
-process, the encoder's thread probe, a KB folder's file sizes. Exercised by ``lmlm bench kb``.
+process, the encoder's thread probe, batched lookup rates, a KB folder's file sizes. Exercised by ``lmlm bench kb``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["MAP_LIMITS", "ann_config", "check_other_process", "draw_in_few_blocks", "folder_bytes", "pick_threads"]
+__all__ = ["MAP_LIMITS", "ann_config", "batched_rates", "check_other_process", "draw_in_few_blocks", "folder_bytes",
+           "pick_threads"]
 
 
 def folder_bytes(path: Path) -> dict[str, int]:
@@ -63,6 +64,22 @@ def pick_threads(enc, texts: list[str], rounds: int = 3) -> dict[int, float]:
             enc.encode(texts, cache=False)
             rates[n] = max(rates[n], round(len(texts) / (time.perf_counter() - t), 1))
     enc.threads = 1 if rates[1] >= 1.1 * rates[2] else 2
+    return rates
+
+
+def batched_rates(kb, queries: list[tuple[str, str]], matching: str, clear=None, passes: int = 3,
+                  batch: int = 256) -> list[float]:
+    """Lookups per second of ``kb.lookup_batch`` over ``queries``, ``batch`` at a time, in each of
+    ``passes`` passes (one pass is at the mercy of whatever else the machine does at that moment);
+    ``clear``: an encoder whose query cache is emptied before each pass (None: the cache is kept)."""
+    rates = []
+    for _ in range(passes):
+        if clear is not None:
+            clear.clear_cache()
+        t = time.perf_counter()
+        for i in range(0, len(queries), batch):
+            kb.lookup_batch(queries[i:i + batch], matching=matching)
+        rates.append(round(len(queries) / (time.perf_counter() - t), 1))
     return rates
 
 

@@ -1,6 +1,7 @@
 """The ``lmlm kb`` commands and ``lmlm bench kb`` end to end, through the real CLI."""
 
 import json
+import statistics
 
 import pytest
 from typer.testing import CliRunner
@@ -100,6 +101,9 @@ def test_bench_kb_prints_its_json_last(tmp_path, encoder):
     assert report["triples"] == 400 and report["forgotten"] == 20
     assert report["deleted_retrievable"] == 0 and report["retained_lost"] == 0
     assert report["ann_top1_agreement"] == 1.0  # 400 keys: exact search
+    for name in ("batched_fuzzy_qps", "batched_fuzzy_cached_qps", "batched_entity_fuzzy_qps"):
+        passes = report[f"{name}_passes"]  # a rate per pass; the figure is their median
+        assert len(passes) == 3 and min(passes) > 0 and report[name] == statistics.median(passes)
 
 
 def test_bench_kb_measures_the_key_index_settings_it_is_given(tmp_path, encoder):
