@@ -27,7 +27,7 @@ def test_paraphrase_is_closer_than_unrelated(encoder):
 def test_bfloat16_vectors_stay_close_to_float32(encoder):
     import pytest
 
-    from lmlm.kb.encoder import Encoder, resolve_dtype
+    from lmlm.kb.encoder import SMALL_BATCH, Encoder, resolve_dtype
 
     texts = ["Ada Lovelace Birth City", "Ada Lovelace birthplace", "Srinivasa Ramanujan Alma Mater", "x"]
     fp32, bf16 = Encoder(dtype="float32", cache_size=0), Encoder(dtype="bfloat16", cache_size=0)
@@ -35,6 +35,10 @@ def test_bfloat16_vectors_stay_close_to_float32(encoder):
     assert b.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
     assert (a * b).sum(axis=1).min() >= 0.995
+    # a batch of mixed lengths (padding masked in the bfloat16 encoder's eager attention)
+    many = [f"{'Sir ' * (i % 5)}Ada Lovelace {i} {rel}" for i in range(24) for rel in ("Birth City", "x")]
+    assert len(many) > SMALL_BATCH and bf16.model[0].auto_model.config._attn_implementation == "eager"
+    assert (fp32.encode(many) * bf16.encode(many)).sum(axis=1).min() >= 0.995
     assert resolve_dtype("float32", "cpu") == "float32" and resolve_dtype("auto", "cuda") == "float32"
     with pytest.raises(ValueError, match="dtype must be one of"):
         Encoder(dtype="int4")
