@@ -3,14 +3,25 @@
 
 from __future__ import annotations
 
+import random
 import tempfile
 from typing import Sequence
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from lmlm.lookup import Lookup, Text
 from lmlm.tokens import LookupTokenizer
 from lmlm.train import TrainConfig, train
+
+
+def bio_doc(name: str, city: str, job: str, rng: random.Random) -> list:
+    """A two-sentence annotated biography (birth city and occupation, each with its lookup call),
+    the sentences in a random order."""
+    born = [Text(f"{name} was born in "), Lookup(name, "Birth City", city), Text(f" {city}.")]
+    works = [Text(f"{name} works as a "), Lookup(name, "Occupation", job), Text(f" {job}.")]
+    first, second = (born, works) if rng.random() < 0.5 else (works, born)
+    return first + [Text(" ")] + second
 
 
 def tiny_gpt2(tok: LookupTokenizer, n_embd: int = 64, n_positions: int = 256) -> GPT2LMHeadModel:

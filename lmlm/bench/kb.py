@@ -58,6 +58,7 @@ import gc
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -258,7 +259,7 @@ class _KBBench:
                                 f"{pre}_cached_p50_ms": percentile_ms(cached, 50), f"{pre}_cached_p99_ms": percentile_ms(cached, 99)})
             for name, cached in ((f"batched_{pre}_qps", False), (f"batched_{pre}_cached_qps", True)):  # uncached first:
                 rates = batched_rates(kb, bqs, matching, None if cached else self.enc)  # its last pass fills the cache
-                self.report.update({name: sorted(rates)[len(rates) // 2], f"{name}_passes": rates})
+                self.report.update({name: statistics.median(rates), f"{name}_passes": rates})
         r = self.report
         self.report["entity_vs_key"] = {
             "p50_ratio": round(r["entity_fuzzy_p50_ms"] / max(r["fuzzy_p50_ms"], 1e-9), 3),

@@ -6,10 +6,10 @@ import functools
 import random
 from types import SimpleNamespace
 
-from tiny_lm import fit_tiny_gpt2
+from tiny_lm import bio_doc, fit_tiny_gpt2
 
 from lmlm.kb import Match
-from lmlm.lookup import Lookup, Text, parse, strip
+from lmlm.lookup import Lookup, parse, strip
 from lmlm.tokens import LookupTokenizer, train_bpe
 
 FIRST = ["Ada", "Bram", "Cleo", "Dario", "Elin", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kira", "Lars"]
@@ -53,19 +53,12 @@ class ScriptedGenerator:
         return res
 
 
-def _doc(name: str, city: str, job: str, rng: random.Random) -> list:
-    born = [Text(f"{name} was born in "), Lookup(name, "Birth City", city), Text(f" {city}.")]
-    works = [Text(f"{name} works as a "), Lookup(name, "Occupation", job), Text(f" {job}.")]
-    first, second = (born, works) if rng.random() < 0.5 else (works, born)
-    return first + [Text(" ")] + second
-
-
 @functools.cache
 def tiny_world():
     """A GPT-2 (2 layers, 48 wide) trained on 24 people's annotated biographies, its tokenizer and facts."""
     rng = random.Random(0)
     people = [(f"{f} {last}", rng.choice(CITIES), rng.choice(JOBS)) for f in FIRST for last in LAST]
-    docs = [_doc(*p, rng) for p in people for _ in range(3)]
+    docs = [bio_doc(*p, rng) for p in people for _ in range(3)]
     tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=400, min_frequency=1))
     model, loss = fit_tiny_gpt2(tok, docs, n_embd=48, n_positions=128, steps=250, lr=4e-3)
     facts = {(n, "Birth City"): c for n, c, _ in people} | {(n, "Occupation"): j for n, _, j in people}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from gen_support import make_kb, trained_world
+from tiny_lm import tiny_gpt2
 
 
 @pytest.fixture(scope="session")
@@ -14,6 +16,13 @@ def world():
 @pytest.fixture(scope="module")
 def kb(world, tmp_path_factory):
     return make_kb(world, str(tmp_path_factory.mktemp("kb") / "kb"))
+
+
+@pytest.fixture(scope="module")
+def random_model(world, request):
+    """An untrained GPT-2 of the trained one's shape, seeded by the module's ``RANDOM_SEED``."""
+    torch.manual_seed(request.module.RANDOM_SEED)
+    return tiny_gpt2(world.tok).eval()
 
 
 @pytest.fixture(scope="module", autouse=True)

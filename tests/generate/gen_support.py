@@ -7,11 +7,10 @@ import functools
 import random
 from types import SimpleNamespace
 
-from tiny_lm import fit_tiny_gpt2, tiny_gpt2
-from transformers import GPT2LMHeadModel
+from tiny_lm import bio_doc, fit_tiny_gpt2
 
 from lmlm.kb import KnowledgeBase, Triple
-from lmlm.lookup import Lookup, Text, strip
+from lmlm.lookup import strip
 from lmlm.tokens import LookupTokenizer, train_bpe
 
 FIRST = ["Ada", "Bram", "Cleo", "Dario", "Elin", "Farid", "Greta", "Hugo", "Ines", "Jonas",
@@ -28,30 +27,19 @@ def make_kb(world, path: str = "kb") -> KnowledgeBase:
     return kb
 
 
-def _doc(name: str, city: str, job: str, rng: random.Random) -> list:
-    born = [Text(f"{name} was born in "), Lookup(name, "Birth City", city), Text(f" {city}.")]
-    works = [Text(f"{name} works as a "), Lookup(name, "Occupation", job), Text(f" {job}.")]
-    first, second = (born, works) if rng.random() < 0.5 else (works, born)
-    return first + [Text(" ")] + second
-
-
 @functools.cache
 def trained_world():
     """A tokenizer, a GPT-2 trained on 40 people's annotated biographies, and their facts (built once
     per session; every generation test file shares it)."""
     rng = random.Random(0)
     people = [(f"{f} {last}", rng.choice(CITIES), rng.choice(JOBS)) for f in FIRST for last in LAST]
-    docs = [_doc(*p, rng) for p in people for _ in range(3)]
+    docs = [bio_doc(*p, rng) for p in people for _ in range(3)]
     tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=600, min_frequency=1))
     model, loss = fit_tiny_gpt2(tok, docs, n_embd=64, n_positions=256, steps=250, lr=3e-3)
     assert loss < 0.6
     facts = {(n, "Birth City"): c for n, c, _ in people} | {(n, "Occupation"): j for n, _, j in people}
     return SimpleNamespace(tok=tok, model=model.eval(), people=people, facts=facts)
 
-
-def random_gpt2(tok: LookupTokenizer) -> GPT2LMHeadModel:
-    """An untrained GPT-2 of the trained one's shape (seed torch first for the same weights)."""
-    return tiny_gpt2(tok)
 
 
 def bio_prompts(world, n: int = 30) -> list[str]:

@@ -6,11 +6,13 @@ import random
 
 import pytest
 import torch
-from gen_support import FIRST, bio_prompts, make_kb, random_gpt2
+from gen_support import FIRST, bio_prompts, make_kb
 
 from lmlm.generate import LookupGenerator, LookupLogitsProcessor, call_spans
 from lmlm.kb import KnowledgeBase, Triple
 from lmlm.lookup import Lookup
+
+RANDOM_SEED = 1  # the random_model fixture's weights
 
 
 class CountingKB:
@@ -160,12 +162,6 @@ def test_beam_search_runs(world):
 
 
 # -- a random model pushed hard towards the lookup tokens -------------------------------------
-
-@pytest.fixture(scope="module")
-def random_model(world):
-    torch.manual_seed(1)
-    return random_gpt2(world.tok).eval()
-
 
 def test_random_model_terminates_within_limits(world, random_model):
     tok = world.tok

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gen_support import FIRST, bio_prompts, random_gpt2
+from gen_support import FIRST, bio_prompts
 
 from lmlm.generate import LookupGenerator, call_spans, open_call
 from lmlm.generate.reencode import reencode_generate
 
-
-@pytest.fixture(scope="module")
-def random_model(world):
-    torch.manual_seed(3)
-    return random_gpt2(world.tok).eval()
+RANDOM_SEED = 3  # the random_model fixture's weights
 
 
 def test_engine_matches_the_reencode_loop(world, kb):

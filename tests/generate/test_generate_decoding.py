@@ -4,16 +4,11 @@ prefix-tree constraint, calls forced at given positions."""
 from __future__ import annotations
 
 import pytest
-import torch
-from gen_support import FIRST, make_kb, random_gpt2
+from gen_support import FIRST, make_kb
 
 from lmlm.generate import LookupGenerator, call_spans
 
-
-@pytest.fixture(scope="module")
-def random_model(world):
-    torch.manual_seed(2)
-    return random_gpt2(world.tok).eval()
+RANDOM_SEED = 2  # the random_model fixture's weights
 
 
 def test_stop_strings_count_only_outside_calls(world, kb):
