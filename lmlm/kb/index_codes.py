@@ -29,6 +29,7 @@ import numpy as np
 __all__ = ["KINDS", "RowCodec", "scan_codes"]
 
 KINDS = ("float32", "float16", "pq")
+_BLOCKED_FROM = 1024  # rows from which PQ encoding goes sub-quantiser by sub-quantiser (RowCodec._pq_codes)
 
 
 class RowCodec:
@@ -47,9 +48,8 @@ class RowCodec:
             raise ValueError("a pq codec needs its trained quantiser (RowCodec.train_pq), and only it")
         self.dim, self.kind, self.pq = dim, kind, pq
         if pq is not None:
-            # the centroids also laid out sub-vector by sub-vector: encoding takes FAISS's path for
-            # short sub-vectors (3 dims at 128 bytes), 1.8x faster for the same codes (one in 10^6
-            # differs, a tie): at 5.46 x 10^7 keys, encoding was over half the index build
+            # the centroids also laid out sub-vector by sub-vector: a few rows are encoded by FAISS's
+            # path for short sub-vectors (3 dims at 128 bytes), 1.8x faster than without it
             pq.sync_transposed_centroids()
 
     @classmethod
@@ -82,8 +82,25 @@ class RowCodec:
     def encode(self, vectors: np.ndarray) -> np.ndarray:
         """``(n, dim)`` float32 -> ``(n, width)`` stored rows."""
         if self.kind == "pq":
-            return self.pq.compute_codes(np.ascontiguousarray(vectors, dtype=np.float32))
+            return self._pq_codes(np.ascontiguousarray(vectors, dtype=np.float32))
         return np.asarray(vectors).astype(self.dtype, copy=False)
+
+    def _pq_codes(self, x: np.ndarray) -> np.ndarray:
+        """Each sub-vector's nearest centroid. ``ProductQuantizer.compute_codes`` takes a scalar
+        loop for sub-vectors this short (3 dims at 128 bytes): 12k rows/s on 2 cores, over half of
+        the index build at 5.46 x 10^7 keys. Many rows at a time go through FAISS's blocked
+        exhaustive search instead, one sub-quantiser after another (distances by matrix product,
+        SIMD arg-min): 6.5x faster, the same codes but for exact ties (4 sub-codes in 6.4 x 10^6)."""
+        if len(x) < _BLOCKED_FROM:
+            return self.pq.compute_codes(x)
+        import faiss
+
+        m, dsub = self.pq.M, self.pq.dsub
+        codes = np.empty((len(x), m), dtype=np.uint8)
+        for j in range(m):
+            _, nearest = faiss.knn(np.ascontiguousarray(x[:, j * dsub:(j + 1) * dsub]), self.table[j], 1)
+            codes[:, j] = nearest[:, 0]
+        return codes
 
     def decode(self, rows: np.ndarray) -> np.ndarray:
         """Stored rows ``(..., width)`` -> float32 vectors ``(..., dim)``."""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lmlm.kb.index import AnnConfig, VectorKeyIndex, load_index, read_header, save_index
-from lmlm.kb.index_codes import scan_codes
+from lmlm.kb.index_codes import RowCodec, scan_codes
 
 SMALL = AnnConfig(flat_max=200, ivf_min=1000, rescore=32)
 
@@ -236,6 +236,20 @@ def test_an_index_growing_past_pq_min_keeps_pq_codes_and_finds_what_it_held(tmp_
     np.testing.assert_allclose(loaded.vectors([1, 2]), index.vectors([1, 2]))
     loaded.add(np.arange(4000, 4100), _unit(100, 32, seed=8))  # new rows are coded with the saved quantiser
     assert loaded.search(_unit(100, 32, seed=8)[:5], 1)[1][:, 0].tolist() == list(range(4000, 4005))
+
+
+@pytest.mark.parametrize("rows", [3000, 300])  # sub-quantiser by sub-quantiser, and FAISS's own loop for a few
+def test_pq_rows_are_coded_with_each_sub_vectors_nearest_centroid(rows):
+    codec = RowCodec.train_pq(_unit(4000, 384, seed=11), 128)  # MiniLM's shape: 3-dim sub-vectors
+    x = _unit(rows, 384, seed=12)
+    codes = codec.encode(x)
+    assert codes.shape == (rows, 128) and codes.dtype == np.uint8
+    subs = x.reshape(rows, 128, 1, 3).astype(np.float64)
+    dist = ((subs - codec.table[None].astype(np.float64)) ** 2).sum(-1)  # (rows, 128 sub-vectors, 256 centroids)
+    chosen = np.take_along_axis(dist, codes[..., None].astype(np.int64), axis=2)[..., 0]
+    assert (chosen <= dist.min(axis=2) + 1e-6).all()  # the nearest, or tied with it
+    assert (codes == dist.argmin(axis=2)).mean() > 0.999
+    assert (codes == codec.pq.compute_codes(x)).all(axis=1).mean() >= 0.995  # FAISS's own codes, ties aside
 
 
 def test_pq_candidates_are_scored_as_their_decoded_rows_would_be():
