@@ -37,7 +37,7 @@ from typing import IO, Iterable
 
 import numpy as np
 
-from .index_codes import RowCodec, scan_codes
+from .index_codes import RowCodec, add_rows, scan_codes
 from .index_file import (key_ids_layout, open_body, read_array, read_header, read_key_ids, write_array,
                          write_atomically, write_key_ids)
 from .index_rows import RowOf, Selection, _no_hits, _top_k, large_allocations_from_os
@@ -334,7 +334,7 @@ class VectorKeyIndex:
         with tqdm(total=end - start, desc=f"building {self.ann_kind} index", unit="key", disable=not show) as bar:
             for i in range(start, end, _ADD_CHUNK):
                 j = min(i + _ADD_CHUNK, end)
-                self._ann.add(self._codec.decode(self._vecs[i:j]))
+                add_rows(self._ann, self._codec.decode(self._vecs[i:j]))
                 self._ann_rows = j
                 bar.update(j - i)
 

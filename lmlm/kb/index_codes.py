@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["KINDS", "RowCodec", "scan_codes"]
+__all__ = ["KINDS", "RowCodec", "add_rows", "scan_codes"]
 
 KINDS = ("float32", "float16", "pq")
 _BLOCKED_FROM = 1024  # rows from which PQ encoding goes sub-quantiser by sub-quantiser (RowCodec._pq_codes)
@@ -192,3 +192,54 @@ def scan_codes(dim: int, m: int) -> str:
     if m >= 1 and dim % m == 0:
         return f"PQ{m}x4fs"
     return f"PQ{dim // 4}x4fs" if dim % 4 == 0 else "SQ8"
+
+
+def add_rows(index, x: np.ndarray) -> None:
+    """``index.add(x)``: the same lists, codes and ids, faster for an IVF of fast-scan codes with a
+    flat coarse quantiser. There FAISS spends most of an add assigning each row to its list with the
+    BLAS it bundles (13k rows/s against 4,096 lists on 2 cores, where numpy's matrix product does
+    50k); so numpy assigns them, the index codes them for those lists (``encode_vectors``), and they
+    are appended to their lists packed in FAISS's blocks, as ``IndexIVFFastScan.add`` packs them.
+    Any other index, or a FAISS whose block lists cannot be appended to: ``index.add``."""
+    import faiss
+
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    appendable = block_lists(index)
+    if appendable is None or len(x) < _BLOCKED_FROM:
+        index.add(x)
+        return
+    lists, packer, quantizer = appendable
+    centroids = quantizer.reconstruct_n(0, quantizer.ntotal)
+    shift = None if quantizer.metric_type == faiss.METRIC_INNER_PRODUCT else -0.5 * (centroids ** 2).sum(1)
+    listno = np.empty(len(x), dtype=np.int64)
+    for i in range(0, len(x), 8192):  # (8192, lists) float32 scores at a time
+        scores = x[i:i + 8192] @ centroids.T
+        listno[i:i + 8192] = (scores if shift is None else scores + shift).argmax(1)
+    flat = np.empty((len(x), index.code_size), dtype=np.uint8)
+    index.encode_vectors(len(x), faiss.swig_ptr(x), faiss.swig_ptr(listno), faiss.swig_ptr(flat), False)
+    order = np.argsort(listno, kind="stable")
+    ids = index.ntotal + order  # the ids add gives: the row's position after those already in
+    cuts = np.flatnonzero(np.diff(listno[order])) + 1
+    per, size = packer.nvec, packer.block_size
+    for start, end in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(x)].tolist()):
+        blocks = -(-(end - start) // per)
+        padded = np.zeros((blocks * per, index.code_size), dtype=np.uint8)
+        padded[:end - start] = flat[order[start:end]]
+        packed = np.zeros(blocks * size, dtype=np.uint8)
+        for b in range(blocks):
+            packer.pack_all(faiss.swig_ptr(padded[b * per:]), faiss.swig_ptr(packed[b * size:]))
+        lists.add_entries(int(listno[order[start]]), end - start, faiss.swig_ptr(ids[start:end]), faiss.swig_ptr(packed))
+    index.ntotal += len(x)
+
+
+def block_lists(index):
+    """``(block lists, their code packer, flat coarse quantiser)`` of an IVF of fast-scan codes that
+    :func:`add_rows` can append to itself, else None."""
+    import faiss
+
+    if not isinstance(index, faiss.IndexIVFFastScan) or index.direct_map.type != faiss.DirectMap.NoMap:
+        return None
+    lists = faiss.downcast_InvertedLists(index.invlists)
+    packer = getattr(lists, "packer", None) if isinstance(lists, faiss.BlockInvertedLists) else None
+    quantizer = faiss.downcast_index(index.quantizer)
+    return (lists, packer, quantizer) if packer is not None and isinstance(quantizer, faiss.IndexFlat) else None

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lmlm.kb.index import AnnConfig, VectorKeyIndex, load_index, read_header, save_index
-from lmlm.kb.index_codes import RowCodec, scan_codes
+from lmlm.kb.index_codes import RowCodec, add_rows, block_lists, scan_codes
 
 SMALL = AnnConfig(flat_max=200, ivf_min=1000, rescore=32)
 
@@ -250,6 +250,32 @@ def test_pq_rows_are_coded_with_each_sub_vectors_nearest_centroid(rows):
     assert (chosen <= dist.min(axis=2) + 1e-6).all()  # the nearest, or tied with it
     assert (codes == dist.argmin(axis=2)).mean() > 0.999
     assert (codes == codec.pq.compute_codes(x)).all(axis=1).mean() >= 0.995  # FAISS's own codes, ties aside
+
+
+@pytest.mark.parametrize("factory, metric", [("IVF16,PQ8x4fs", faiss.METRIC_INNER_PRODUCT),
+                                            ("IVF16,PQ8x4fs", faiss.METRIC_L2), ("IVF16,SQ8", faiss.METRIC_INNER_PRODUCT)])
+def test_rows_added_by_add_rows_land_where_faiss_add_puts_them(factory, metric):
+    vectors = _unit(6000, 32, seed=21)
+    ours = faiss.index_factory(32, factory, metric)
+    ours.train(vectors[:2000])
+    theirs = faiss.clone_index(ours)
+    assert (block_lists(ours) is not None) == factory.endswith("fs")  # fast-scan lists: appended to here
+    for chunk in (vectors[:2500], vectors[2500:2600], vectors[2600:]):  # lists end mid-block between adds
+        add_rows(ours, chunk)
+        theirs.add(chunk)
+    assert ours.ntotal == theirs.ntotal == 6000
+    lists = [faiss.extract_index_ivf(i).invlists for i in (ours, theirs)]
+    for no in range(16):
+        n = lists[0].list_size(no)
+        assert n == lists[1].list_size(no)
+        got, want = (np.sort(faiss.rev_swig_ptr(inv.get_ids(no), n)) for inv in lists)
+        np.testing.assert_array_equal(got, want)
+    faiss.extract_index_ivf(ours).nprobe = faiss.extract_index_ivf(theirs).nprobe = 4
+    queries = _near(vectors[::20], scale=0.3)
+    (d_ours, i_ours), (d_theirs, i_theirs) = ours.search(queries, 5), theirs.search(queries, 5)
+    np.testing.assert_array_equal(i_ours, i_theirs)
+    np.testing.assert_allclose(d_ours, d_theirs, atol=1e-6)
+    assert (i_ours[:, 0] == np.arange(0, 6000, 20)).mean() > 0.9
 
 
 def test_pq_candidates_are_scored_as_their_decoded_rows_would_be():
