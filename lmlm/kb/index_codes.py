@@ -221,14 +221,23 @@ def add_rows(index, x: np.ndarray) -> None:
     ids = index.ntotal + order  # the ids add gives: the row's position after those already in
     cuts = np.flatnonzero(np.diff(listno[order])) + 1
     per, size = packer.nvec, packer.block_size
+    pack_1 = getattr(packer, "pack_1_c", packer.pack_1)  # on pointers (FAISS wraps pack_1 for arrays of blocks)
     for start, end in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(x)].tolist()):
-        blocks = -(-(end - start) // per)
-        padded = np.zeros((blocks * per, index.code_size), dtype=np.uint8)
-        padded[:end - start] = flat[order[start:end]]
-        packed = np.zeros(blocks * size, dtype=np.uint8)
-        for b in range(blocks):
-            packer.pack_all(faiss.swig_ptr(padded[b * per:]), faiss.swig_ptr(packed[b * size:]))
-        lists.add_entries(int(listno[order[start]]), end - start, faiss.swig_ptr(ids[start:end]), faiss.swig_ptr(packed))
+        no, rows = int(listno[order[start]]), flat[order[start:end]]
+        old, new = lists.list_size(no), lists.list_size(no) + len(rows)
+        # grown as IndexIVFFastScan.add grows a list (BlockInvertedLists.add_entries copies past the
+        # list's end when its size is a multiple of the block's bytes), then filled in place
+        lists.resize(no, new)
+        faiss.rev_swig_ptr(lists.get_ids(no), new)[old:] = ids[start:end]
+        codes = faiss.rev_swig_ptr(lists.get_codes(no), -(-new // per) * size)
+        head = min(-old % per, len(rows))  # the rest of the list's part-filled last block, a row at a time
+        for i in range(head):
+            pack_1(faiss.swig_ptr(rows[i]), old + i, faiss.swig_ptr(codes))
+        rest = np.zeros((-(-(len(rows) - head) // per) * per, index.code_size), dtype=np.uint8)
+        rest[:len(rows) - head] = rows[head:]
+        first = (old + head) // per * size
+        for b in range(len(rest) // per):  # then whole new blocks, the last one padded
+            packer.pack_all(faiss.swig_ptr(rest[b * per:]), faiss.swig_ptr(codes[first + b * size:]))
     index.ntotal += len(x)
 
 

@@ -1,7 +1,10 @@
 """The key index: exact below a size, HNSW or IVF above, exact re-scoring, immediate removal, files."""
 
-import struct
 import json
+import os
+import struct
+import subprocess
+import sys
 
 import faiss
 import numpy as np
@@ -252,30 +255,54 @@ def test_pq_rows_are_coded_with_each_sub_vectors_nearest_centroid(rows):
     assert (codes == codec.pq.compute_codes(x)).all(axis=1).mean() >= 0.995  # FAISS's own codes, ties aside
 
 
-@pytest.mark.parametrize("factory, metric", [("IVF16,PQ8x4fs", faiss.METRIC_INNER_PRODUCT),
-                                            ("IVF16,PQ8x4fs", faiss.METRIC_L2), ("IVF16,SQ8", faiss.METRIC_INNER_PRODUCT)])
-def test_rows_added_by_add_rows_land_where_faiss_add_puts_them(factory, metric):
-    vectors = _unit(6000, 32, seed=21)
+@pytest.mark.parametrize("factory, metric, chunks", [
+    ("IVF16,PQ8x4fs", faiss.METRIC_INNER_PRODUCT, (2500, 100, 3400)),  # lists end mid-block between adds
+    ("IVF16,PQ8x4fs", faiss.METRIC_L2, (2500, 100, 3400)),
+    ("IVF1,PQ8x4fs", faiss.METRIC_INNER_PRODUCT, (1024, 1030, 1100, 1050)),  # at a block's end (1,024), in one (2,054)
+    ("IVF16,SQ8", faiss.METRIC_INNER_PRODUCT, (2500, 100, 3400))])
+def test_rows_added_by_add_rows_land_where_faiss_add_puts_them(factory, metric, chunks):
+    vectors = _unit(sum(chunks), 32, seed=21)
     ours = faiss.index_factory(32, factory, metric)
     ours.train(vectors[:2000])
     theirs = faiss.clone_index(ours)
     assert (block_lists(ours) is not None) == factory.endswith("fs")  # fast-scan lists: appended to here
-    for chunk in (vectors[:2500], vectors[2500:2600], vectors[2600:]):  # lists end mid-block between adds
-        add_rows(ours, chunk)
-        theirs.add(chunk)
-    assert ours.ntotal == theirs.ntotal == 6000
-    lists = [faiss.extract_index_ivf(i).invlists for i in (ours, theirs)]
-    for no in range(16):
-        n = lists[0].list_size(no)
-        assert n == lists[1].list_size(no)
-        got, want = (np.sort(faiss.rev_swig_ptr(inv.get_ids(no), n)) for inv in lists)
+    for at, n in zip(np.cumsum((0,) + chunks[:-1]), chunks):
+        add_rows(ours, vectors[at:at + n])
+        theirs.add(vectors[at:at + n])
+    assert ours.ntotal == theirs.ntotal == len(vectors)
+    ivfs = [faiss.extract_index_ivf(i) for i in (ours, theirs)]
+    for no in range(ivfs[0].nlist):
+        n = ivfs[0].invlists.list_size(no)
+        assert n == ivfs[1].invlists.list_size(no)
+        got, want = (np.sort(faiss.rev_swig_ptr(ivf.invlists.get_ids(no), n)) for ivf in ivfs)
         np.testing.assert_array_equal(got, want)
-    faiss.extract_index_ivf(ours).nprobe = faiss.extract_index_ivf(theirs).nprobe = 4
+    ivfs[0].nprobe = ivfs[1].nprobe = 4
     queries = _near(vectors[::20], scale=0.3)
     (d_ours, i_ours), (d_theirs, i_theirs) = ours.search(queries, 5), theirs.search(queries, 5)
     np.testing.assert_array_equal(i_ours, i_theirs)
     np.testing.assert_allclose(d_ours, d_theirs, atol=1e-6)
-    assert (i_ours[:, 0] == np.arange(0, 6000, 20)).mean() > 0.9
+    assert (i_ours[:, 0] == np.arange(0, len(vectors), 20)).mean() > 0.8
+
+
+def test_add_rows_never_writes_past_a_list(tmp_path):
+    """Many adds into one list, each at a size that is a whole number of blocks: the case where
+    BlockInvertedLists.add_entries writes past the list's end. Run apart, with glibc's heap checks."""
+    script = tmp_path / "adds.py"
+    script.write_text(
+        "import faiss, numpy as np\n"
+        "from lmlm.kb.index_codes import add_rows\n"
+        "v = np.random.default_rng(0).normal(size=(40960, 32)).astype(np.float32)\n"
+        "ours, theirs = (faiss.index_factory(32, 'IVF1,PQ8x4fs', faiss.METRIC_INNER_PRODUCT) for _ in range(2))\n"
+        "ours.train(v[:2000]); theirs.train(v[:2000])\n"
+        "for i in range(0, len(v), 1024):\n"
+        "    add_rows(ours, v[i:i + 1024]); theirs.add(v[i:i + 1024])\n"
+        "    scratch = [np.ones(100_000, dtype=np.uint8) for _ in range(5)]\n"
+        "assert (ours.search(v[:100], 3)[1] == theirs.search(v[:100], 3)[1]).all()\n"
+        "del ours, theirs, scratch\n"
+        "print('clean')\n")
+    env = {**os.environ, "MALLOC_CHECK_": "3", "GLIBC_TUNABLES": "glibc.malloc.check=3"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "clean", done.stderr[-2000:]
 
 
 def test_pq_candidates_are_scored_as_their_decoded_rows_would_be():
