@@ -164,7 +164,6 @@ class _KBBench:
         rate = m / (time.perf_counter() - t)
         self.vectors = SyntheticVectors(self.n, real, self.sample, seed=self.seed)
         ids = self._key_ids()
-        train = np.sort(self.rng.choice(self.n, size=min(self.n, 400_000), replace=False))
         if self.reuse:  # the same draws as the run that built it, so queries and vectors are the same
             t = time.perf_counter()
             index = self.kb.key_index()
@@ -175,7 +174,7 @@ class _KBBench:
         self.log("building the key index")
         t = time.perf_counter()
         self.kb.put_vector_chunks(((ids[i:i + len(v)], v) for i, v in self.vectors), expected=self.n,
-                                  sample=self.vectors.rows(train))
+                                  sample=self.vectors.training_rows(400_000))
         index_s = time.perf_counter() - t
         index = self.kb.key_index()
         self.report.update(

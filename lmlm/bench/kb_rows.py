@@ -131,6 +131,14 @@ class SyntheticVectors:
         for b in range(self.blocks):
             yield b * self.BLOCK, self.block(b)
 
+    def training_rows(self, count: int) -> np.ndarray:
+        """About ``count`` vectors to train the key index on: whole blocks drawn at random, so only
+        ``count / BLOCK`` blocks are made where ``count`` scattered rows would make every block once
+        more (834 blocks, 12 min at 5.46 x 10^7 keys). A block is as mixed as the KB: its keys'
+        relations cycle and their bases are drawn at random."""
+        picked = np.random.default_rng([self.seed, self.blocks]).permutation(self.blocks)[:-(-count // self.BLOCK)]
+        return np.concatenate([self.block(b) for b in np.sort(picked).tolist()])[:count]
+
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """The vectors of keys ``idx`` (any order), made block by block."""
         idx = np.asarray(idx, dtype=np.int64)

@@ -137,6 +137,23 @@ def test_the_bench_rows_read_at_random_are_the_rows_iterated():
         rows[1003]
 
 
+def test_the_bench_trains_on_whole_blocks_of_the_vectors_it_indexes(monkeypatch):
+    import numpy as np
+
+    from lmlm.bench.kb_rows import SyntheticVectors
+
+    monkeypatch.setattr(SyntheticVectors, "BLOCK", 100)
+    real = np.random.default_rng(0).normal(size=(40, 16)).astype(np.float32)
+    vectors = SyntheticVectors(1050, real, np.arange(0, 1050, 27)[:40], seed=3)
+    every = np.concatenate([v for _, v in vectors])
+    sample = vectors.training_rows(250)  # three whole blocks of the eleven, cut to 250 rows
+    assert sample.shape == (250, 16)
+    at = [int(np.flatnonzero((every == row).all(axis=1))[0]) for row in sample]  # each row's place among all
+    blocks = sorted({i // 100 for i in at})
+    assert len(blocks) == 3 and at == [i for b in blocks for i in range(b * 100, min(b * 100 + 100, 1050))][:250]
+    np.testing.assert_array_equal(vectors.training_rows(250), sample)  # the same draw each time
+
+
 def test_bench_kb_store_only(tmp_path):
     res = runner.invoke(app, ["bench", "kb", "--triples", "300", "--store-only", "--work", str(tmp_path / "b")])
     assert res.exit_code == 0, res.output
