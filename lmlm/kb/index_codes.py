@@ -29,7 +29,7 @@ import numpy as np
 __all__ = ["KINDS", "RowCodec", "add_rows", "scan_codes"]
 
 KINDS = ("float32", "float16", "pq")
-_BLOCKED_FROM = 1024  # rows from which PQ encoding goes sub-quantiser by sub-quantiser (RowCodec._pq_codes)
+_BLOCKED_FROM = 1024  # rows from which RowCodec._pq_codes and add_rows take their blocked paths; fewer: FAISS's own
 
 
 class RowCodec:
@@ -198,9 +198,9 @@ def add_rows(index, x: np.ndarray) -> None:
     """``index.add(x)``: the same lists, codes and ids, faster for an IVF of fast-scan codes with a
     flat coarse quantiser. There FAISS spends most of an add assigning each row to its list with the
     BLAS it bundles (13k rows/s against 4,096 lists on 2 cores, where numpy's matrix product does
-    50k); so numpy assigns them, the index codes them for those lists (``encode_vectors``), and they
-    are appended to their lists packed in FAISS's blocks, as ``IndexIVFFastScan.add`` packs them.
-    Any other index, or a FAISS whose block lists cannot be appended to: ``index.add``."""
+    58k); so numpy assigns them, the index codes them for those lists (``encode_vectors``), and they
+    are packed into their lists' blocks as ``IndexIVFFastScan.add`` packs them. Any other index (see
+    :func:`block_lists`), or fewer than ``_BLOCKED_FROM`` rows: ``index.add``."""
     import faiss
 
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -224,7 +224,8 @@ def add_rows(index, x: np.ndarray) -> None:
     pack_1 = getattr(packer, "pack_1_c", packer.pack_1)  # on pointers (FAISS wraps pack_1 for arrays of blocks)
     for start, end in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(x)].tolist()):
         no, rows = int(listno[order[start]]), flat[order[start:end]]
-        old, new = lists.list_size(no), lists.list_size(no) + len(rows)
+        old = lists.list_size(no)
+        new = old + len(rows)
         # grown as IndexIVFFastScan.add grows a list (BlockInvertedLists.add_entries copies past the
         # list's end when its size is a multiple of the block's bytes), then filled in place
         lists.resize(no, new)
@@ -242,8 +243,8 @@ def add_rows(index, x: np.ndarray) -> None:
 
 
 def block_lists(index):
-    """``(block lists, their code packer, flat coarse quantiser)`` of an IVF of fast-scan codes that
-    :func:`add_rows` can append to itself, else None."""
+    """``(block lists, their code packer, flat coarse quantiser)`` of an IVF of fast-scan codes whose
+    lists :func:`add_rows` can fill itself (no direct map to keep, a FAISS with code packers), else None."""
     import faiss
 
     if not isinstance(index, faiss.IndexIVFFastScan) or index.direct_map.type != faiss.DirectMap.NoMap:
