@@ -120,16 +120,21 @@ class RowCodec:
         only the ``keep`` best (all when None) are decoded and scored as cosines, the others get
         -inf. A decoded row's norm is within a few percent of 1, so the cosine's best is among the
         inner product's best few dozen: 1,024 candidates a query in 0.25 ms where decoding them all
-        took 1.8 ms (``lmlm bench kb`` re-scores 1,024 per query)."""
+        took 1.8 ms (``lmlm bench kb`` re-scores 1,024 per query). A batch's queries are ranked in
+        parts on FAISS's threads (1.5x on 2 cores for 256 queries of 1,024 candidates, by a script)."""
         ok = rows >= 0
         if self.kind != "pq" or keep is None or keep >= rows.shape[1]:
             kept = np.where(ok, np.arange(rows.shape[1]), -1)  # every column of rows
         else:
             kept = np.full((len(q), keep), -1, dtype=np.int64)  # columns of rows, best inner product first
-            for i in range(len(q)):
-                cols = np.flatnonzero(ok[i])
-                best = self._best_inner(np.ascontiguousarray(q[i], dtype=np.float32), stored[rows[i, cols]], keep)
-                kept[i, :len(best)] = cols[best]
+
+            def rank(lo: int, hi: int) -> None:
+                for i in range(lo, hi):
+                    cols = np.flatnonzero(ok[i])
+                    best = self._best_inner(np.ascontiguousarray(q[i], dtype=np.float32), stored[rows[i, cols]], keep)
+                    kept[i, :len(best)] = cols[best]
+
+            _in_threads(rank, len(q))
         has = kept >= 0
         picked = np.take_along_axis(rows, np.maximum(kept, 0), axis=1)
         cos = np.einsum("nkd,nd->nk", self.decode(stored[np.where(has, picked, 0)]), q)
@@ -184,6 +189,27 @@ class RowCodec:
         codec = cls(dim, "pq", holder.pq)
         codec._holder = holder  # the quantiser lives inside it
         return codec
+
+
+def _in_threads(work, n: int, least: int = 16) -> None:
+    """``work(lo, hi)`` over ``range(n)`` in contiguous parts, one a thread of FAISS's count
+    (``faiss.omp_get_max_threads``), at least ``least`` items a part; one part runs here. For loops
+    of FAISS calls on a few rows each, which release the GIL: a batch's candidates are ranked on
+    every core where a single loop left all but one idle."""
+    import faiss
+
+    parts = max(1, min(faiss.omp_get_max_threads(), n // least))
+    if parts == 1:
+        work(0, n)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    edges = np.linspace(0, n, parts + 1).astype(int).tolist()
+    with ThreadPoolExecutor(parts - 1) as pool:
+        futures = [pool.submit(work, lo, hi) for lo, hi in zip(edges[1:-1], edges[2:])]
+        work(edges[0], edges[1])
+        for f in futures:
+            f.result()
 
 
 def scan_codes(dim: int, m: int) -> str:

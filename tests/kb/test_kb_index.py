@@ -323,6 +323,34 @@ def test_pq_candidates_are_scored_as_their_decoded_rows_would_be():
     assert one[0].max() == pytest.approx(got[0, [0, 2]][np.isfinite(one[0, [0, 2]])][0], abs=1e-6)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_pq_candidates_of_a_batch_are_ranked_alike_on_any_number_of_threads(threads):
+    vectors = _unit(2000, 384, seed=12)
+    codec = RowCodec.train_pq(vectors, 128)
+    stored = codec.encode(vectors)
+    queries = _near(vectors[:100], scale=0.5, seed=13)
+    rng = np.random.default_rng(14)
+    rows = np.stack([np.r_[i, rng.choice(np.delete(np.arange(2000), i), 299, replace=False)] for i in range(100)])
+    rows[7, 150:] = -1
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(threads)  # the batch is ranked in this many parts (at least 16 queries each)
+    try:
+        got = codec.score(queries, stored, rows, keep=8)
+    finally:
+        faiss.omp_set_num_threads(before)
+    decoded = codec.decode(stored).astype(np.float64)
+    table = codec.table.astype(np.float64)
+    for i in range(100):
+        ok = np.flatnonzero(rows[i] >= 0)
+        raw = table[np.arange(128), stored[rows[i, ok]]].reshape(len(ok), 384)  # rows decoded, not made unit
+        inner = raw @ queries[i].astype(np.float64)
+        kept = np.flatnonzero(np.isfinite(got[i]))
+        assert len(kept) == 8 and np.isneginf(got[i, rows[i] < 0]).all()
+        eighth = np.sort(inner)[-8]  # the 8 best inner products are kept (FAISS ranks them in float32)
+        assert inner[np.searchsorted(ok, kept)].min() >= eighth - 1e-5
+        np.testing.assert_allclose(got[i, kept], decoded[rows[i, kept]] @ queries[i], atol=1e-5)
+
+
 def test_prepare_builds_for_the_final_size_so_chunks_are_coded_as_they_come():
     vectors = _unit(3000, 32, seed=9)
     index = VectorKeyIndex(32, PQ)
