@@ -120,27 +120,30 @@ class RowCodec:
         only the ``keep`` best (all when None) are decoded and scored as cosines, the others get
         -inf. A decoded row's norm is within a few percent of 1, so the cosine's best is among the
         inner product's best few dozen: 1,024 candidates a query in 0.25 ms where decoding them all
-        took 1.8 ms (``lmlm bench kb`` re-scores 1,024 per query). A batch's queries are ranked in
+        took 1.8 ms (``lmlm bench kb`` re-scores 1,024 per query). A batch's queries are scored in
         parts on FAISS's threads (1.5x on 2 cores for 256 queries of 1,024 candidates, by a script)."""
-        ok = rows >= 0
-        if self.kind != "pq" or keep is None or keep >= rows.shape[1]:
-            kept = np.where(ok, np.arange(rows.shape[1]), -1)  # every column of rows
-        else:
-            kept = np.full((len(q), keep), -1, dtype=np.int64)  # columns of rows, best inner product first
-
-            def rank(lo: int, hi: int) -> None:
-                for i in range(lo, hi):
-                    cols = np.flatnonzero(ok[i])
-                    best = self._best_inner(np.ascontiguousarray(q[i], dtype=np.float32), stored[rows[i, cols]], keep)
-                    kept[i, :len(best)] = cols[best]
-
-            _in_threads(rank, len(q))
-        has = kept >= 0
-        picked = np.take_along_axis(rows, np.maximum(kept, 0), axis=1)
-        cos = np.einsum("nkd,nd->nk", self.decode(stored[np.where(has, picked, 0)]), q)
         out = np.full(rows.shape, -np.inf, dtype=np.float32)
-        at, j = np.nonzero(has)
-        out[at, kept[at, j]] = cos[at, j]
+        ranked = self.kind == "pq" and keep is not None and keep < rows.shape[1]
+
+        def part(lo: int, hi: int) -> None:
+            part_rows, part_q = rows[lo:hi], q[lo:hi]
+            ok = part_rows >= 0
+            if not ranked:
+                kept = np.where(ok, np.arange(rows.shape[1]), -1)  # every column of rows
+            else:
+                kept = np.full((hi - lo, keep), -1, dtype=np.int64)  # columns of rows, best inner product first
+                for i in range(hi - lo):
+                    cols = np.flatnonzero(ok[i])
+                    best = self._best_inner(np.ascontiguousarray(part_q[i], dtype=np.float32),
+                                            stored[part_rows[i, cols]], keep)
+                    kept[i, :len(best)] = cols[best]
+            has = kept >= 0
+            picked = np.take_along_axis(part_rows, np.maximum(kept, 0), axis=1)
+            cos = np.einsum("nkd,nd->nk", self.decode(stored[np.where(has, picked, 0)]), part_q)
+            at, j = np.nonzero(has)
+            out[lo + at, kept[at, j]] = cos[at, j]
+
+        _in_threads(part, len(q))
         return out
 
     def _best_inner(self, q: np.ndarray, codes: np.ndarray, keep: int) -> np.ndarray:
