@@ -1,21 +1,19 @@
 """Vector index over KB keys: one unit-norm embedding per distinct ``(entity, relation)`` key.
 
-:class:`VectorKeyIndex` keeps every key's vector as a stored row (:class:`lmlm.kb.index_codes.RowCodec`:
-float32; float16 for IVF, cosines within 1e-3 of float32's; 8-bit PQ codes for the largest KBs) and,
-once there are enough keys, an approximate FAISS structure chosen by size (:class:`AnnConfig`):
-exact search below ``flat_max`` keys, HNSW (8-bit scalar-quantised codes) up to ``ivf_min``, IVF
-from there (4-bit product-quantised codes scanned with SIMD "fast scan", ten times faster than 8-bit
-codes at 10^6 keys), and from ``pq_min`` the same IVF with rows kept as ``pq_bytes``-byte PQ codes
-(``ivfpq``: 128 bytes a key instead of float16's 768, so 5 x 10^7 keys fit in a few GB). The
-approximate structure only proposes candidates; each query's top ones (``rescore``, ``ivf_rescore``,
-``pq_rescore``) are re-scored against the stored rows, so the scores a lookup compares with its
-threshold are cosines (of the decoded row for ``ivfpq``). Deleting a key
-clears its bit in an alive mask that every search filters on (FAISS ``IDSelectorBitmap``), so a
-delete is immediate and costs no rebuild; a dead row keeps its vector (a past version may need it)
-until :meth:`rebuild`. A KB given its vectors in chunks (``KnowledgeBase.put_vectors`` with
-``expected``) builds the structure for the final size first (:meth:`VectorKeyIndex.prepare`) and
-encodes each chunk as it comes, so no float copy of all rows is ever held.
-Exercised by every fuzzy ``KnowledgeBase.lookup`` and by ``lmlm bench kb``.
+:class:`VectorKeyIndex` keeps every key's vector as a stored row (:class:`lmlm.kb.index_codes.RowCodec`: float32;
+float16 for IVF, cosines within 1e-3 of float32's; 8-bit PQ codes for the largest KBs) and, once there are enough
+keys, an approximate FAISS structure chosen by size (:class:`AnnConfig`): exact search below ``flat_max`` keys, HNSW
+(8-bit scalar-quantised codes) up to ``ivf_min``, IVF from there (4-bit product-quantised codes scanned with SIMD
+"fast scan", ten times faster than 8-bit codes at 10^6 keys), and from ``pq_min`` the same IVF with rows kept as
+``pq_bytes``-byte PQ codes (``ivfpq``: 128 bytes a key instead of float16's 768, so 5 x 10^7 keys fit in a few GB).
+The approximate structure only proposes candidates; each query's top ones (``rescore``, ``ivf_rescore``,
+``pq_rescore``) are re-scored against the stored rows, so the scores a lookup compares with its threshold are
+cosines (of the decoded row for ``ivfpq``); an IVF scans only a query's lists near its nearest (``ivf_probe_gap``).
+Deleting a key clears its bit in an alive mask that every search filters on (FAISS ``IDSelectorBitmap``), so a
+delete is immediate and costs no rebuild; a dead row keeps its vector (a past version may need it) until
+:meth:`rebuild`. A KB given its vectors in chunks (``KnowledgeBase.put_vectors`` with ``expected``) builds the
+structure for the final size first (:meth:`VectorKeyIndex.prepare`) and encodes each chunk as it comes, so no float
+copy of all rows is ever held. Exercised by every fuzzy ``KnowledgeBase.lookup`` and by ``lmlm bench kb``.
 
 The file (:mod:`lmlm.kb.index_file`) is one file, replaced atomically: a JSON header, then key ids,
 alive mask, stored rows, the row codec and the FAISS structure, written and read as a stream.
@@ -37,7 +35,7 @@ from typing import IO, Iterable
 
 import numpy as np
 
-from .index_codes import RowCodec, add_rows, scan_codes
+from .index_codes import RowCodec, add_rows, ivf_search, scan_codes
 from .index_file import (key_ids_layout, open_body, read_array, read_header, read_key_ids, write_array,
                          write_atomically, write_key_ids)
 from .index_rows import RowOf, Selection, _no_hits, _top_k, large_allocations_from_os
@@ -72,8 +70,11 @@ class AnnConfig:
             5 x 10^7 keys and 14,000 lists would cost a 2-core CPU over an hour.
         hnsw_m (int, default 32), hnsw_ef_construction (int, default 40), hnsw_ef_search (int,
             default 128): HNSW neighbours per node and beam widths; ivf_nprobe (int, default 64):
-            IVF lists scanned per query; rescore (int, default 32), ivf_rescore (int, default 128):
-            HNSW's and IVF's candidates per query re-scored with the stored rows.
+            IVF lists scanned per query at most; rescore (int, default 32), ivf_rescore (int, default
+            128): HNSW's and IVF's candidates per query re-scored with the stored rows.
+        ivf_probe_gap (int, default 220), ivf_min_probe (int, default 8): a query's lists whose centroid
+            scores over this many thousandths below its nearest list's are not scanned, at least
+            ``ivf_min_probe`` are (0: all ``ivf_nprobe``; :func:`lmlm.kb.index_codes.ivf_search`).
     """
 
     flat_max: int = 50_000
@@ -89,11 +90,13 @@ class AnnConfig:
     pq_scan_bytes: int = 24
     pq_rescore: int = 1024
     ivf_max_lists: int = 4096
+    ivf_probe_gap: int = 220
+    ivf_min_probe: int = 8
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"AnnConfig.{name} must be a positive int, got {value!r}")
+            if not isinstance(value, int) or value < (name != "ivf_probe_gap"):
+                raise ValueError(f"AnnConfig.{name} must be an int >= {int(name != 'ivf_probe_gap')}, got {value!r}")
         if self.ivf_min < self.flat_max:
             raise ValueError(f"AnnConfig.ivf_min ({self.ivf_min}) must be >= flat_max ({self.flat_max})")
         if self.pq_min < self.ivf_min:
@@ -131,8 +134,7 @@ class VectorKeyIndex:
         self._vecs = np.zeros((0, dim), dtype=np.float32)  # (capacity, codec.width); rows [0, n) used
         self._keys = np.zeros(0, dtype=np.int32)  # (capacity,) row -> key id (ids are at most MAX_KEY_ID)
         self._alive = np.zeros(0, dtype=bool)  # (capacity,)
-        self._n = 0
-        self._n_alive = 0
+        self._n = self._n_alive = 0
         self._row = RowOf()  # key id -> row
         self._ann = None  # FAISS index over rows [0, ann_rows), or None for exact search
         self._ann_rows = 0
@@ -225,11 +227,10 @@ class VectorKeyIndex:
         rows = np.unique(rows[rows >= 0])
         rows = rows[self._alive[rows]]
         self._alive[rows] = False
-        n = len(rows)
-        if n:
-            self._n_alive -= n
+        if len(rows):
+            self._n_alive -= len(rows)
             self._dead_sel = None
-        return n
+        return len(rows)
 
     def _reserve(self, n: int) -> None:
         cap = len(self._keys)
@@ -391,13 +392,12 @@ class VectorKeyIndex:
                 bitmap = np.packbits(self._alive[:self._n], bitorder="little")
                 self._dead_sel = (bitmap, faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap)))
             bitmap, sel = self._dead_sel  # keep the bitmap referenced while FAISS reads it
-        if self.ann_kind == "hnsw":
-            params = faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw_ef_search, cand))
-        else:
-            params = faiss.SearchParametersIVF(nprobe=self.config.ivf_nprobe)
+        params = (faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw_ef_search, cand)) if self.ann_kind == "hnsw"
+                  else faiss.SearchParametersIVF(nprobe=self.config.ivf_nprobe))  # an IVF's probed lists: ivf_search
         if sel is not None:
             params.sel = sel
-        _, rows = self._ann.search(q, cand, params=params)  # (n, cand) rows, -1 where none
+        gap, least = self.config.ivf_probe_gap / 1000, self.config.ivf_min_probe
+        rows = ivf_search(self._ann, q, cand, params, gap, least)  # (n, cand) rows, -1 where none
         cols, vals = _top_k(self._codec.score(q, self._vecs, rows, keep=max(k, _KEEP)), k)  # (n, cand) from the stored rows
         picked = np.take_along_axis(rows, cols, axis=1)
         ids = np.where(picked >= 0, self._keys[np.maximum(picked, 0)], -1)

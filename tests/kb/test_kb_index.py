@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lmlm.kb.index import AnnConfig, VectorKeyIndex, load_index, read_header, save_index
-from lmlm.kb.index_codes import RowCodec, add_rows, block_lists, scan_codes
+from lmlm.kb.index_codes import RowCodec, add_rows, block_lists, ivf_search, scan_codes
 
 SMALL = AnnConfig(flat_max=200, ivf_min=1000, rescore=32)
 
@@ -146,8 +146,11 @@ def test_reads_index_files_of_the_first_format(tmp_path):
 
 
 def test_bad_arguments_name_the_problem():
-    with pytest.raises(ValueError, match="AnnConfig.flat_max must be a positive int"):
+    with pytest.raises(ValueError, match="AnnConfig.flat_max must be an int >= 1"):
         AnnConfig(flat_max=0)
+    with pytest.raises(ValueError, match="AnnConfig.ivf_probe_gap must be an int >= 0"):
+        AnnConfig(ivf_probe_gap=-1)
+    assert AnnConfig(ivf_probe_gap=0).ivf_probe_gap == 0  # 0: every one of ivf_nprobe lists scanned
     with pytest.raises(ValueError, match="ivf_min .* must be >= flat_max"):
         AnnConfig(flat_max=10, ivf_min=5)
     with pytest.raises(ValueError, match="ann must be one of"):
@@ -444,3 +447,29 @@ def test_sorted_minus_is_the_set_difference_of_two_ascending_id_arrays(chunk):
         got = sorted_minus(a, b, chunk=chunk)
         assert got.tolist() == sorted(set(a.tolist()) - set(b.tolist()))
         assert got.dtype == a.dtype
+
+
+def test_an_ivf_scans_only_the_lists_near_a_querys_nearest_yet_finds_its_key():
+    dim, axis = 16, np.eye(16, dtype=np.float32)[0]
+    groups = [_unit(800, dim, seed=s) * 0.4 + sign * axis for s, sign in ((5, 1), (6, -1))]  # around +e0 and -e0
+    vectors = np.concatenate([g / np.linalg.norm(g, axis=1, keepdims=True) for g in groups])
+    index = VectorKeyIndex(dim, AnnConfig(flat_max=200, ivf_min=1000, ivf_rescore=400), ann="ivf")
+    index.add(np.arange(1600), vectors)
+    ann, queries = index._ann, _near(vectors[:100], scale=0.3)  # near keys of the first group
+    home = ann.quantizer.search(index._codec.decode(index._vecs[:1600]), 1)[1][:, 0]  # each row's list, by FAISS
+    nearest = ann.quantizer.search(queries, 1)[1][:, 0]
+
+    def scanned(gap, least):
+        rows = ivf_search(ann, queries, 1600, faiss.SearchParametersIVF(nprobe=64), gap, least)
+        return [set(r[r >= 0].tolist()) for r in rows]
+
+    for everything in (scanned(0, 8), scanned(1e-6, 40)):  # no gap, or at least 40 lists: all 40 lists scanned
+        assert all(len(r) >= 1590 and max(r) >= 800 for r in everything)  # (fast scan's k=n drops a tie or two)
+    one = scanned(1e-6, 1)  # only the nearest list
+    assert all(r and {int(home[i]) for i in r} == {int(nearest[j])} for j, r in enumerate(one))
+    near = scanned(0.2, 1)  # the lists of the far group score about 1.6 lower: never scanned
+    assert all(r and max(r) < 800 for r in near) and sum(map(len, near)) > sum(map(len, one))
+    exact = np.argmax(queries @ vectors.T, axis=1)
+    assert (index.search(queries, 1)[1][:, 0] == exact).all()  # the default gap, through search
+    index.remove(exact[:10])  # the selector of live rows still applies to the lists scanned
+    assert not np.isin(index.search(queries[:10], 5)[1], exact[:10]).any()
