@@ -382,7 +382,8 @@ class VectorKeyIndex:
     def _approximate(self, q: np.ndarray, k: int, within: Selection | None) -> tuple[np.ndarray, np.ndarray]:
         import faiss
 
-        cand = max(k, getattr(self.config, _RESCORE[self.ann_kind]))
+        c = self.config
+        cand = max(k, getattr(c, _RESCORE[self.ann_kind]))
         sel = None
         if within is not None:
             bitmap = within.bitmap
@@ -392,12 +393,11 @@ class VectorKeyIndex:
                 bitmap = np.packbits(self._alive[:self._n], bitorder="little")
                 self._dead_sel = (bitmap, faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap)))
             bitmap, sel = self._dead_sel  # keep the bitmap referenced while FAISS reads it
-        params = (faiss.SearchParametersHNSW(efSearch=max(self.config.hnsw_ef_search, cand)) if self.ann_kind == "hnsw"
-                  else faiss.SearchParametersIVF(nprobe=self.config.ivf_nprobe))  # an IVF's probed lists: ivf_search
-        if sel is not None:
-            params.sel = sel
-        gap, least = self.config.ivf_probe_gap / 1000, self.config.ivf_min_probe
-        rows = ivf_search(self._ann, q, cand, params, gap, least)  # (n, cand) rows, -1 where none
+        params = (faiss.SearchParametersHNSW(efSearch=max(c.hnsw_ef_search, cand)) if self.ann_kind == "hnsw"
+                  else faiss.SearchParametersIVF(nprobe=c.ivf_nprobe))
+        params.sel = sel  # None: every row
+        rows = (self._ann.search(q, cand, params=params)[1] if self.ann_kind == "hnsw"  # (n, cand) rows, -1 where none
+                else ivf_search(self._ann, q, cand, params, c.ivf_probe_gap / 1000, c.ivf_min_probe))
         cols, vals = _top_k(self._codec.score(q, self._vecs, rows, keep=max(k, _KEEP)), k)  # (n, cand) from the stored rows
         picked = np.take_along_axis(rows, cols, axis=1)
         ids = np.where(picked >= 0, self._keys[np.maximum(picked, 0)], -1)

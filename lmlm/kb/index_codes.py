@@ -235,11 +235,11 @@ def ivf_search(index, q: np.ndarray, k: int, params, gap: float, least: int) -> 
     agreement with an exact search 0.95 (0.9525 with all 64 lists).
     The lists are chosen by the index's own coarse quantiser and scanned by FAISS's
     ``search_preassigned`` (skipped lists are -1), with ``params`` (its selector) as ``search``
-    would. HNSW (``params`` not an IVF's), ``gap`` <= 0 or another metric: FAISS's ``search``."""
+    would; ``gap`` <= 0 or another metric: FAISS's ``search``."""
     import faiss
 
     q = np.ascontiguousarray(q, dtype=np.float32)
-    n, nprobe = len(q), min(getattr(params, "nprobe", 0), getattr(index, "nlist", 0))
+    n, nprobe = len(q), min(params.nprobe, index.nlist)
     if gap <= 0 or index.metric_type != faiss.METRIC_INNER_PRODUCT or nprobe <= least:
         return index.search(q, k, params=params)[1]
     scores, lists = index.quantizer.search(q, nprobe)  # best first
