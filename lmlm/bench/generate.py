@@ -211,7 +211,12 @@ def bench_generate(model: Optional[Path] = typer.Option(None, help="checkpoint (
                    repeats: Optional[int] = typer.Option(None, help="interleaved timing rounds, the best of each "
                                                          "counts (default: 5; 1 for the paper preset)"),
                    threads: int = typer.Option(1, help="torch threads"),
-                   device: str = typer.Option("cpu", help="where the model runs: cpu, cuda, cuda:1, ...")):
+                   device: str = typer.Option("cpu", help="where the model runs: cpu, cuda, cuda:1, ..."),
+                   vllm: bool = typer.Option(False, "--vllm", help="paper preset: the vLLM backend beside the engine "
+                                             "(pip install 'lmlm[vllm]')"),
+                   vllm_option: List[str] = typer.Option(
+                       None, help="with --vllm: KEY=VALUE passed to vllm.LLM, VALUE read as JSON where it parses "
+                                  "(default: gpu_memory_utilization=0.3)")):
     """Tokens/s of lookup decoding vs plain generate and the re-encode loop; identical greedy outputs."""
 
     from ..cli_errors import check_device
@@ -220,8 +225,9 @@ def bench_generate(model: Optional[Path] = typer.Option(None, help="checkpoint (
         print(msg, file=sys.stderr, flush=True)
 
     check_device(device)  # before any model is trained
+    served = _vllm_options(vllm, vllm_option or [], preset)
     if preset == "paper":
-        report = _paper(quick, tokenizer or [], wiki, models, cache, repeats or 1, threads, device, log)
+        report = _paper(quick, tokenizer or [], wiki, models, cache, repeats or 1, threads, device, log, served)
     elif preset != "tiny":
         _fail(f"unknown preset {preset!r}", "--preset (tiny or paper)")
     else:
@@ -235,8 +241,32 @@ def bench_generate(model: Optional[Path] = typer.Option(None, help="checkpoint (
     print(json.dumps(report))
 
 
+def _vllm_options(on: bool, specs: list[str], preset: str) -> dict | None:
+    """``--vllm`` and ``--vllm-option`` as ``vllm.LLM``'s keyword arguments (``None``: no vLLM run)."""
+    if not on:
+        if specs:
+            _fail("--vllm-option is for the vLLM run", "--vllm")
+        return None
+    if preset != "paper":
+        _fail("the vLLM backend is measured by the paper preset", "--preset paper")
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        _fail("the vLLM backend needs vllm: pip install 'lmlm[vllm]'", "--vllm")
+    options: dict = {"gpu_memory_utilization": 0.3}
+    for spec in specs:
+        key, eq, value = spec.partition("=")
+        if not eq or not key.isidentifier():
+            _fail(f"expected KEY=VALUE, got {spec!r}", "--vllm-option")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
 def _paper(quick: bool, tokenizer: list[str], wiki: Optional[Path], models: str, cache: Path, repeats: int,
-           threads: int, device: str, log: Callable[[str], None]) -> dict:
+           threads: int, device: str, log: Callable[[str], None], vllm: dict | None = None) -> dict:
     """The paper preset from the command's options; bad options end the command with one error line."""
     from ..generate.loading import open_kb
     from ..models import MODEL_PRESETS
@@ -269,7 +299,7 @@ def _paper(quick: bool, tokenizer: list[str], wiki: Optional[Path], models: str,
     kb_dir, texts = paper_inputs(cache / "paper", wiki, log=log)
     try:
         return run_paper_bench(toks, open_kb(kb_dir), texts, models=names, size="quick" if quick else "full",
-                               repeats=repeats, threads=threads, device=device, log=log)
+                               repeats=repeats, threads=threads, device=device, vllm=vllm, log=log)
     except ValueError as e:  # too few long texts in the dump
         _fail(str(e), str(wiki))
 

@@ -24,6 +24,10 @@ against the re-encode loop and against its own rows at batch 16, and the engine 
 On a CUDA device the engine replays its decode steps from CUDA graphs; the report then adds the
 eager engine (``engine_eager_*``), plain ``generate`` at batch 16 and ``mismatches_graphs_vs_eager``.
 
+With ``vllm`` (``--vllm``) the vLLM backend (:class:`lmlm.generate.vllm.VLLMLookupGenerator`) runs
+the same model, saved as a checkpoint, on the same prompts with the same forced calls and prefix
+tree, at batch 1 and 16 (``vllm_*``), its outputs compared with the engine's token for token.
+
 ``--quick`` halves prompts and continuations and times one prompt at batch 1 (a GPU run in about
 three minutes). Exercised by ``lmlm bench generate --preset paper``.
 """
@@ -31,6 +35,7 @@ three minutes). Exercised by ``lmlm bench generate --preset paper``.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -120,12 +125,13 @@ def run_paper_bench(tokenizers: Mapping[str, object], kb, texts: Sequence[str], 
                     models: Sequence[str] = PAPER_MODELS, model_overrides: dict | None = None,
                     size: str = "full", sizes: dict | None = None, repeats: int = 1, threads: int = 1,
                     device: str = "cpu", cuda_graphs: bool | None = None, seed: int = 0,
-                    log: Callable[[str], None] = print) -> dict:
+                    vllm: dict | None = None, log: Callable[[str], None] = print) -> dict:
     """Measure every model of ``models`` (presets; the tokenizer named by each preset's ``tokenizer``
     field); returns ``{"models": {preset: report}, ...}`` ready for JSON (see the module docstring).
 
     ``model_overrides`` changes the presets' shapes (tests use tiny ones); ``sizes`` replaces
     ``PAPER_SIZES[size]``; ``cuda_graphs`` is passed to the generators (``None``: on a CUDA device).
+    ``vllm``: options of ``vllm.LLM`` to run the vLLM backend beside the engine (``None``: not run).
     """
     import torch
 
@@ -143,7 +149,7 @@ def run_paper_bench(tokenizers: Mapping[str, object], kb, texts: Sequence[str], 
         prompts = paper_prompts(tok, texts, shape["n_batch"], shape["prompt_tokens"])
         log(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, vocabulary {len(tok):,}")
         reports[name] = _bench_model(model, tok, kb, prompts, shape, repeats=repeats, cuda_graphs=cuda_graphs,
-                                     log=lambda msg, name=name: log(f"{name}: {msg}"))
+                                     vllm=vllm, log=lambda msg, name=name: log(f"{name}: {msg}"))
         del model
     first = next(iter(reports.values()))
     return {"preset": "paper", "size": size, "models": reports, "device": first["device"], "threads": threads,
@@ -152,7 +158,7 @@ def run_paper_bench(tokenizers: Mapping[str, object], kb, texts: Sequence[str], 
 
 
 def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: int, cuda_graphs: bool | None,
-                 log: Callable[[str], None]) -> dict:
+                 vllm: dict | None, log: Callable[[str], None]) -> dict:
     import torch
 
     from ..generate import LookupGenerator
@@ -184,6 +190,13 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
         runs.update(engine_eager_b1=(engine(eager), single, 1), engine_eager_b16=(engine(eager), batch, n_batch))
     if on_gpu:
         runs["plain_b16"] = (plain, batch, n_batch)
+    served = _vllm_backend(model, tok, kb, vllm) if vllm is not None else None
+    if served is not None:
+        def on_vllm(ps, b, n=new):  # one request at a time at batch 1, all rows in one call at 16
+            groups = [ps[i:i + b] for i in range(0, len(ps), b)]
+            return [r for g in groups for r in served.generate(g, max_new_tokens=n, ignore_eos=True,
+                                                              force_lookup_at=offsets)]
+        runs.update(vllm_b1=(on_vllm, single, 1), vllm_b16=(on_vllm, batch, n_batch))
     for fn, ps, b in runs.values():  # warm up every path once
         fn(ps[:min(b, 2)], min(b, 2), 8)
     best = {k: 0.0 for k in runs}
@@ -208,6 +221,8 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
     report = {_tps(key): round(v, 2) for key, v in best.items()}
     ratios = {"engine_vs_plain_b1": ("engine_b1", "plain_b1"), "engine_vs_reencode_b1": ("engine_b1", "reencode_b1"),
               "engine_b16_vs_b1": ("engine_b16", "engine_b1")}
+    if served is not None:
+        ratios.update(engine_vs_vllm_b1=("engine_b1", "vllm_b1"), engine_vs_vllm_b16=("engine_b16", "vllm_b16"))
     report.update({k: round(best[a] / best[b], 3) for k, (a, b) in ratios.items()})
     if not on_gpu:  # the same ratios in CPU time (one thread: wall time on an idle machine)
         report.update({f"cpu_{_tps(key)}": round(v, 2) for key, v in cpu_best.items()})
@@ -223,10 +238,33 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
         "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tok),
         "device": _device_name(model.device), "cuda_graphs": gen.static_decoding,
     })
+    if served is not None:
+        v_traces = [x.trace for x in results["vllm_b16"]]
+        report.update({
+            "mismatches_vllm_vs_engine_b1": sum(a != b for a, b in zip(outputs["vllm_b1"], e1)),
+            "mismatches_vllm_vs_engine_b16": sum(a != b for a, b in zip(outputs["vllm_b16"], outputs["engine_b16"])),
+            "vllm_lookups_per_256_tokens": round(256 * statistics.mean(map(len, v_traces)) / new, 2),
+            "vllm_options": {k: str(v) for k, v in vllm.items()},
+        })
+        served.close()
+        shutil.rmtree(served.model_dir, ignore_errors=True)
     if eager is not None:
         report["mismatches_graphs_vs_eager"] = sum(a != b for a, b in zip(outputs["engine_b16"],
                                                                           outputs["engine_eager_b16"]))
     return report
+
+
+def _vllm_backend(model, tok, kb, options: dict):
+    """The vLLM backend over ``model`` saved as a checkpoint, with the engine's paper options."""
+    import tempfile
+
+    from ..checkpoint import save_checkpoint
+    from ..generate.vllm import VLLMLookupGenerator
+
+    folder = Path(tempfile.mkdtemp(prefix="lmlm-vllm-bench-"))
+    save_checkpoint(folder, model, tok)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return VLLMLookupGenerator(folder, kb, tokenizer=tok, **PAPER_OPTIONS, **{"dtype": dtype, **options})
 
 
 def _tps(key: str) -> str:

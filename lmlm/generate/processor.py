@@ -77,13 +77,20 @@ class RowGrammar:
         max_lookups: calls the row may open in all; calls: those it has made before this request.
         max_field_tokens: longest entity or relation.
         use_db: ``False`` bans the four markers everywhere.
+        force_at: offsets into the continuation where a call must begin (as the engine's
+            ``force_lookup_at``: a call still open moves it to right after its end); ``origin``: the
+            position of the continuation's first token in the row (the prompt's length).
+        trie: a :class:`lmlm.generate.trie.TokenTrie` of ``entity <|sep|> relation <|db_retrieve|>``
+            paths; a query inside it keeps to its next tokens (the engine's ``constrained=True``).
     """
 
     def __init__(self, call_ids, stop_ids, logit_bias=None, max_lookups: int = 16, calls: int = 0,
-                 max_field_tokens: int = 24, use_db: bool = True):
+                 max_field_tokens: int = 24, use_db: bool = True, force_at=None, origin: int = 0, trie=None):
         self.call_ids, self.stop_ids, self.logit_bias = tuple(call_ids), tuple(stop_ids), logit_bias
         self.max_lookups, self.max_field_tokens, self.use_db = max_lookups, max_field_tokens, use_db
+        self.force_at, self.origin, self.trie = tuple(force_at or ()), origin, trie
         self.calls, self.kind, self.pos, self.seen = calls, 0, -1, 0  # counted from the request's first output
+        self.start = -1  # the position of the row's last <|db_start|>
         self._kinds = {i: k for k, i in enumerate(self.call_ids, 1)}
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -93,6 +100,13 @@ class RowGrammar:
             if k:
                 self.kind, self.pos = k, offset + j
                 self.calls += count and k == 1
+                if k == 1:
+                    self.start = offset + j
+
+    def _start_due(self, length: int) -> bool:
+        """Whether the row owes a call: a ``force_at`` offset has passed with no call begun since."""
+        due = [p for p in self.force_at if p <= length - self.origin]
+        return bool(due) and self.start < self.origin + due[-1]
 
     def __call__(self, prompt_ids: list[int], output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
         if self._tables is None or self._tables[0].device != logits.device:
@@ -109,11 +123,25 @@ class RowGrammar:
             return (logits + bias).masked_fill_(ban[NO_DB], _NEG_INF)
         state = field_state(self.kind, self.pos, length, self.calls, self.max_lookups)
         logits = (logits + bias).masked_fill_(ban[state], _NEG_INF)
+        if self.kind in (0, 4) and self.force_at and self._start_due(length):
+            return _only(logits, self.call_ids[0])
+        if self.kind in (1, 2) and self.trie is not None and self.start >= 0:
+            row = (prompt_ids[self.start + 1:] if self.start + 1 < n else []) + output_ids[max(self.start + 1 - n, 0):]
+            ids = self.trie.next_tokens(row)
+            if ids is not None:  # the tree ends every path, so no field needs cutting
+                ids = ids.to(logits.device)
+                keep = logits[ids]
+                return logits.fill_(_NEG_INF).index_copy_(0, ids, keep)
         if self.kind in (1, 2) and length - 1 - self.pos >= self.max_field_tokens:
-            forced = self.call_ids[self.kind]  # sep after the entity, retrieve after the relation
-            logits.fill_(_NEG_INF)
-            logits[forced] = 0.0
+            return _only(logits, self.call_ids[self.kind])  # sep after the entity, retrieve after the relation
         return logits
+
+
+def _only(logits: torch.Tensor, token: int) -> torch.Tensor:
+    """``logits`` (one row) edited so that ``token`` is the only choice."""
+    logits.fill_(_NEG_INF)
+    logits[token] = 0.0
+    return logits
 
 
 class Plan(NamedTuple):

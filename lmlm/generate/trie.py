@@ -139,6 +139,10 @@ class KeyTrie(TokenTrie):
     def __contains__(self, key: tuple[str, str]) -> bool:
         return tuple(key) in self._paths
 
+    def paths(self) -> list[tuple[int, ...]]:
+        """Every key's token path, as of the last :meth:`refresh`."""
+        return list(self._paths.values())
+
     def path(self, entity: str, relation: str) -> tuple[int, ...]:
         """The token path of a key: entity ids, ``<|sep|>``, relation ids, ``<|db_retrieve|>``."""
         return self._paths[(entity, relation)]

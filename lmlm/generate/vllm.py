@@ -37,14 +37,16 @@ class VLLMLookupGenerator:
         kb (optional): the knowledge base (``lookup_batch``); ``None`` misses every lookup.
         tokenizer (`LookupTokenizer`, optional): default: loaded from ``model`` with ``tokens``.
         tokens: the lookup token vocabulary when loading the tokenizer (``paper`` or ``released``).
-        logit_bias, max_lookups, max_field_tokens, fallback, on_miss, use_db: as for
-            :class:`lmlm.generate.LookupGenerator`.
+        logit_bias, max_lookups, max_field_tokens, fallback, on_miss, use_db, constrained, matching: as for
+            :class:`lmlm.generate.LookupGenerator` (``constrained``: the KB's prefix tree of keys, written
+            to a file the engine's process reads, again whenever the KB's version moves).
         **llm_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``dtype``, ...).
     """
 
     def __init__(self, model: str | Path, kb=None, *, tokenizer: LookupTokenizer | None = None, tokens=None,
                  logit_bias=PAPER_LOGIT_BIAS, max_lookups: int = 16, max_field_tokens: int = 24,
-                 fallback: str | None = "unknown", on_miss: str = "text", use_db: bool = True, **llm_kwargs):
+                 fallback: str | None = "unknown", on_miss: str = "text", use_db: bool = True,
+                 constrained: bool = False, matching: str | None = None, **llm_kwargs):
         try:
             from vllm import LLM
         except ImportError as e:
@@ -56,8 +58,18 @@ class VLLMLookupGenerator:
             tokenizer = load_tokenizer(model, vocab) if vocab is not None else load_tokenizer(model)
         self.tok, self.kb = tokenizer, kb
         self.options = dict(logit_bias=logit_bias, max_lookups=max_lookups, max_field_tokens=max_field_tokens,
-                            fallback=fallback, on_miss=on_miss, use_db=use_db)
-        Answerer(tokenizer, kb, fallback=fallback, on_miss=on_miss)  # validate the options now
+                            fallback=fallback, on_miss=on_miss, use_db=use_db, matching=matching,
+                            use_context=not constrained)
+        Answerer(tokenizer, kb, fallback=fallback, on_miss=on_miss, matching=matching)  # validate the options now
+        self.trie = self._trie_dir = None
+        if constrained:
+            if kb is None or not use_db:
+                raise ValueError("constrained=True needs a KB and use_db=True")
+            import tempfile
+
+            from .trie import KeyTrie
+            self.trie, self._trie_dir = KeyTrie(kb, tokenizer), tempfile.TemporaryDirectory(prefix="lmlm-trie-")
+            self._trie_file: tuple[int | None, str] = (None, "")
         # the row grammar's settings (plain lists, for vLLM's engine process), the same for every row and round
         self._grammar = dict(call_ids=list(tokenizer.call_ids), stop_ids=sorted({tokenizer.eos_id, tokenizer.doc_id}),
                              logit_bias=list(logit_bias) if logit_bias is not None else None, max_lookups=max_lookups,
@@ -65,23 +77,42 @@ class VLLMLookupGenerator:
         from .vllm_grammar import LookupGrammar
 
         processors = [*(llm_kwargs.pop("logits_processors", None) or ()), LookupGrammar]
+        self.model_dir = model
         self.llm = LLM(model=str(model), enable_prefix_caching=True, logits_processors=processors, **llm_kwargs)
+
+    def close(self) -> None:
+        """Stop vLLM's engine (its process and GPU memory) and remove the prefix tree's files."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self.llm = None
+        if self._trie_dir is not None:
+            self._trie_dir.cleanup()
 
     def prompt_ids(self, prompt: str, force_lookup: bool = False) -> list[int]:
         return [self.tok.doc_id, *self.tok.encode_text(prompt)] + ([self.tok.start_id] if force_lookup else [])
 
     def generate(self, prompts: Sequence[str], *, max_new_tokens: int = 64, force_lookup: bool = False,
+                 force_lookup_at: Sequence[int] | Sequence[Sequence[int]] | None = None,
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
                  seed: int | None = None, ignore_eos: bool = False) -> list[GenerationResult]:
-        """Continue each prompt (greedy at ``temperature=0``); one :class:`GenerationResult` per prompt."""
+        """Continue each prompt (greedy at ``temperature=0``); one :class:`GenerationResult` per prompt.
+        ``force_lookup_at``: offsets into the continuation where a call must begin, as for
+        :meth:`lmlm.generate.LookupGenerator.generate`."""
+        from .base import _force_offsets
+
         if isinstance(prompts, str):
             raise TypeError("generate expects a list of prompts, got a single string")
+        if (force_lookup or force_lookup_at is not None) and not self.options["use_db"]:
+            raise ValueError("force_lookup and force_lookup_at need use_db=True")
+        force_at = _force_offsets(force_lookup_at, len(prompts))
         tok = self.tok
         prompt_ids = [self.prompt_ids(p, force_lookup) for p in prompts]
         new: list[list[int]] = [open_call(ids, tok) for ids in prompt_ids]  # a forced call is part of the output
         budget = [max_new_tokens] * len(prompts)
-        answers = Answerer(tok, self.kb, fallback=self.options["fallback"], on_miss=self.options["on_miss"],
-                           matching=self.options.get("matching"))
+        o = self.options
+        answers = Answerer(tok, self.kb, fallback=o["fallback"], on_miss=o["on_miss"], matching=o["matching"],
+                           use_context=o["use_context"])
         stops = [] if ignore_eos else sorted({tok.eos_id, tok.doc_id})
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1,
                         repetition_penalty=repetition_penalty, seed=seed, ignore_eos=ignore_eos)
@@ -93,8 +124,11 @@ class VLLMLookupGenerator:
         window = 2 * self.options["max_field_tokens"] + 2
         active = [i for i in range(len(prompts)) if budget[i] > 0]
         while active:
+            trie = self._trie_path()
+            rows = {i: dict(trie=trie, origin=len(prompt_ids[i]) - skip[i],
+                            force_at=list(force_at[i]) if force_at else None) for i in active}
             outs = self._round([full(i) for i in active],
-                               [self._params(new[i], budget[i], stops, sampling) for i in active])
+                               [self._params(new[i], budget[i], stops, sampling, rows[i]) for i in active])
             asking = []
             for i, got in zip(active, outs):
                 budget[i] -= len(got)
@@ -118,14 +152,30 @@ class VLLMLookupGenerator:
         return [build_result(p, ids, tok, answers, self.options["max_field_tokens"], prefix=pi[:len(pi) - s])
                 for p, ids, pi, s in zip(prompts, new, prompt_ids, skip)]
 
-    def _params(self, so_far: list[int], budget: int, stops: list[int], sampling: dict):
+    def _trie_path(self) -> str | None:
+        """The file of the prefix tree's key paths for the KB's current version (``None``: unconstrained)."""
+        if self.trie is None:
+            return None
+        self.trie.refresh()
+        version, path = self._trie_file
+        if version != self.trie.version:
+            import json
+
+            path = f"{self._trie_dir.name}/keys-{self.trie.version}.json"
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                json.dump([list(p) for p in self.trie.paths()], f)
+            Path(path + ".tmp").replace(path)
+            self._trie_file = (self.trie.version, path)
+        return path
+
+    def _params(self, so_far: list[int], budget: int, stops: list[int], sampling: dict, row: dict):
         from vllm import SamplingParams
 
         from .vllm_grammar import GRAMMAR_ARG
 
         t, use_db = self.tok, self.options["use_db"]
         stop_ids = stops + ([t.retrieve_id] if use_db else [])
-        grammar = {**self._grammar, "calls": so_far.count(t.start_id)}  # calls made in earlier rounds
+        grammar = {**self._grammar, **row, "calls": so_far.count(t.start_id)}  # calls made in earlier rounds
         return SamplingParams(max_tokens=budget, stop_token_ids=stop_ids, detokenize=False, skip_special_tokens=False,
                               extra_args={GRAMMAR_ARG: grammar}, **sampling)
 

@@ -6,8 +6,10 @@ The vLLM backend (:mod:`lmlm.generate.vllm`) runs each row until ``<|db_retrieve
 lookup itself; within a round this processor gives the row the grammar the Hugging Face engine gives
 it: the markers' bias, the markers that cannot come next banned (``<|db_start|>`` inside a call or
 once ``max_lookups`` calls are made, the closing markers outside one, the stop tokens inside a field,
-an empty field closed), and a field of ``max_field_tokens`` tokens closed by force. A request takes
-it through ``SamplingParams(extra_args={"lmlm_grammar": {...}})`` (plain numbers and lists, so the
+an empty field closed), and a field of ``max_field_tokens`` tokens closed by force; with
+``force_at`` a call opened at those offsets, and with ``trie`` (a JSON file of the KB's key paths,
+read once per process) each query kept on a key. A request takes it through
+``SamplingParams(extra_args={"lmlm_grammar": {...}})`` (plain numbers, lists and a file name, so the
 engine's process can read them); requests without it are left alone.
 
 Imports vLLM: load it only where vLLM is installed.
@@ -15,9 +17,13 @@ Imports vLLM: load it only where vLLM is installed.
 
 from __future__ import annotations
 
+import functools
+import json
+
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 from .processor import RowGrammar
+from .trie import TokenTrie
 
 __all__ = ["LookupGrammar", "GRAMMAR_ARG"]
 
@@ -32,4 +38,15 @@ class LookupGrammar(AdapterLogitsProcessor):
 
     def new_req_logits_processor(self, params):
         spec = (params.extra_args or {}).get(GRAMMAR_ARG)
-        return None if spec is None else RowGrammar(**spec)
+        if spec is None:
+            return None
+        if spec.get("trie") is not None:
+            spec = {**spec, "trie": read_trie(spec["trie"])}
+        return RowGrammar(**spec)
+
+
+@functools.lru_cache(maxsize=4)
+def read_trie(path: str) -> TokenTrie:
+    """The prefix tree of a file of key paths (a JSON list of id lists); one file per KB version."""
+    with open(path, encoding="utf-8") as f:
+        return TokenTrie(json.load(f))

@@ -3,6 +3,7 @@ paper's sizes are measured by the command itself, not here)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -69,6 +70,16 @@ def test_paper_preset_bad_options_are_one_error_line(tmp_path):
     assert res.exit_code == 2 and "error: unknown model preset(s) gpt9: --models" in res.output
     res = runner.invoke(app, ["bench", "generate", "--preset", "huge"])
     assert res.exit_code == 2 and "error: unknown preset 'huge'" in res.output
+    res = runner.invoke(app, ["bench", "generate", "--vllm"])
+    assert res.exit_code == 2 and "error: the vLLM backend is measured by the paper preset: --preset paper" in res.output
+    res = runner.invoke(app, ["bench", "generate", "--preset", "paper", "--vllm-option", "dtype=float16"])
+    assert res.exit_code == 2 and "error: --vllm-option is for the vLLM run: --vllm" in res.output
+    if importlib.util.find_spec("vllm") is None:
+        res = runner.invoke(app, ["bench", "generate", "--preset", "paper", "--vllm"])
+        assert res.exit_code == 2 and "pip install 'lmlm[vllm]'" in res.output
+    else:
+        res = runner.invoke(app, ["bench", "generate", "--preset", "paper", "--vllm", "--vllm-option", "=1"])
+        assert res.exit_code == 2 and "error: expected KEY=VALUE, got '=1': --vllm-option" in res.output
 
 
 def test_the_paper_inputs_are_the_dumps_plain_texts_and_infobox_kb(tmp_path):

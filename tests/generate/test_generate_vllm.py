@@ -14,6 +14,7 @@ from gen_support import bio_prompts, make_kb, trained_world
 from lmlm.checkpoint import save_checkpoint
 from lmlm.generate import LookupGenerator
 from lmlm.generate.processor import PAPER_LOGIT_BIAS, LookupLogitsProcessor, RowGrammar
+from lmlm.generate.trie import KeyTrie, TokenTrie
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -55,6 +56,45 @@ def test_the_row_grammar_scores_as_the_engine_processor_does():
     assert min(compared.values()) >= 10, compared  # every state was met
 
 
+def test_the_row_grammar_forces_calls_and_keeps_queries_on_keys_as_the_engine_does(tmp_path):
+    """Decoding random scores a token at a time with calls forced at offsets and the KB's prefix tree: the
+    per-row grammar (fed the tree's paths, as vLLM's process reads them) leaves the engine processor's
+    scores at every step the engine does not force a value, and the rows make whole calls on real keys."""
+    world = trained_world()
+    tok, kb = world.tok, make_kb(world, str(tmp_path / "kb"))
+    trie = KeyTrie(kb, tok)
+    rng = torch.Generator().manual_seed(0)
+    compared = {"forced start": 0, "in tree": 0, "free": 0}
+    for seed in range(6):
+        prompt = [tok.doc_id, *tok.encode_text(f"Person {seed} was born in")]
+        offsets = [2, 9 + seed, 30]
+        engine = LookupLogitsProcessor(tok, kb, logit_bias=None, max_lookups=8, constraint=trie,
+                                       force_at=[offsets], count_from=len(prompt))
+        grammar = RowGrammar(tok.call_ids, sorted({tok.eos_id, tok.doc_id}), None, max_lookups=8,
+                             force_at=offsets, origin=len(prompt), trie=TokenTrie(trie.paths()))
+        out: list[int] = []
+        while len(out) < 60:
+            scores = torch.randn(1, len(tok), generator=rng)
+            want = engine(torch.tensor([prompt + out]), scores.clone())[0]
+            last = [t for t in prompt + out if t in tok.call_ids][-1:]
+            if last != [tok.retrieve_id]:  # the engine forces the value here; vLLM stops the row instead
+                got = grammar(prompt, list(out), scores[0].clone())
+                assert torch.equal(got, want), (seed, out)
+                allowed = int(torch.isfinite(want).sum())
+                kind = "forced start" if allowed == 1 and int(want.argmax()) == tok.start_id else \
+                    "in tree" if last == [tok.start_id] or last == [tok.sep_id] else "free"
+                compared[kind] += 1
+            out.append(int(want.argmax()))
+        calls = [i for i, t in enumerate(out) if t == tok.start_id]
+        assert calls[:1] == [2]  # the first call opens at its offset
+        for c in calls:
+            body = out[c + 1:]
+            if tok.retrieve_id in body:
+                query = body[:body.index(tok.retrieve_id) + 1]
+                assert tuple(query) in set(trie.paths())  # a real key, whole
+    assert min(compared.values()) >= 10, compared
+
+
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install 'lmlm[vllm]')")
 def test_vllm_matches_the_engine(tmp_path):
     from lmlm.generate.vllm import VLLMLookupGenerator
@@ -75,3 +115,53 @@ def test_vllm_matches_the_engine(tmp_path):
         for t in r.trace:
             if t.found:
                 assert t.value == world.facts[(t.matched_entity, t.matched_relation)]
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install 'lmlm[vllm]')")
+def test_vllm_forces_calls_on_keys_as_the_engine_does(tmp_path):
+    """``force_lookup_at`` with the KB's prefix tree (the paper bench's setting) on vLLM: calls open at
+    the offsets, every query is a key of the KB answered with its value, and the rows are the engine's."""
+    from lmlm.generate.vllm import VLLMLookupGenerator
+
+    world = trained_world()
+    folder = save_checkpoint(tmp_path / "ckpt", world.model, world.tok)
+    kb = make_kb(world, str(tmp_path / "kb"))
+    prompts = bio_prompts(world, 8)
+    options = dict(logit_bias=None, max_lookups=8, constrained=True)
+    offsets = [1, 14, 27]
+    engine = LookupGenerator(world.model, world.tok, kb, **options).generate(
+        prompts, max_new_tokens=40, ignore_eos=True, force_lookup_at=offsets)
+    gen = VLLMLookupGenerator(folder, kb, tokenizer=world.tok, gpu_memory_utilization=0.2, enforce_eager=True,
+                              dtype="float32", **options)
+    served = gen.generate(prompts, max_new_tokens=40, ignore_eos=True, force_lookup_at=offsets)
+    gen.close()
+    assert sum(a.token_ids == b.token_ids for a, b in zip(engine, served)) >= 6  # kernels round differently
+    start = world.tok.start_id
+    for r in served:
+        assert len(r.token_ids) == 40
+        assert start in r.token_ids[:2] and len(r.trace) >= 3  # a call open at offset 1 moves it to its end
+        for t in r.trace:
+            if t.status not in ("unfinished", "unanswered"):
+                assert t.found and t.value == world.facts[(t.query_entity, t.query_relation)]
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install 'lmlm[vllm]')")
+def test_the_paper_bench_runs_vllm_beside_the_engine(tmp_path):
+    """``lmlm bench generate --preset paper --vllm`` on tiny shapes: the vLLM rows are timed on the
+    engine's prompts and forced calls, and their tokens are compared with the engine's."""
+    from test_generate_bench_paper import SIZES, TINY, _texts
+
+    from lmlm.bench.generate_paper import run_paper_bench
+
+    world = trained_world()
+    kb = make_kb(world, str(tmp_path / "kb"))
+    shape = {**TINY, "hidden_size": 128}  # vLLM's CPU attention needs heads of 32 dimensions or more
+    report = run_paper_bench({"gpt2": world.tok}, kb, _texts(world), models=["gpt2-124m"], model_overrides=shape,
+                             sizes=SIZES, log=lambda msg: None,
+                             vllm=dict(gpu_memory_utilization=0.2, enforce_eager=True))
+    r = report["models"]["gpt2-124m"]
+    assert r["vllm_tps_b1"] > 0 and r["vllm_tps_b16"] > 0 and r["engine_vs_vllm_b1"] > 0
+    assert r["vllm_options"]["enforce_eager"] == "True"
+    assert r["vllm_lookups_per_256_tokens"] == r["lookups_per_256_tokens"]
+    # float32 on both; a random model's near-ties may still round apart
+    assert r["mismatches_vllm_vs_engine_b16"] <= 1 and r["mismatches_vllm_vs_engine_b1"] <= 1
