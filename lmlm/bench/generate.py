@@ -213,7 +213,7 @@ def bench_generate(model: Optional[Path] = typer.Option(None, help="checkpoint (
                    threads: int = typer.Option(1, help="torch threads"),
                    device: str = typer.Option("cpu", help="where the model runs: cpu, cuda, cuda:1, ..."),
                    vllm: bool = typer.Option(False, "--vllm", help="paper preset: the vLLM backend beside the engine "
-                                             "(pip install 'lmlm[vllm]')"),
+                                             "(pip install 'lmlm\\[vllm]')"),
                    vllm_option: List[str] = typer.Option(
                        None, help="with --vllm: KEY=VALUE passed to vllm.LLM, VALUE read as JSON where it parses "
                                   "(default: gpu_memory_utilization=0.3)")):
