@@ -83,7 +83,8 @@ def is_checkpoint(folder: str | Path) -> bool:
     return (folder / META_FILE).exists() and (folder / "config.json").exists()
 
 
-def open_model(path: str | Path, tokens: str | LookupTokens | None = None, device: str | None = None, dtype=None):
+def open_model(path: str | Path, tokens: str | LookupTokens | None = None, device: str | None = None, dtype=None,
+               weights: bool = True):
     """Open a model and its :class:`LookupTokenizer`: the one opener of generate, eval, serve and the harness.
 
     Args:
@@ -93,6 +94,8 @@ def open_model(path: str | Path, tokens: str | LookupTokens | None = None, devic
             :class:`LookupTokens`; default: the checkpoint's ``lmlm.json``, else whichever
             vocabulary the tokenizer carries (``paper`` first).
         device, dtype: where and in which dtype to load the weights (default: CPU, as saved).
+        weights: ``False`` opens the tokenizer and ``lmlm.json`` alone (the model is ``None``), for a
+            backend that loads the weights itself (vLLM).
 
     Returns:
         ``(model, tokenizer, meta)``: the model in eval mode, the tokenizer, and the ``lmlm.json`` dict
@@ -127,6 +130,8 @@ def open_model(path: str | Path, tokens: str | LookupTokens | None = None, devic
     if missing:
         raise ModelOpenError(f"{where}: its tokenizer has no {', '.join(missing)}: the model was not trained with "
                              "these lookup tokens (tokens='released' for the authors' checkpoints, 'paper' for ours)")
+    if not weights:
+        return None, LookupTokenizer(hf, tokens), meta
     kwargs = {"dtype": dtype} if dtype is not None else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(where, **kwargs)

@@ -249,20 +249,14 @@ def _vllm_options(on: bool, specs: list[str], preset: str) -> dict | None:
         return None
     if preset != "paper":
         _fail("the vLLM backend is measured by the paper preset", "--preset paper")
-    import importlib.util
+    from ..generate.vllm import llm_options, vllm_installed
 
-    if importlib.util.find_spec("vllm") is None:
+    if not vllm_installed():
         _fail("the vLLM backend needs vllm: pip install 'lmlm[vllm]'", "--vllm")
-    options: dict = {"gpu_memory_utilization": 0.3}
-    for spec in specs:
-        key, eq, value = spec.partition("=")
-        if not eq or not key.isidentifier():
-            _fail(f"expected KEY=VALUE, got {spec!r}", "--vllm-option")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
+    try:
+        return llm_options(specs, {"gpu_memory_utilization": 0.3})
+    except ValueError as e:
+        _fail(str(e), "--vllm-option")
 
 
 def _paper(quick: bool, tokenizer: list[str], wiki: Optional[Path], models: str, cache: Path, repeats: int,

@@ -42,7 +42,12 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
              stop: List[str] = typer.Option(None, help="stop at this text (repeatable)"),
              seed: Optional[int] = typer.Option(None),
              stream: bool = typer.Option(False, help="print the continuation as it is generated"),
-             as_json: bool = typer.Option(False, "--json", help="print results with traces as JSON")):
+             as_json: bool = typer.Option(False, "--json", help="print results with traces as JSON"),
+             backend: str = typer.Option("hf", help="'hf': the engine (transformers, CPU or GPU); 'vllm': vLLM on a "
+                                         "GPU (pip install 'lmlm\\[vllm]'; no --stream, --num-beams, --copy-bias or --stop)"),
+             vllm_option: List[str] = typer.Option(None, help="with --backend vllm: KEY=VALUE passed to vllm.LLM, "
+                                                   "VALUE read as JSON where it parses (e.g. "
+                                                   "gpu_memory_utilization=0.5)")):
     """Generate with lookups; the looked-up facts are highlighted."""
     from ..generate import LookupGenerator
     from rich.markup import escape
@@ -52,22 +57,31 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
     from ..kb import KBError
     from ..lookup import Lookup
 
+    llm = _vllm_options(backend, vllm_option or [], stream=stream, num_beams=num_beams, copy_bias=copy_bias,
+                        stop=bool(stop))
     try:
-        m, tok, meta = load_model(model, tokens=tokens)
+        m, tok, meta = load_model(model, tokens=tokens, weights=llm is None)
         bias = tuple(float(b) for b in logit_bias.split(","))
         kb_path = kb or kb_of(meta, model)
         if not no_db and kb_path is None:
             _fail("no knowledge base: pass --kb or --no-db")
         base = None if no_db else open_kb(kb_path)
         policy = fallback if fallback in ("nearest", "skip") else "text"
-        gen = LookupGenerator(m, tok, base, use_db=not no_db, constrained=constrained, logit_bias=bias,
-                              max_lookups=max_lookups, on_miss=policy, matching=matching, copy_bias=copy_bias,
-                              fallback="unknown" if policy != "text" else fallback)
+        lookups = dict(use_db=not no_db, constrained=constrained, logit_bias=bias, max_lookups=max_lookups,
+                       on_miss=policy, matching=matching, fallback="unknown" if policy != "text" else fallback)
+        if llm is None:
+            gen = LookupGenerator(m, tok, base, copy_bias=copy_bias, **lookups)
+        else:
+            from .vllm import VLLMLookupGenerator
+            gen = VLLMLookupGenerator(model, base, tokenizer=tok, **lookups, **llm)
     except (KBError, ValueError, OSError) as e:
         _fail(str(e))
     options = dict(max_new_tokens=max_new_tokens, force_lookup=force_lookup, do_sample=sample, temperature=temperature,
                    top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty, num_beams=num_beams,
                    stop_strings=stop or None, seed=seed)
+    if llm is not None:  # vLLM samples at temperature > 0 and decodes greedily at 0
+        options = dict(max_new_tokens=max_new_tokens, force_lookup=force_lookup, temperature=temperature if sample
+                       else 0.0, top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty, seed=seed)
 
     def show_lookup(entity: str, relation: str, value: str) -> None:
         console.print(f"[reverse cyan]⟦{escape(entity)} · {escape(relation)} → {escape(value)}⟧[/]", end="")
@@ -83,7 +97,7 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
             console.print(f"  [dim]lookup {query} -> {escape(repr(t.value))} {info}[/]{note}", highlight=False)
 
     try:
-        if stream and not as_json:
+        if stream and not as_json:  # the hf backend only (checked above)
             for p in prompt:
                 console.print(f"[bold]{escape(p)}[/]", end="")
                 for event in gen.stream(p, **options):
@@ -110,3 +124,26 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
                 console.print(seg.text, end="", markup=False, highlight=False)
         console.print()
         show_trace(r)
+
+
+def _vllm_options(backend: str, specs: list[str], *, stream: bool, num_beams: int, copy_bias: float,
+                  stop: bool) -> dict | None:
+    """``--backend`` and ``--vllm-option`` as ``vllm.LLM``'s keyword arguments (``None``: the engine)."""
+    if backend not in ("hf", "vllm"):
+        _fail(f"--backend must be 'hf' or 'vllm', got {backend!r}")
+    if backend == "hf":
+        if specs:
+            _fail("--vllm-option needs --backend vllm")
+        return None
+    unsupported = [flag for flag, on in (("--stream", stream), ("--num-beams", num_beams > 1),
+                                         ("--copy-bias", copy_bias > 0), ("--stop", stop)) if on]
+    if unsupported:
+        _fail(f"{', '.join(unsupported)} not with --backend vllm")
+    from .vllm import llm_options, vllm_installed
+
+    if not vllm_installed():
+        _fail("--backend vllm needs vllm: pip install 'lmlm[vllm]'")
+    try:
+        return llm_options(specs)
+    except ValueError as e:
+        _fail(f"--vllm-option: {e}")

@@ -20,11 +20,12 @@ from ..lookup import LookupTokens
 __all__ = ["load_model", "open_kb"]
 
 
-def load_model(path: str | Path, tokens: str | LookupTokens | None = None, device: str | None = None, dtype=None):
+def load_model(path: str | Path, tokens: str | LookupTokens | None = None, device: str | None = None, dtype=None,
+               weights: bool = True):
     """Load a model and its :class:`LookupTokenizer` for generation (:func:`lmlm.checkpoint.open_model`)."""
     from ..checkpoint import open_model
 
-    return open_model(path, tokens=tokens, device=device, dtype=dtype)
+    return open_model(path, tokens=tokens, device=device, dtype=dtype, weights=weights)
 
 
 def open_kb(path: str | Path):

@@ -7,7 +7,9 @@ go back in. vLLM's prefix caching keeps the KV blocks of the text already seen, 
 only what was appended. Within a round the grammar is the Hugging Face engine's
 (:mod:`lmlm.generate.vllm_grammar` applies :func:`lmlm.generate.processor.grammar_tables` to each
 row: the markers' bias, the markers that cannot come next banned, over-long fields closed); the
-value and ``<|db_end|>`` are appended here rather than forced token by token.
+value and ``<|db_end|>`` are appended here rather than forced token by token. Calls forced at offsets
+(``force_lookup_at``) and queries kept on the KB's keys (``constrained=True``) work as in the engine:
+the prefix tree reaches vLLM's engine process as a file of key paths, one per KB version.
 
 Install with ``pip install 'lmlm[vllm]'``.
 
@@ -27,7 +29,32 @@ from .answers import Answerer, call_context, call_start, query_key
 from .processor import PAPER_LOGIT_BIAS
 from .trace import GenerationResult, build_result, open_call
 
-__all__ = ["VLLMLookupGenerator"]
+__all__ = ["VLLMLookupGenerator", "llm_options"]
+
+
+def llm_options(specs: Sequence[str], defaults: dict | None = None) -> dict:
+    """``KEY=VALUE`` strings as keyword arguments of ``vllm.LLM``, each VALUE read as JSON where it
+    parses (``0.3``, ``true``, ``{"backend": ...}``) and kept as text otherwise; ValueError names a
+    malformed one."""
+    import json
+
+    options = dict(defaults or {})
+    for spec in specs:
+        key, eq, value = spec.partition("=")
+        if not eq or not key.isidentifier():
+            raise ValueError(f"expected KEY=VALUE, got {spec!r}")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def vllm_installed() -> bool:
+    """Whether vLLM can be imported here (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 class VLLMLookupGenerator:
     """Generate with lookups on a vLLM engine.

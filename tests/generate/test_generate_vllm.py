@@ -165,3 +165,51 @@ def test_the_paper_bench_runs_vllm_beside_the_engine(tmp_path):
     assert r["vllm_lookups_per_256_tokens"] == r["lookups_per_256_tokens"]
     # float32 on both; a random model's near-ties may still round apart
     assert r["mismatches_vllm_vs_engine_b16"] <= 1 and r["mismatches_vllm_vs_engine_b1"] <= 1
+
+
+def test_generate_backend_options_fail_in_one_line(tmp_path):
+    """``lmlm generate --backend``: a bad value, options the vLLM backend does not take, and a missing vLLM
+    each end the command with one error line, before any model is opened."""
+    from typer.testing import CliRunner
+
+    from lmlm.cli import app
+
+    runner = CliRunner()
+    base = ["generate", "x", "--model", str(tmp_path / "none"), "--no-db"]
+    for extra, message in ((["--backend", "tgi"], "--backend must be 'hf' or 'vllm', got 'tgi'"),
+                           (["--vllm-option", "dtype=float32"], "--vllm-option needs --backend vllm"),
+                           (["--backend", "vllm", "--stream", "--num-beams", "2"],
+                            "--stream, --num-beams not with --backend vllm")):
+        res = runner.invoke(app, base + extra)
+        assert res.exit_code == 2 and f"error: {message}" in res.output, res.output
+    res = runner.invoke(app, base + ["--backend", "vllm", "--vllm-option", "=1"])
+    want = "--vllm-option: expected KEY=VALUE, got '=1'" if HAS_VLLM else "pip install 'lmlm[vllm]'"
+    assert res.exit_code == 2 and want in res.output, res.output
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install 'lmlm[vllm]')")
+def test_lmlm_generate_on_vllm_writes_what_the_engine_writes(tmp_path):
+    """``lmlm generate --backend vllm --json``: the engine's continuations and lookups, from the command line."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from lmlm.cli import app
+
+    world = trained_world()
+    folder = save_checkpoint(tmp_path / "ckpt", world.model, world.tok)
+    make_kb(world, str(tmp_path / "kb")).close()
+    prompts = bio_prompts(world, 3)
+    args = ["generate", *prompts, "--model", str(folder), "--kb", str(tmp_path / "kb"), "--max-new-tokens", "30",
+            "--json", "--constrained"]
+    runner = CliRunner()
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    engine = json.loads(res.stdout)
+    res = runner.invoke(app, args + ["--backend", "vllm", "--vllm-option", "gpu_memory_utilization=0.2",
+                                     "--vllm-option", "enforce_eager=true", "--vllm-option", "dtype=float32"])
+    assert res.exit_code == 0, res.output
+    served = json.loads(res.stdout[res.stdout.index("[\n"):])  # vLLM may log to stdout before the JSON
+    assert sum(a["text"] == b["text"] for a, b in zip(engine, served)) >= 2  # kernels round differently
+    for r in served:
+        assert r["trace"] and all(t["found"] for t in r["trace"] if t["status"] not in ("unfinished", "unanswered"))
