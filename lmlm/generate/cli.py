@@ -76,12 +76,12 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
             gen = VLLMLookupGenerator(model, base, tokenizer=tok, **lookups, **llm)
     except (KBError, ValueError, OSError) as e:
         _fail(str(e))
-    options = dict(max_new_tokens=max_new_tokens, force_lookup=force_lookup, do_sample=sample, temperature=temperature,
-                   top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty, num_beams=num_beams,
-                   stop_strings=stop or None, seed=seed)
-    if llm is not None:  # vLLM samples at temperature > 0 and decodes greedily at 0
-        options = dict(max_new_tokens=max_new_tokens, force_lookup=force_lookup, temperature=temperature if sample
-                       else 0.0, top_p=top_p, top_k=top_k, repetition_penalty=repetition_penalty, seed=seed)
+    options = dict(max_new_tokens=max_new_tokens, force_lookup=force_lookup, top_p=top_p, top_k=top_k,
+                   repetition_penalty=repetition_penalty, seed=seed)
+    if llm is None:
+        options.update(do_sample=sample, temperature=temperature, num_beams=num_beams, stop_strings=stop or None)
+    else:  # vLLM samples at temperature > 0 and decodes greedily at 0
+        options.update(temperature=temperature if sample else 0.0)
 
     def show_lookup(entity: str, relation: str, value: str) -> None:
         console.print(f"[reverse cyan]⟦{escape(entity)} · {escape(relation)} → {escape(value)}⟧[/]", end="")

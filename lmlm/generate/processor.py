@@ -55,6 +55,13 @@ def grammar_tables(call_ids: Sequence[int], stop_ids: Sequence[int], logit_bias,
     return kind, ban, bias
 
 
+def call_due(offsets, length: int, origin: int, last_start: int) -> bool:
+    """Whether a row of ``length`` ids owes a call: one of ``offsets`` (counted from ``origin``, the
+    continuation's first position) has passed with no ``<|db_start|>`` at or after it (``last_start``)."""
+    due = [p for p in offsets if p <= length - origin]
+    return bool(due) and last_start < origin + due[-1]
+
+
 def field_state(kind: int, pos: int, length: int, calls: int, max_lookups: int) -> int:
     """The state of a row of ``length`` ids whose last marker, of ``kind``, stands at ``pos``."""
     if kind in (0, 4):
@@ -103,11 +110,6 @@ class RowGrammar:
                 if k == 1:
                     self.start = offset + j
 
-    def _start_due(self, length: int) -> bool:
-        """Whether the row owes a call: a ``force_at`` offset has passed with no call begun since."""
-        due = [p for p in self.force_at if p <= length - self.origin]
-        return bool(due) and self.start < self.origin + due[-1]
-
     def __call__(self, prompt_ids: list[int], output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
         if self._tables is None or self._tables[0].device != logits.device:
             _, ban, bias = grammar_tables(self.call_ids, self.stop_ids, self.logit_bias, logits.shape[-1])
@@ -123,7 +125,7 @@ class RowGrammar:
             return (logits + bias).masked_fill_(ban[NO_DB], _NEG_INF)
         state = field_state(self.kind, self.pos, length, self.calls, self.max_lookups)
         logits = (logits + bias).masked_fill_(ban[state], _NEG_INF)
-        if self.kind in (0, 4) and self.force_at and self._start_due(length):
+        if self.kind in (0, 4) and call_due(self.force_at, length, self.origin, self.start):
             return _only(logits, self.call_ids[0])
         if self.kind in (1, 2) and self.trie is not None and self.start >= 0:
             row = (prompt_ids[self.start + 1:] if self.start + 1 < n else []) + output_ids[max(self.start + 1 - n, 0):]
@@ -438,9 +440,7 @@ class LookupLogitsProcessor(LogitsProcessor):
     def _start_due(self, b: int, B: int, T: int, last_start: int) -> bool:
         """Whether row ``b`` owes a call: a ``force_at`` offset has passed with no call begun since."""
         offsets = self.force_at[b * len(self.force_at) // B]  # beams of one item share its offsets
-        now = T - self.count_from  # the offset of the token being chosen
-        due = [p for p in offsets if p <= now]
-        return bool(due) and last_start < self.count_from + due[-1]
+        return call_due(offsets, T, self.count_from, last_start)
 
     # -- lookups --------------------------------------------------------------------------------
     def _value_tokens(self, input_ids: torch.LongTensor, rows: list[tuple[int, int]],

@@ -29,7 +29,7 @@ from .answers import Answerer, call_context, call_start, query_key
 from .processor import PAPER_LOGIT_BIAS
 from .trace import GenerationResult, build_result, open_call
 
-__all__ = ["VLLMLookupGenerator", "llm_options"]
+__all__ = ["VLLMLookupGenerator", "llm_options", "vllm_installed"]
 
 
 def llm_options(specs: Sequence[str], defaults: dict | None = None) -> dict:
