@@ -74,6 +74,11 @@ class VLLMLookupGenerator:
                  logit_bias=PAPER_LOGIT_BIAS, max_lookups: int = 16, max_field_tokens: int = 24,
                  fallback: str | None = "unknown", on_miss: str = "text", use_db: bool = True,
                  constrained: bool = False, matching: str | None = None, **llm_kwargs):
+        import os
+
+        # vLLM logs to stdout by default; lmlm's commands print their results there (--json, the benches'
+        # JSON), so vLLM's logs go to stderr unless the caller chose a stream (its engine process inherits it)
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         try:
             from vllm import LLM
         except ImportError as e:
