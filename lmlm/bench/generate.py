@@ -49,7 +49,7 @@ from typing import Callable, List, Optional
 import typer
 
 from . import bench_app
-from .generate_paper import PAPER_MODELS, _device_name, plain_generate
+from .generate_paper import PAPER_DTYPES, PAPER_MODELS, _device_name, plain_generate
 
 __all__ = ["BENCH_WORLD", "BENCH_TRAIN", "build_bench_model", "bench_prompts", "run_generate_bench"]
 
@@ -212,6 +212,8 @@ def bench_generate(model: Optional[Path] = typer.Option(None, help="checkpoint (
                                                          "counts (default: 5; 1 for the paper preset)"),
                    threads: int = typer.Option(1, help="torch threads"),
                    device: str = typer.Option("cpu", help="where the model runs: cpu, cuda, cuda:1, ..."),
+                   dtype: str = typer.Option("float32", help="paper preset: the models' float32, bfloat16 or "
+                                             "float16 (vLLM's too)"),
                    vllm: bool = typer.Option(False, "--vllm", help="paper preset: the vLLM backend beside the engine "
                                              "(pip install 'lmlm\\[vllm]')"),
                    vllm_option: List[str] = typer.Option(
@@ -226,10 +228,15 @@ def bench_generate(model: Optional[Path] = typer.Option(None, help="checkpoint (
 
     check_device(device)  # before any model is trained
     served = _vllm_options(vllm, vllm_option or [], preset)
+    if dtype not in PAPER_DTYPES:
+        _fail(f"unknown dtype {dtype!r}", f"--dtype ({', '.join(PAPER_DTYPES)})")
     if preset == "paper":
-        report = _paper(quick, tokenizer or [], wiki, models, cache, repeats or 1, threads, device, log, served)
+        report = _paper(quick, tokenizer or [], wiki, models, cache, repeats or 1, threads, device, log, served,
+                        dtype)
     elif preset != "tiny":
         _fail(f"unknown preset {preset!r}", "--preset (tiny or paper)")
+    elif dtype != "float32":
+        _fail("the tiny preset runs in float32", "--dtype (with --preset paper)")
     else:
         if (model is None) != (kb is None):
             _fail("pass both --model and --kb, or neither", "--model/--kb")
@@ -260,7 +267,8 @@ def _vllm_options(on: bool, specs: list[str], preset: str) -> dict | None:
 
 
 def _paper(quick: bool, tokenizer: list[str], wiki: Optional[Path], models: str, cache: Path, repeats: int,
-           threads: int, device: str, log: Callable[[str], None], vllm: dict | None = None) -> dict:
+           threads: int, device: str, log: Callable[[str], None], vllm: dict | None = None,
+           dtype: str = "float32") -> dict:
     """The paper preset from the command's options; bad options end the command with one error line."""
     from ..generate.loading import open_kb
     from ..models import MODEL_PRESETS
@@ -293,7 +301,7 @@ def _paper(quick: bool, tokenizer: list[str], wiki: Optional[Path], models: str,
     kb_dir, texts = paper_inputs(cache / "paper", wiki, log=log)
     try:
         return run_paper_bench(toks, open_kb(kb_dir), texts, models=names, size="quick" if quick else "full",
-                               repeats=repeats, threads=threads, device=device, vllm=vllm, log=log)
+                               repeats=repeats, threads=threads, device=device, dtype=dtype, vllm=vllm, log=log)
     except ValueError as e:  # too few long texts in the dump
         _fail(str(e), str(wiki))
 

@@ -41,10 +41,11 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-__all__ = ["PAPER_MODELS", "PAPER_SIZES", "LOOKUP_PERIOD", "PAPER_OPTIONS", "paper_inputs", "paper_prompts",
-           "lookup_offsets", "run_paper_bench"]
+__all__ = ["PAPER_MODELS", "PAPER_DTYPES", "PAPER_SIZES", "LOOKUP_PERIOD", "PAPER_OPTIONS", "paper_inputs",
+           "paper_prompts", "lookup_offsets", "run_paper_bench"]
 
 PAPER_MODELS = ("gpt2-124m", "llama2-176m")
+PAPER_DTYPES = ("float32", "bfloat16", "float16")
 PAPER_SIZES = {  # prompt and continuation lengths, prompts timed at batch 1, rows of the batched run
     "full": dict(prompt_tokens=512, new_tokens=512, n_single=2, n_batch=16),
     "quick": dict(prompt_tokens=256, new_tokens=256, n_single=1, n_batch=16),
@@ -124,13 +125,14 @@ def lookup_offsets(new_tokens: int, period: int = LOOKUP_PERIOD) -> list[int]:
 def run_paper_bench(tokenizers: Mapping[str, object], kb, texts: Sequence[str], *,
                     models: Sequence[str] = PAPER_MODELS, model_overrides: dict | None = None,
                     size: str = "full", sizes: dict | None = None, repeats: int = 1, threads: int = 1,
-                    device: str = "cpu", cuda_graphs: bool | None = None, seed: int = 0,
+                    device: str = "cpu", dtype: str = "float32", cuda_graphs: bool | None = None, seed: int = 0,
                     vllm: dict | None = None, log: Callable[[str], None] = print) -> dict:
     """Measure every model of ``models`` (presets; the tokenizer named by each preset's ``tokenizer``
     field); returns ``{"models": {preset: report}, ...}`` ready for JSON (see the module docstring).
 
     ``model_overrides`` changes the presets' shapes (tests use tiny ones); ``sizes`` replaces
-    ``PAPER_SIZES[size]``; ``cuda_graphs`` is passed to the generators (``None``: on a CUDA device).
+    ``PAPER_SIZES[size]``; ``dtype``: the models' weights and activations (one of ``PAPER_DTYPES``), the
+    vLLM backend's too. ``cuda_graphs`` is passed to the generators (``None``: on a CUDA device).
     ``vllm``: options of ``vllm.LLM`` to run the vLLM backend beside the engine (``None``: not run).
     """
     import torch
@@ -145,14 +147,15 @@ def run_paper_bench(tokenizers: Mapping[str, object], kb, texts: Sequence[str], 
         if cfg.tokenizer not in tokenizers:
             raise ValueError(f"model {name} needs the {cfg.tokenizer!r} tokenizer; given: {', '.join(tokenizers)}")
         tok = tokenizers[cfg.tokenizer]
-        model = build_model(cfg, len(tok), tok, seed=seed).to(device).eval()
+        model = build_model(cfg, len(tok), tok, seed=seed).to(device, getattr(torch, dtype)).eval()
         prompts = paper_prompts(tok, texts, shape["n_batch"], shape["prompt_tokens"])
         log(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, vocabulary {len(tok):,}")
         reports[name] = _bench_model(model, tok, kb, prompts, shape, repeats=repeats, cuda_graphs=cuda_graphs,
                                      vllm=vllm, log=lambda msg, name=name: log(f"{name}: {msg}"))
         del model
     first = next(iter(reports.values()))
-    return {"preset": "paper", "size": size, "models": reports, "device": first["device"], "threads": threads,
+    return {"preset": "paper", "size": size, "models": reports, "device": first["device"], "dtype": dtype,
+            "threads": threads,
             "repeats": repeats, **{k: shape[k] for k in ("prompt_tokens", "new_tokens", "n_single", "n_batch")},
             "lookup_period": LOOKUP_PERIOD}
 
@@ -236,6 +239,7 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
         "lookups_found": round(statistics.mean(finished), 3) if finished else 0.0,  # answered from the KB
         "sample_calls": [f"{t.query_entity} | {t.query_relation} -> {t.value}" for t in traces[0][:3]],
         "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tok),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "device": _device_name(model.device), "cuda_graphs": gen.static_decoding,
     })
     if served is not None:

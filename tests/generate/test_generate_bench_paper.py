@@ -61,6 +61,14 @@ def test_paper_preset_static_cache_path(world, tmp_path):
     assert r["mismatches_graphs_vs_eager"] == r["mismatches_engine_vs_reencode"] == 0
 
 
+def test_paper_preset_in_bfloat16(world, tmp_path):
+    """``dtype``: the models run in bfloat16 (greedy rows may then part where rounding differs)."""
+    report = _run(world, tmp_path, models=["llama2-176m"], dtype="bfloat16")
+    r = report["models"]["llama2-176m"]
+    assert report["dtype"] == r["dtype"] == "bfloat16" and r["engine_tps_b16"] > 0
+    assert r["lookups_per_256_tokens"] > 8 and r["lookups_found"] == 1.0
+
+
 def test_paper_preset_bad_options_are_one_error_line(tmp_path):
     runner = CliRunner()
     res = runner.invoke(app, ["bench", "generate", "--preset", "paper", "--tokenizer", f"gpt2={tmp_path / 'none'}",
@@ -70,6 +78,10 @@ def test_paper_preset_bad_options_are_one_error_line(tmp_path):
     assert res.exit_code == 2 and "error: unknown model preset(s) gpt9: --models" in res.output
     res = runner.invoke(app, ["bench", "generate", "--preset", "huge"])
     assert res.exit_code == 2 and "error: unknown preset 'huge'" in res.output
+    res = runner.invoke(app, ["bench", "generate", "--preset", "paper", "--dtype", "float64"])
+    assert res.exit_code == 2 and "error: unknown dtype 'float64': --dtype (float32, bfloat16, float16)" in res.output
+    res = runner.invoke(app, ["bench", "generate", "--dtype", "bfloat16"])
+    assert res.exit_code == 2 and "error: the tiny preset runs in float32: --dtype (with --preset paper)" in res.output
     res = runner.invoke(app, ["bench", "generate", "--vllm"])
     assert res.exit_code == 2 and "error: the vLLM backend is measured by the paper preset: --preset paper" in res.output
     res = runner.invoke(app, ["bench", "generate", "--preset", "paper", "--vllm-option", "dtype=float16"])
