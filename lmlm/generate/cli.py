@@ -43,8 +43,11 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
              seed: Optional[int] = typer.Option(None),
              stream: bool = typer.Option(False, help="print the continuation as it is generated"),
              as_json: bool = typer.Option(False, "--json", help="print results with traces as JSON"),
+             device: Optional[str] = typer.Option(None, help="where the engine runs: cpu, cuda, cuda:1, ... "
+                                                  "(default: cuda when available)"),
              backend: str = typer.Option("hf", help="'hf': the engine (transformers, CPU or GPU); 'vllm': vLLM on a "
-                                         "GPU (pip install 'lmlm\\[vllm]'; no --stream, --num-beams, --copy-bias or --stop)"),
+                                         "GPU (pip install 'lmlm\\[vllm]'; no --stream, --num-beams, --copy-bias, --stop or "
+                                         "--device)"),
              vllm_option: List[str] = typer.Option(None, help="with --backend vllm: KEY=VALUE passed to vllm.LLM, "
                                                    "VALUE read as JSON where it parses (e.g. "
                                                    "gpu_memory_utilization=0.5)")):
@@ -57,10 +60,16 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
     from ..kb import KBError
     from ..lookup import Lookup
 
+    from ..cli_errors import check_device
+
     llm = _vllm_options(backend, vllm_option or [], stream=stream, num_beams=num_beams, copy_bias=copy_bias,
-                        stop=bool(stop))
+                        stop=bool(stop), device=device)
+    check_device(device)
+    if llm is None and device is None:
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        m, tok, meta = load_model(model, tokens=tokens, weights=llm is None)
+        m, tok, meta = load_model(model, tokens=tokens, weights=llm is None, device=device if llm is None else None)
         bias = tuple(float(b) for b in logit_bias.split(","))
         kb_path = kb or kb_of(meta, model)
         if not no_db and kb_path is None:
@@ -127,7 +136,7 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
 
 
 def _vllm_options(backend: str, specs: list[str], *, stream: bool, num_beams: int, copy_bias: float,
-                  stop: bool) -> dict | None:
+                  stop: bool, device: str | None = None) -> dict | None:
     """``--backend`` and ``--vllm-option`` as ``vllm.LLM``'s keyword arguments (``None``: the engine)."""
     if backend not in ("hf", "vllm"):
         _fail(f"--backend must be 'hf' or 'vllm', got {backend!r}")
@@ -136,7 +145,8 @@ def _vllm_options(backend: str, specs: list[str], *, stream: bool, num_beams: in
             _fail("--vllm-option needs --backend vllm")
         return None
     unsupported = [flag for flag, on in (("--stream", stream), ("--num-beams", num_beams > 1),
-                                         ("--copy-bias", copy_bias > 0), ("--stop", stop)) if on]
+                                         ("--copy-bias", copy_bias > 0), ("--stop", stop),
+                                         ("--device", device is not None)) if on]
     if unsupported:
         _fail(f"{', '.join(unsupported)} not with --backend vllm")
     from .vllm import llm_options, vllm_installed

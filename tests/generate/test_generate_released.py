@@ -89,7 +89,7 @@ def test_cli_runs_the_released_layout_with_one_flag(released):
     assert res.exit_code == 2 and "released" in res.output
     res = runner.invoke(app, args + ["--json"])  # the vocabulary found in its tokenizer
     assert res.exit_code == 0, res.output
-    res = runner.invoke(app, args + ["--tokens", "released", "--json"])
+    res = runner.invoke(app, args + ["--tokens", "released", "--json", "--device", "cpu"])
     assert res.exit_code == 0, res.output
     (r,) = json.loads(res.stdout)
     t = r["trace"][0]

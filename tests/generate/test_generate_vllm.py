@@ -179,7 +179,11 @@ def test_generate_backend_options_fail_in_one_line(tmp_path):
     for extra, message in ((["--backend", "tgi"], "--backend must be 'hf' or 'vllm', got 'tgi'"),
                            (["--vllm-option", "dtype=float32"], "--vllm-option needs --backend vllm"),
                            (["--backend", "vllm", "--stream", "--num-beams", "2"],
-                            "--stream, --num-beams not with --backend vllm")):
+                            "--stream, --num-beams not with --backend vllm"),
+                           (["--backend", "vllm", "--device", "cpu"], "--device not with --backend vllm"),
+                           (["--device", "tpu"], "--device 'tpu' is not a device: use cpu, cuda or cuda:N"),
+                           *([(["--device", "cuda"], "--device cuda: no CUDA device is visible here")]
+                             if not torch.cuda.is_available() else [])):
         res = runner.invoke(app, base + extra)
         assert res.exit_code == 2 and f"error: {message}" in res.output, res.output
     res = runner.invoke(app, base + ["--backend", "vllm", "--vllm-option", "=1"])
