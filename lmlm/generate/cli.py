@@ -121,6 +121,9 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
         results = gen.generate(prompt, **options)
     except ValueError as e:  # options that do not go together
         _fail(str(e))
+    finally:
+        if llm is not None:  # vLLM's engine process and its memory, before the results are printed
+            gen.close()
     if as_json:
         print(json.dumps([r.to_dict() for r in results], indent=2, default=str))
         return

@@ -121,6 +121,12 @@ class VLLMLookupGenerator:
         if self._trie_dir is not None:
             self._trie_dir.cleanup()
 
+    def __enter__(self) -> "VLLMLookupGenerator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def prompt_ids(self, prompt: str, force_lookup: bool = False) -> list[int]:
         return [self.tok.doc_id, *self.tok.encode_text(prompt)] + ([self.tok.start_id] if force_lookup else [])
 

@@ -104,8 +104,10 @@ def test_vllm_matches_the_engine(tmp_path):
     kb = make_kb(world, str(tmp_path / "kb"))
     prompts = bio_prompts(world, 12)
     engine = LookupGenerator(world.model, world.tok, kb).generate(prompts, max_new_tokens=40)
-    served = VLLMLookupGenerator(folder, kb, tokenizer=world.tok, gpu_memory_utilization=0.2, enforce_eager=True,
-                                 dtype="float32").generate(prompts, max_new_tokens=40)
+    with VLLMLookupGenerator(folder, kb, tokenizer=world.tok, gpu_memory_utilization=0.2, enforce_eager=True,
+                             dtype="float32") as gen:  # closed after: no engine process left behind
+        served = gen.generate(prompts, max_new_tokens=40)
+    assert gen.llm is None
     assert sum(a.token_ids == b.token_ids for a, b in zip(engine, served)) >= 10  # kernels round differently
     start, sep, ret, end = world.tok.call_ids
     for r in served:
