@@ -155,8 +155,8 @@ def run_paper_bench(tokenizers: Mapping[str, object], kb, texts: Sequence[str], 
         del model
     first = next(iter(reports.values()))
     return {"preset": "paper", "size": size, "models": reports, "device": first["device"], "dtype": dtype,
-            "threads": threads,
-            "repeats": repeats, **{k: shape[k] for k in ("prompt_tokens", "new_tokens", "n_single", "n_batch")},
+            "threads": threads, "repeats": repeats,
+            **{k: shape[k] for k in ("prompt_tokens", "new_tokens", "n_single", "n_batch")},
             "lookup_period": LOOKUP_PERIOD}
 
 

@@ -57,19 +57,17 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
 
     from ..checkpoint import kb_of
     from ..generate.loading import load_model, open_kb
+    from ..annotate.lm import default_device
+    from ..cli_errors import check_device
     from ..kb import KBError
     from ..lookup import Lookup
-
-    from ..cli_errors import check_device
 
     llm = _vllm_options(backend, vllm_option or [], stream=stream, num_beams=num_beams, copy_bias=copy_bias,
                         stop=bool(stop), device=device)
     check_device(device)
-    if llm is None and device is None:
-        import torch
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        m, tok, meta = load_model(model, tokens=tokens, weights=llm is None, device=device if llm is None else None)
+    try:  # the engine on the device asked for (default: cuda when available); vLLM places its own weights
+        m, tok, meta = load_model(model, tokens=tokens, weights=llm is None,
+                                  device=default_device(device) if llm is None else None)
         bias = tuple(float(b) for b in logit_bias.split(","))
         kb_path = kb or kb_of(meta, model)
         if not no_db and kb_path is None:

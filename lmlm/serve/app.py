@@ -49,6 +49,7 @@ class ServeState:
                  threads: int | None = None):
         import torch
 
+        from ..annotate.lm import default_device
         from ..checkpoint import load_checkpoint
         from ..generate import LookupGenerator
 
@@ -60,7 +61,7 @@ class ServeState:
             if threads < 1:
                 raise ValueError(f"threads must be >= 1, got {threads}")
             torch.set_num_threads(threads)
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = default_device(device)
         model, tok, meta = load_checkpoint(model_dir, device=device)
         if kb_path is None:
             from ..checkpoint import kb_of

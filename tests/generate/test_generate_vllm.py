@@ -205,8 +205,8 @@ def test_lmlm_generate_on_vllm_writes_what_the_engine_writes(tmp_path):
     folder = save_checkpoint(tmp_path / "ckpt", world.model, world.tok)
     make_kb(world, str(tmp_path / "kb")).close()
     prompts = bio_prompts(world, 3)
-    args = [sys.executable, "-c", "import sys; from lmlm.cli import main; sys.exit(main())", "generate", *prompts,
-            "--model", str(folder), "--kb", str(tmp_path / "kb"), "--max-new-tokens", "30", "--json", "--constrained"]
+    args = [sys.executable, "-m", "lmlm.cli", "generate", *prompts, "--model", str(folder), "--kb", str(tmp_path / "kb"),
+            "--max-new-tokens", "30", "--json", "--constrained"]
     res = subprocess.run(args, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     engine = json.loads(res.stdout)
