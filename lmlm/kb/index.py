@@ -38,7 +38,7 @@ import numpy as np
 from .index_codes import RowCodec, add_rows, ivf_search, scan_codes
 from .index_file import (key_ids_layout, open_body, read_array, read_header, read_key_ids, write_array,
                          write_atomically, write_key_ids)
-from .index_rows import RowOf, Selection, _no_hits, _top_k, large_allocations_from_os
+from .index_rows import RowOf, Selection, _no_hits, _top_k, allocations_from_os
 
 __all__ = ["AnnConfig", "VectorKeyIndex", "Selection", "read_header", "save_index", "load_index"]
 
@@ -318,7 +318,6 @@ class VectorKeyIndex:
             index.hnsw.efConstruction = self.config.hnsw_ef_construction
             index.train(sample)
         else:
-            large_allocations_from_os()  # the lists' growth leaves no heap holes
             nlist = self.config.lists(expected)
             codes = scan_codes(self.dim, 2 * self.config.pq_scan_bytes if kind == "ivfpq" else self.dim // 4)
             index = faiss.index_factory(self.dim, f"IVF{nlist},{codes}", faiss.METRIC_INNER_PRODUCT)
@@ -332,7 +331,8 @@ class VectorKeyIndex:
         from tqdm.auto import tqdm
 
         show = (end - start) >= 100_000 if progress is None else progress
-        with tqdm(total=end - start, desc=f"building {self.ann_kind} index", unit="key", disable=not show) as bar:
+        with allocations_from_os(), tqdm(total=end - start, desc=f"building {self.ann_kind} index", unit="key",
+                                         disable=not show) as bar:  # the structure's growth leaves no heap holes
             for i in range(start, end, _ADD_CHUNK):
                 j = min(i + _ADD_CHUNK, end)
                 add_rows(self._ann, self._codec.decode(self._vecs[i:j]))
@@ -460,8 +460,8 @@ class VectorKeyIndex:
             index._recode(RowCodec(dim, "float32"))  # float16 rows of an IVF saved before its structure caught up
         if index.ann_kind != "flat":
             import faiss
-            large_allocations_from_os()  # the lists' blocks, rounded up to powers of two, count only where written
-            index._ann = faiss.read_index(faiss.PyCallbackIOReader(f.read))
+            with allocations_from_os():  # the lists' blocks, rounded up to powers of two, count only where written
+                index._ann = faiss.read_index(faiss.PyCallbackIOReader(f.read))
             index._ann_rows = n
             if index._ann.ntotal != n:
                 raise ValueError(f"index body holds {index._ann.ntotal} coded vectors for {n} rows")
