@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["MAP_LIMITS", "ann_config", "batched_rates", "check_other_process", "draw_in_few_blocks", "folder_bytes",
-           "pick_threads"]
+__all__ = ["MAP_LIMITS", "ann_config", "batched_rates", "check_other_process", "draw_in_few_blocks", "encode_rates",
+           "folder_bytes", "pick_threads"]
 
 
 def folder_bytes(path: Path) -> dict[str, int]:
@@ -80,6 +80,17 @@ def batched_rates(kb, queries: list[tuple[str, str]], matching: str, clear=None,
         for i in range(0, len(queries), batch):
             kb.lookup_batch(queries[i:i + batch], matching=matching)
         rates.append(round(len(queries) / (time.perf_counter() - t), 1))
+    return rates
+
+
+def encode_rates(enc, texts: list[str], passes: int = 3, batch: int = 256) -> list[float]:
+    """Texts per second of ``enc`` alone over ``texts``, ``batch`` at a time, uncached, in each of ``passes``."""
+    rates = []
+    for _ in range(passes):
+        t = time.perf_counter()
+        for i in range(0, len(texts), batch):
+            enc.encode(texts[i:i + batch], cache=False)
+        rates.append(round(len(texts) / (time.perf_counter() - t), 1))
     return rates
 
 
