@@ -475,6 +475,19 @@ def test_an_ivf_scans_only_the_lists_near_a_querys_nearest_yet_finds_its_key():
     assert not np.isin(index.search(queries[:10], 5)[1], exact[:10]).any()
 
 
+def test_a_batch_scans_the_lists_each_of_its_queries_would_alone():
+    # a batch's nearest lists come from numpy's product with the centroids, a single query's from FAISS
+    vectors = _unit(3000, 32, seed=11)
+    index = VectorKeyIndex(32, AnnConfig(flat_max=200, ivf_min=1000, ivf_rescore=200), ann="ivf")
+    index.add(np.arange(3000), vectors)
+    queries = _near(vectors[:64], scale=0.4, seed=12)
+    params = lambda: faiss.SearchParametersIVF(nprobe=16)  # noqa: E731
+    batch = ivf_search(index._ann, queries, 200, params(), 0.05, 2)
+    alone = np.concatenate([ivf_search(index._ann, queries[i:i + 1], 200, params(), 0.05, 2) for i in range(64)])
+    assert [set(r.tolist()) for r in batch] == [set(r.tolist()) for r in alone]
+    assert sum(i in set(r.tolist()) for i, r in enumerate(batch)) >= 60  # each query's own key among its candidates
+
+
 _MAPPED_AFTER_IVF = """
 import ctypes, sys
 import numpy as np
