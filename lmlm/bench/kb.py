@@ -234,6 +234,7 @@ class _KBBench:
         from ..kb import key_text
 
         kb = self.kb
+
         def timed(qs: list[tuple[str, str]], truth: list[str], matching: str) -> tuple[list[float], int, int]:
             lat, accepted, wrong = [], 0, 0
             for (e, r), who in zip(qs, truth):

@@ -263,12 +263,18 @@ def _nearest_lists(index, q: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.nd
     quantizer = faiss.downcast_index(index.quantizer)
     if len(q) < 16 or not isinstance(quantizer, faiss.IndexFlat) or quantizer.metric_type != faiss.METRIC_INNER_PRODUCT:
         return quantizer.search(q, nprobe)
-    centroids = faiss.rev_swig_ptr(quantizer.get_xb(), quantizer.ntotal * quantizer.d).reshape(-1, quantizer.d)
-    every = q @ centroids.T  # (n, lists), read in place
+    every = q @ _centroids(quantizer).T  # (n, lists)
     lists = np.argpartition(-every, nprobe - 1, axis=1)[:, :nprobe]
     scores = np.take_along_axis(every, lists, axis=1)
     order = np.argsort(-scores, axis=1, kind="stable")
     return np.take_along_axis(scores, order, axis=1), np.take_along_axis(lists, order, axis=1).astype(np.int64)
+
+
+def _centroids(quantizer) -> np.ndarray:
+    """The ``(lists, dim)`` centroids of a flat coarse quantiser, a view of its own memory (no copy)."""
+    import faiss
+
+    return faiss.rev_swig_ptr(quantizer.get_xb(), quantizer.ntotal * quantizer.d).reshape(-1, quantizer.d)
 
 
 def add_rows(index, x: np.ndarray) -> None:
@@ -286,7 +292,7 @@ def add_rows(index, x: np.ndarray) -> None:
         index.add(x)
         return
     lists, packer, quantizer = appendable
-    centroids = quantizer.reconstruct_n(0, quantizer.ntotal)
+    centroids = _centroids(quantizer)
     shift = None if quantizer.metric_type == faiss.METRIC_INNER_PRODUCT else -0.5 * (centroids ** 2).sum(1)
     listno = np.empty(len(x), dtype=np.int64)
     for i in range(0, len(x), 8192):  # (8192, lists) float32 scores at a time
