@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .index_rows import _top_k
+
 __all__ = ["KINDS", "RowCodec", "add_rows", "ivf_search", "scan_codes"]
 
 KINDS = ("float32", "float16", "pq")
@@ -263,11 +265,8 @@ def _nearest_lists(index, q: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.nd
     quantizer = faiss.downcast_index(index.quantizer)
     if len(q) < 16 or not isinstance(quantizer, faiss.IndexFlat) or quantizer.metric_type != faiss.METRIC_INNER_PRODUCT:
         return quantizer.search(q, nprobe)
-    every = q @ _centroids(quantizer).T  # (n, lists)
-    lists = np.argpartition(-every, nprobe - 1, axis=1)[:, :nprobe]
-    scores = np.take_along_axis(every, lists, axis=1)
-    order = np.argsort(-scores, axis=1, kind="stable")
-    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(lists, order, axis=1).astype(np.int64)
+    lists, scores = _top_k(q @ _centroids(quantizer).T, nprobe)  # (n, lists) scores, partly sorted
+    return scores, lists.astype(np.int64)
 
 
 def _centroids(quantizer) -> np.ndarray:
