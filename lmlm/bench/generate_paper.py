@@ -23,6 +23,9 @@ against the re-encode loop and against its own rows at batch 16, and the engine 
 ``generate`` up to the first forced call (after it the two must differ: plain makes no lookups).
 On a CUDA device the engine replays its decode steps from CUDA graphs; the report then adds the
 eager engine (``engine_eager_*``), plain ``generate`` at batch 16 and ``mismatches_graphs_vs_eager``.
+On a CPU every method runs the linear layers through weights laid out for oneDNN
+(:mod:`lmlm.generate.packed`), and the report adds the engine without them (``engine_unpacked_*``,
+``packed_vs_unpacked_*``, ``unpacked_b16_vs_b1``, ``mismatches_packed_vs_unpacked`` at batch 16).
 
 With ``vllm`` (``--vllm``) the vLLM backend (:class:`lmlm.generate.vllm.VLLMLookupGenerator`) runs
 the same model, saved as a checkpoint, on the same prompts with the same forced calls and prefix
@@ -165,6 +168,7 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
     import torch
 
     from ..generate import LookupGenerator
+    from ..generate.packed import packing_available
     from ..generate.reencode import reencode_generate
 
     gen = LookupGenerator(model, tok, kb, cuda_graphs=cuda_graphs, **PAPER_OPTIONS)
@@ -193,6 +197,11 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
         runs.update(engine_eager_b1=(engine(eager), single, 1), engine_eager_b16=(engine(eager), batch, n_batch))
     if on_gpu:
         runs["plain_b16"] = (plain, batch, n_batch)
+    packs = not on_gpu and packing_available() and next(model.parameters()).dtype in (torch.bfloat16, torch.float32)
+    if packs:  # the engine without its weights laid out for oneDNN (lmlm.generate.packed), beside it
+        unpacked = LookupGenerator(model, tok, kb, cuda_graphs=cuda_graphs, packed_weights=False, **PAPER_OPTIONS)
+        runs.update(engine_unpacked_b1=(engine(unpacked), single, 1),
+                    engine_unpacked_b16=(engine(unpacked), batch, n_batch))
     served = _vllm_backend(model, tok, kb, vllm) if vllm is not None else None
     if served is not None:
         def on_vllm(ps, b, n=new):  # one request at a time at batch 1, all rows in one call at 16
@@ -224,6 +233,10 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
     report = {_tps(key): round(v, 2) for key, v in best.items()}
     ratios = {"engine_vs_plain_b1": ("engine_b1", "plain_b1"), "engine_vs_reencode_b1": ("engine_b1", "reencode_b1"),
               "engine_b16_vs_b1": ("engine_b16", "engine_b1")}
+    if packs:
+        ratios.update(packed_vs_unpacked_b1=("engine_b1", "engine_unpacked_b1"),
+                      packed_vs_unpacked_b16=("engine_b16", "engine_unpacked_b16"),
+                      unpacked_b16_vs_b1=("engine_unpacked_b16", "engine_unpacked_b1"))
     if served is not None:
         ratios.update(engine_vs_vllm_b1=("engine_b1", "vllm_b1"), engine_vs_vllm_b16=("engine_b16", "vllm_b16"))
     report.update({k: round(best[a] / best[b], 3) for k, (a, b) in ratios.items()})
@@ -235,12 +248,15 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
         "mismatches_batch_vs_single": sum(a != b for a, b in zip(e1, outputs["engine_b16"][:k])),
         "mismatches_engine_vs_plain_before_first_call": sum(a[:first] != b[:first]
                                                             for a, b in zip(e1, outputs["plain_b1"])),
+        **({"mismatches_packed_vs_unpacked": sum(a != b for a, b in zip(outputs["engine_b16"],
+                                                                         outputs["engine_unpacked_b16"]))}
+           if packs else {}),
         "lookups_per_256_tokens": round(256 * statistics.mean(map(len, traces)) / new, 2),
         "lookups_found": round(statistics.mean(finished), 3) if finished else 0.0,  # answered from the KB
         "sample_calls": [f"{t.query_entity} | {t.query_relation} -> {t.value}" for t in traces[0][:3]],
         "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tok),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        "device": _device_name(model.device), "cuda_graphs": gen.static_decoding,
+        "device": _device_name(model.device), "cuda_graphs": gen.static_decoding, "packed_weights": packs,
     })
     if served is not None:
         v_traces = [x.trace for x in results["vllm_b16"]]

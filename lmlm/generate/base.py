@@ -14,6 +14,7 @@ from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsW
 from ..tokens import LookupTokenizer
 from .answers import Answerer, query_key
 from .loop import LOOP_KWARGS, decode
+from .packed import pack_linears, packing
 from .processor import PAPER_LOGIT_BIAS, LookupLogitsProcessor
 from .trace import GenerationResult, build_result, open_call
 
@@ -43,13 +44,21 @@ class LookupGenerator:
             step replayed from a CUDA graph (:mod:`lmlm.generate.graphs`). ``None`` (default): on a
             CUDA device; ``True``: on a CPU as well (the static cache alone: slower, for checking);
             ``False``: never.
+        packed_weights (`bool`, defaults to `True`): on a CPU, run the model's linear layers through
+            weights laid out once for oneDNN (bfloat16, and float32 products of 4-64 rows;
+            :mod:`lmlm.generate.packed`); the layers keep their parameters, and training or other
+            devices and dtypes take their own ``forward``.
     """
 
     def __init__(self, model, tokenizer: LookupTokenizer, kb=None, *, logit_bias=PAPER_LOGIT_BIAS,
                  max_lookups: int = 16, max_field_tokens: int = 24, fallback: str | None = "unknown",
                  on_miss: str = "text", use_db: bool = True, constrained: bool = False, loop: bool = True,
-                 cuda_graphs: bool | None = None, matching: str | None = None, copy_bias: float = 0.0):
+                 cuda_graphs: bool | None = None, matching: str | None = None, copy_bias: float = 0.0,
+                 packed_weights: bool = True):
         self.model = model.eval()
+        self.packed_weights = packed_weights
+        if packed_weights:
+            pack_linears(model)
         self.loop, self.cuda_graphs = loop, cuda_graphs
         self.tok, self.kb = tokenizer, kb
         self.options = dict(logit_bias=logit_bias, max_lookups=max_lookups, max_field_tokens=max_field_tokens,
@@ -233,18 +242,19 @@ class LookupGenerator:
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
         if max_new_tokens == 0:
             return [[] for _ in rows]
-        if self.loop and kwargs.get("num_beams", 1) == 1 and set(kwargs) <= LOOP_KWARGS:
-            kwargs.pop("num_beams", None)
-            lookup = next((p for p in processors if isinstance(p, LookupLogitsProcessor)), None)
-            out = decode(self.model, input_ids, mask, processors, max_new_tokens, stop_ids, pad,
-                         forced_tail=None if lookup is None else lookup.forced_tail,
-                         graphs=self.static_decoding, **kwargs)
-        else:
-            if kwargs.get("do_sample"):  # sampling warpers are ours, after the grammar
-                kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
-            out = self.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                      logits_processor=processors, eos_token_id=stop_ids, pad_token_id=pad,
-                                      **kwargs)
+        with packing(self.packed_weights):  # a model another generator packed runs unpacked here if asked
+            if self.loop and kwargs.get("num_beams", 1) == 1 and set(kwargs) <= LOOP_KWARGS:
+                kwargs.pop("num_beams", None)
+                lookup = next((p for p in processors if isinstance(p, LookupLogitsProcessor)), None)
+                out = decode(self.model, input_ids, mask, processors, max_new_tokens, stop_ids, pad,
+                             forced_tail=None if lookup is None else lookup.forced_tail,
+                             graphs=self.static_decoding, **kwargs)
+            else:
+                if kwargs.get("do_sample"):  # sampling warpers are ours, after the grammar
+                    kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
+                out = self.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                          logits_processor=processors, eos_token_id=stop_ids, pad_token_id=pad,
+                                          **kwargs)
         gen = []
         stops = set(stop_ids)
         for row in out[:, width:].tolist():

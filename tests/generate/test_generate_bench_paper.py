@@ -51,6 +51,9 @@ def test_paper_preset_report(world, tmp_path):
         assert r["mismatches_engine_vs_plain_before_first_call"] == 0
         assert r["lookups_per_256_tokens"] > 8 and r["lookups_found"] == 1.0  # forced calls on the KB's keys
         assert r["cuda_graphs"] is False and "engine_eager_tps_b1" not in r
+        # on a CPU, the engine without packed weights beside it: in float32 the same rows
+        assert r["packed_weights"] is True and r["engine_unpacked_tps_b16"] > 0 and r["packed_vs_unpacked_b1"] > 0
+        assert r["mismatches_packed_vs_unpacked"] == 0
     assert report["models"]["llama2-176m"]["parameters"] != report["models"]["gpt2-124m"]["parameters"]
 
 
@@ -65,7 +68,7 @@ def test_paper_preset_in_bfloat16(world, tmp_path):
     """``dtype``: the models run in bfloat16 (greedy rows may then part where rounding differs)."""
     report = _run(world, tmp_path, models=["llama2-176m"], dtype="bfloat16")
     r = report["models"]["llama2-176m"]
-    assert report["dtype"] == r["dtype"] == "bfloat16" and r["engine_tps_b16"] > 0
+    assert report["dtype"] == r["dtype"] == "bfloat16" and r["engine_tps_b16"] > 0 and r["packed_weights"] is True
     assert r["lookups_per_256_tokens"] > 8 and r["lookups_found"] == 1.0
 
 
