@@ -7,14 +7,15 @@ weight transposed, pays the most). :func:`pack_linears` keeps, beside each ``nn.
 inference through ``torch.ops.mkldnn._linear_pointwise``, the path PyTorch's own compiler takes for a
 frozen model on a CPU.
 
-Measured on one core of a 2-core CPU with AMX, the paper presets at 256 + 256 tokens, each model
-packed and not in one process (two alternations): in bfloat16 a batch of 16 decodes 1.2-1.3x faster
-(LLaMA2-176M 189-197 -> 238-251 tokens/s, GPT2-124M 181-186 -> 216-229), one row 1.04x (LLaMA2)
-and 1.6x (GPT2: 30 -> 46-49); in float32 a batch of 16 1.2-1.3x, one row as before. In float32 the
-BLAS is the faster for one or two rows and for long prompts, the laid-out weights for 4-64 rows, so
-only float32 products of 4 to 64 rows take the packed path. Greedy outputs were the same in float32
-(16 of 16 rows, both models); in bfloat16 the two paths can use different kernels (always for
-``Conv1D``), and a random model's near-flat logits then part at a rounding.
+Measured by ``lmlm bench generate --preset paper`` (512 + 512 tokens, one core of a 2-core CPU with
+AMX), which runs the engine without the packed weights beside it: in bfloat16 batch 1 decodes 1.59x
+(GPT2-124M) and 1.49x (LLaMA2-176M) faster, batch 16 1.18x and 1.23x; in float32 batch 16 1.2x. In
+float32 the BLAS is the faster for one or two rows and for long prompts, the laid-out weights for
+4-64 rows, so only float32 products of 4 to 64 rows take the packed path, and only for a batch of
+sequences: one sequence's steps of one token and of several (its forced tokens) would otherwise read
+both copies of the weights, twice the bytes to keep in cache (batch 1 was 3-6% slower that way).
+Greedy outputs are the same in float32; in bfloat16 the two paths can use different kernels (always
+for ``Conv1D``), and a random model's near-flat logits then part at a rounding.
 
 Anything under autograd, off the CPU or in another dtype goes through the layer's own ``forward``:
 training never sees the copy. A copy is made at the first inference call and again after its weight
@@ -26,9 +27,9 @@ from __future__ import annotations
 
 import types
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator
 
 import torch
 
@@ -80,7 +81,8 @@ def _forward(self, x: torch.Tensor) -> torch.Tensor:
     if (not _ENABLED.get() or w.device.type != "cpu" or w.dtype not in _DTYPES or x.dtype != w.dtype
             or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
         return type(self).forward(self, x)
-    if w.dtype == torch.float32 and not FLOAT32_ROWS[0] <= x.numel() // max(x.shape[-1], 1) <= FLOAT32_ROWS[1]:
+    if w.dtype == torch.float32 and (x.dim() > 2 and x.shape[0] == 1  # one sequence: keep one copy in cache
+                                     or not FLOAT32_ROWS[0] <= x.numel() // max(x.shape[-1], 1) <= FLOAT32_ROWS[1]):
         return type(self).forward(self, x)
     key = (w.data_ptr(), w._version, w.dtype, tuple(w.shape))
     cached = _PACKED.get(self)
