@@ -197,7 +197,7 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
         runs.update(engine_eager_b1=(engine(eager), single, 1), engine_eager_b16=(engine(eager), batch, n_batch))
     if on_gpu:
         runs["plain_b16"] = (plain, batch, n_batch)
-    packs = not on_gpu and packing_available() and next(model.parameters()).dtype in (torch.bfloat16, torch.float32)
+    packs = not on_gpu and packing_available(next(model.parameters()).dtype)
     if packs:  # the engine without its weights laid out for oneDNN (lmlm.generate.packed), beside it
         unpacked = LookupGenerator(model, tok, kb, cuda_graphs=cuda_graphs, packed_weights=False, **PAPER_OPTIONS)
         runs.update(engine_unpacked_b1=(engine(unpacked), single, 1),

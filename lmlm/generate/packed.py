@@ -41,9 +41,11 @@ _ENABLED: ContextVar[bool] = ContextVar("lmlm_packed_linears", default=True)
 _PACKED: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
 
 
-def packing_available() -> bool:
-    """Whether this PyTorch has oneDNN's linear ops (``False`` on builds without mkldnn)."""
-    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def packing_available(dtype: torch.dtype | None = None) -> bool:
+    """Whether this PyTorch has oneDNN's linear ops (``False`` on builds without mkldnn) and, given a
+    ``dtype``, whether weights of that dtype can take the packed path."""
+    return (bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and (dtype is None or dtype in _DTYPES))
 
 
 def pack_linears(model: torch.nn.Module) -> int:

@@ -75,9 +75,9 @@ def test_generations_from_a_trained_model_in_bfloat16(world, kb):
     for name, gen in [("packed", LookupGenerator(model, world.tok, kb)),
                       ("unpacked", LookupGenerator(model, world.tok, kb, packed_weights=False)),  # same model
                       ("never", LookupGenerator(never, world.tok, kb, packed_weights=False))]:
-        runs[name] = [r.token_ids for r in gen.generate(prompts, max_new_tokens=24, batch_size=8)]
-        if name == "packed":
-            found = [t for r in gen.generate(prompts, max_new_tokens=24, batch_size=8) for t in r.trace if t.found]
+        runs[name] = gen.generate(prompts, max_new_tokens=24, batch_size=8)
+    found = [t for r in runs["packed"] for t in r.trace if t.found]
+    runs = {name: [r.token_ids for r in results] for name, results in runs.items()}
     assert runs["unpacked"] == runs["never"]  # packed_weights=False holds on a model another generator packed
     assert runs["packed"] == runs["never"]  # a trained model's greedy choices survive the kernels' rounding
     assert len(found) >= 12  # the bfloat16 model still makes its lookups
