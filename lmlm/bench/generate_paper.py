@@ -27,6 +27,13 @@ On a CPU every method runs the linear layers through weights laid out for oneDNN
 (:mod:`lmlm.generate.packed`), and the report adds the engine without them (``engine_unpacked_*``,
 ``packed_vs_unpacked_*``, ``unpacked_b16_vs_b1``, ``mismatches_packed_vs_unpacked`` at batch 16).
 
+Every run sets the engine's decode steps beside the floor of what they read (:mod:`lmlm.bench.floor`):
+the model's forwards per new token (``forwards_per_token_*``: batch 1 feeds a call's forced tokens in
+one forward, a batch one token a row a step), the prompts' prefill timed alone (``prefill_s_*``), the
+mean decode step (``decode_step_ms_*``) against the weights and keys/values it reads at the rate these
+threads stream memory (``decode_floor_ms_*``, ``stream_gb_per_s``); ``b16_at_floor_vs_b1``: batch 16
+over batch 1 had every batch-16 step taken only its floor; ``b16_vs_b1_at_floors``: had both batches'.
+
 With ``vllm`` (``--vllm``) the vLLM backend (:class:`lmlm.generate.vllm.VLLMLookupGenerator`) runs
 the same model, saved as a checkpoint, on the same prompts with the same forced calls and prefix
 tree, at batch 1 and 16 (``vllm_*``), its outputs compared with the engine's token for token.
@@ -142,8 +149,11 @@ def run_paper_bench(tokenizers: Mapping[str, object], kb, texts: Sequence[str], 
 
     from ..models import ModelConfig, build_model
 
+    from .floor import stream_rate
+
     torch.set_num_threads(threads)
     shape = dict(PAPER_SIZES[size], **(sizes or {}))
+    rate = stream_rate(device)  # bytes per second these threads read: the floor under a decode step
     reports = {}
     for name in models:
         cfg = ModelConfig.from_name(name, **(model_overrides or {}))
@@ -154,7 +164,7 @@ def run_paper_bench(tokenizers: Mapping[str, object], kb, texts: Sequence[str], 
         prompts = paper_prompts(tok, texts, shape["n_batch"], shape["prompt_tokens"])
         log(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, vocabulary {len(tok):,}")
         reports[name] = _bench_model(model, tok, kb, prompts, shape, repeats=repeats, cuda_graphs=cuda_graphs,
-                                     vllm=vllm, log=lambda msg, name=name: log(f"{name}: {msg}"))
+                                     vllm=vllm, rate=rate, log=lambda msg, name=name: log(f"{name}: {msg}"))
         del model
     first = next(iter(reports.values()))
     return {"preset": "paper", "size": size, "models": reports, "device": first["device"], "dtype": dtype,
@@ -164,7 +174,7 @@ def run_paper_bench(tokenizers: Mapping[str, object], kb, texts: Sequence[str], 
 
 
 def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: int, cuda_graphs: bool | None,
-                 vllm: dict | None, log: Callable[[str], None]) -> dict:
+                 vllm: dict | None, rate: float, log: Callable[[str], None]) -> dict:
     import torch
 
     from ..generate import LookupGenerator
@@ -214,16 +224,30 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
     best = {k: 0.0 for k in runs}
     cpu_best = dict(best)  # tokens per second of this process's CPU time: steadier on a shared machine
     results: dict[str, list] = {}
-    for r in range(repeats):
-        for key, (fn, ps, b) in runs.items():
-            sync()
-            t0, c0 = time.perf_counter(), time.process_time()
-            results[key] = fn(ps, b)
-            sync()
-            elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-            n = sum(len(getattr(x, "token_ids", x)) for x in results[key])
-            best[key], cpu_best[key] = max(best[key], n / elapsed), max(cpu_best[key], n / cpu)
-            log(f"round {r + 1}/{repeats}: {key} {n / elapsed:.2f} tokens/s ({n / cpu:.2f} per CPU second)")
+    forwards: dict[str, int] = {}  # the model's forward calls in a method's run
+    prefill = {"b1": float("inf"), "b16": float("inf")}  # the engine's runs cut to one new token
+    counter = model.register_forward_pre_hook(lambda module, args: forwards.__setitem__("now", forwards["now"] + 1))
+    try:
+        for r in range(repeats):
+            for key, (fn, ps, b) in runs.items():
+                sync()
+                forwards["now"] = 0
+                t0, c0 = time.perf_counter(), time.process_time()
+                results[key] = fn(ps, b)
+                sync()
+                elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+                forwards[key] = forwards["now"]
+                n = sum(len(getattr(x, "token_ids", x)) for x in results[key])
+                best[key], cpu_best[key] = max(best[key], n / elapsed), max(cpu_best[key], n / cpu)
+                log(f"round {r + 1}/{repeats}: {key} {n / elapsed:.2f} tokens/s ({n / cpu:.2f} per CPU second)")
+            for which, ps, b in (("b1", single, 1), ("b16", batch, n_batch)):
+                sync()
+                t0 = time.perf_counter()
+                engine(gen)(ps, b, 1)
+                sync()
+                prefill[which] = min(prefill[which], time.perf_counter() - t0)
+    finally:
+        counter.remove()
     outputs = {key: [getattr(x, "token_ids", x) for x in out] for key, out in results.items()}
     traces = [x.trace for x in results["engine_b16"]]
     cut = ("unfinished", "unanswered")  # calls the token budget ended before their value
@@ -258,6 +282,7 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "device": _device_name(model.device), "cuda_graphs": gen.static_decoding, "packed_weights": packs,
     })
+    report.update(_floor_report(model, shape, best, forwards, prefill, rate))
     if served is not None:
         v_traces = [x.trace for x in results["vllm_b16"]]
         report.update({
@@ -271,6 +296,33 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
     if eager is not None:
         report["mismatches_graphs_vs_eager"] = sum(a != b for a, b in zip(outputs["engine_b16"],
                                                                           outputs["engine_eager_b16"]))
+    return report
+
+
+def _floor_report(model, shape: dict, best: dict, forwards: dict, prefill: dict, rate: float) -> dict:
+    """The engine's decode steps beside the floor of what they read (:mod:`lmlm.bench.floor`), and
+    batch 16 over batch 1 had every batch-16 step taken only its floor (batch 1 as measured), and had
+    both batches' steps (prefills as measured)."""
+    from .floor import decode_floor, kv_bytes_per_token, weight_bytes_per_step
+
+    new, n_single, n_batch = shape["new_tokens"], shape["n_single"], shape["n_batch"]
+    context = shape["prompt_tokens"] + (new - 1) / 2  # the mean position a decode step attends over
+    floors = {b: decode_floor(model, rows=rows, context=context, rate=rate)
+              for b, rows in (("b1", 1), ("b16", n_batch))}
+    steps = {"b1": forwards["engine_b1"] - n_single, "b16": forwards["engine_b16"] - 1}  # less each prompt's prefill
+    spent = {"b1": n_single * new / best["engine_b1"], "b16": n_batch * new / best["engine_b16"]}
+    report = {"stream_gb_per_s": round(rate / 1e9, 2),
+              "weight_mb_per_step": round(weight_bytes_per_step(model) / 1e6, 1),
+              "kv_bytes_per_token": kv_bytes_per_token(model), "mean_context": context,
+              "prefill_s_b1": round(prefill["b1"] / n_single, 3), "prefill_s_b16": round(prefill["b16"], 3),
+              "forwards_per_token_b1": round(forwards["engine_b1"] / (n_single * new), 3),
+              "forwards_per_token_b16": round(forwards["engine_b16"] / new, 3)}
+    for b in ("b1", "b16"):
+        report[f"decode_step_ms_{b}"] = round(1e3 * max(spent[b] - prefill[b], 0.0) / max(steps[b], 1), 3)
+        report[f"decode_floor_ms_{b}"] = round(1e3 * floors[b], 3)
+    at_floor = {b: rows * new / (prefill[b] + steps[b] * floors[b]) for b, rows in (("b1", n_single), ("b16", n_batch))}
+    report["b16_at_floor_vs_b1"] = round(at_floor["b16"] / best["engine_b1"], 3)  # batch 1 as measured
+    report["b16_vs_b1_at_floors"] = round(at_floor["b16"] / at_floor["b1"], 3)
     return report
 
 

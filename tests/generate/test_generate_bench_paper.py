@@ -54,6 +54,13 @@ def test_paper_preset_report(world, tmp_path):
         # on a CPU, the engine without packed weights beside it: in float32 the same rows
         assert r["packed_weights"] is True and r["engine_unpacked_tps_b16"] > 0 and r["packed_vs_unpacked_b1"] > 0
         assert r["mismatches_packed_vs_unpacked"] == 0
+        # the decode steps beside their memory floor: batch 16 takes one forward a token, batch 1 fewer
+        # (a call's forced tokens go in one forward); float32 keys and values of one 32-wide layer: 256 bytes
+        assert r["forwards_per_token_b16"] == 1.0 and r["forwards_per_token_b1"] < 1.0
+        assert r["kv_bytes_per_token"] == 256 and r["mean_context"] == 40 + 47 / 2
+        assert r["stream_gb_per_s"] > 0.1 and 0 < r["decode_floor_ms_b1"] < r["decode_floor_ms_b16"]
+        assert r["decode_step_ms_b16"] > 0 and r["prefill_s_b16"] > 0
+        assert min(r["b16_at_floor_vs_b1"], r["b16_vs_b1_at_floors"]) > 0
     assert report["models"]["llama2-176m"]["parameters"] != report["models"]["gpt2-124m"]["parameters"]
 
 
