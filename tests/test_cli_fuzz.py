@@ -181,3 +181,22 @@ def test_annotator_stages_refuse_text_without_calls(tmp_path, stage, capsys):
     rc, lines = _run(["annotate", stage, plain, "--out", tmp_path / "out"], capsys)
     _assert_one_line_error(rc, lines, stage)
     assert "lookup call" in lines[0] and not (tmp_path / "out").exists()  # refused before any training
+
+
+COUNTS = ("max-new-tokens", "batch", "threads", "steps", "repeats", "shard-size", "n-ctx", "--k", "tokens")
+
+
+def test_counts_declare_their_lower_bound():
+    """An option that counts things (tokens, rows, threads, steps) refuses 0 or less at parsing, so the
+    fuzzing above tries values under the bound; unbounded, a 0 reached torch or a loop as a traceback."""
+    unbounded = [(" ".join(path), opt) for path, opt, kind, lo, _, _ in TYPED
+                 if kind == "int" and lo is None and any(c in opt for c in COUNTS)]
+    assert not unbounded
+
+
+@pytest.mark.parametrize("argv", [["bench", "generate", "--threads", "0"], ["serve", "--max-batch", "0"],
+                                  ["kb", "search", "no-such-kb", "Ada", "Birth City", "-k", "0"]])
+def test_a_zero_count_is_one_line(argv, capsys):
+    rc, lines = _run(argv, capsys)
+    _assert_one_line_error(rc, lines, argv)
+    assert argv[-2] in lines[0] or "--k" in lines[0]

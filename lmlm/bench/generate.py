@@ -204,13 +204,13 @@ def bench_generate(model: Optional[Path] = typer.Option(None, help="checkpoint (
                                                        "prompts and the KB (default: the shared data's sample)"),
                    models: str = typer.Option(",".join(PAPER_MODELS), help="paper preset: model presets to run"),
                    cache: Path = typer.Option(Path("runs/bench-generate"), help="where the bench model is kept"),
-                   new_tokens: int = typer.Option(256, help="tokens generated per prompt for the timings"),
-                   n_single: int = typer.Option(6, help="prompts timed at batch 1"),
-                   n_check: int = typer.Option(200, help="prompts whose greedy outputs are compared"),
-                   check_tokens: int = typer.Option(128, help="tokens generated per compared prompt"),
-                   repeats: Optional[int] = typer.Option(None, help="interleaved timing rounds, the best of each "
-                                                         "counts (default: 5; 1 for the paper preset)"),
-                   threads: int = typer.Option(1, help="torch threads"),
+                   new_tokens: int = typer.Option(256, min=1, help="tokens generated per prompt for the timings"),
+                   n_single: int = typer.Option(6, min=1, help="prompts timed at batch 1"),
+                   n_check: int = typer.Option(200, min=1, help="prompts whose greedy outputs are compared"),
+                   check_tokens: int = typer.Option(128, min=1, help="tokens generated per compared prompt"),
+                   repeats: Optional[int] = typer.Option(None, min=1, help="interleaved timing rounds, the best of "
+                                                         "each counts (default: 5; 1 for the paper preset)"),
+                   threads: int = typer.Option(1, min=1, help="torch threads"),
                    device: str = typer.Option("cpu", help="where the model runs: cpu, cuda, cuda:1, ..."),
                    dtype: str = typer.Option("float32", help="paper preset: the models' float32, bfloat16 or "
                                              "float16 (vLLM's too)"),

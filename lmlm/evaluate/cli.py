@@ -20,8 +20,8 @@ MODEL = typer.Option(..., "--model", help="checkpoint folder (written by lmlm tr
 KB = typer.Option(None, "--kb", help="KB folder (default: the checkpoint's KB; ignored for Standard models)")
 DATA = typer.Option(..., "--data", help="the benchmark file, in its official format")
 OUT = typer.Option(None, "--out", help="results JSON (default: eval-<protocol>.json)")
-LIMIT = typer.Option(None, "--limit", help="evaluate the first N items only")
-BATCH = typer.Option(16, "--batch-size", help="rows per batch")
+LIMIT = typer.Option(None, "--limit", min=1, help="evaluate the first N items only")
+BATCH = typer.Option(16, "--batch-size", min=1, help="rows per batch")
 NO_DB = typer.Option(False, "--no-db", help="ablation: no database, lookup tokens banned")
 
 
@@ -82,7 +82,7 @@ def _finish(protocol, metrics: dict, records: list, out: Path | None, config: di
 @eval_app.command()
 def trex(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path | None = OUT,
          limit: int | None = LIMIT, batch_size: int = BATCH, no_db: bool = NO_DB,
-         max_new_tokens: int = typer.Option(16, help="generated tokens per fact"),
+         max_new_tokens: int = typer.Option(16, min=1, help="generated tokens per fact"),
          all_positions: bool = typer.Option(False, help="keep facts whose [MASK] is not the last word")):
     """T-REx (LAMA) cloze: exact match in the first 5 content words, and precision@1."""
     from .trex import TREX, read_trex, trex_eval
@@ -101,7 +101,7 @@ def trex(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
 @eval_app.command()
 def popqa(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path | None = OUT,
           limit: int | None = LIMIT, batch_size: int = BATCH, no_db: bool = NO_DB,
-          max_new_tokens: int = typer.Option(32, help="generated tokens per question"),
+          max_new_tokens: int = typer.Option(32, min=1, help="generated tokens per question"),
           max_popularity: float | None = typer.Option(None, help="keep subjects below this popularity "
                                                          "(100: the paper's long-tail subset)"),
           force_lookup: bool = typer.Option(False, help="open a lookup right after the prompt")):
@@ -140,8 +140,8 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
               claims: str = typer.Option("lookups", help="'lookups' (the model's lookups about the topic) or "
                                          "'text' (the facts each sentence states, read with the biography world's "
                                          "phrasings; also for Standard models)"),
-              max_new_tokens: int = typer.Option(256), repetition_penalty: float = typer.Option(1.2),
-              gamma: int = typer.Option(10, help="FActScore's length penalty (0: none)")):
+              max_new_tokens: int = typer.Option(256, min=1), repetition_penalty: float = typer.Option(1.2),
+              gamma: int = typer.Option(10, min=0, help="FActScore's length penalty (0: none)")):
     """Biography precision against known facts, without and with FActScore's length penalty."""
     from ..kb import KBError, KnowledgeBase
     from .factscore import FACTSCORE, factscore_eval, read_topics, world_from_kb
@@ -219,9 +219,10 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
          retain_kb: Path | None = typer.Option(None, help="the retain model's KB (when it is an LMLM)"),
          unlearn: str = typer.Option("none", help="none; kb (LMLM: delete the split's facts from a copy of the KB); "
                                      "ga, grad_diff or npo (train the model)"),
-         steps: int = typer.Option(30, help="unlearning steps"), lr: float = typer.Option(2e-4, help="unlearning rate"),
-         eval_every: int = typer.Option(5, help="steps between trajectory points"),
-         max_new_tokens: int = typer.Option(48, help="generated tokens per answer (ROUGE-L)")):
+         steps: int = typer.Option(30, min=1, help="unlearning steps"),
+         lr: float = typer.Option(2e-4, help="unlearning rate"),
+         eval_every: int = typer.Option(5, min=1, help="steps between trajectory points"),
+         max_new_tokens: int = typer.Option(48, min=1, help="generated tokens per answer (ROUGE-L)")):
     """TOFU: ROUGE-L, probability, truth ratio, forget quality, model utility; optionally unlearn first."""
     import shutil
     import tempfile
@@ -281,7 +282,7 @@ def offloading(lmlm: Path = typer.Option(..., "--lmlm", help="the LMLM checkpoin
                standard: Path = typer.Option(..., "--standard", help="the Standard checkpoint (same tokenizer)"),
                data: Path = DATA, out: Path | None = OUT, limit: int | None = LIMIT, batch_size: int = BATCH,
                ratios: str = typer.Option("0.25,0.5,0.75,0.9", help="offloading ratios to report and write"),
-               n_tokens: int = typer.Option(5, help="tokens after each call compared (paper: 5)"),
+               n_tokens: int = typer.Option(5, min=1, help="tokens after each call compared (paper: 5)"),
                corpora: Path | None = typer.Option(None, help="write the corpus of each ratio here (ratio-NNN.jsonl)")):
     """Rank facts by the loss difference after their calls (Standard - LMLM); thresholds and corpora per ratio."""
     from ..corpus import Document, write_documents
@@ -316,10 +317,10 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
         batch_size: int = BATCH,
         corpus: Path = typer.Option(..., help="passages' source: any document file (their plain text is used)"),
         task: str = typer.Option("trex", help="trex, popqa or factscore (the format of --data)"),
-        k: int = typer.Option(4, "-k", "--k", help="passages per prompt (paper: 4)"),
-        words: int = typer.Option(100, help="words per passage (paper: 100)"),
+        k: int = typer.Option(4, "-k", "--k", min=1, help="passages per prompt (paper: 4)"),
+        words: int = typer.Option(100, min=1, help="words per passage (paper: 100)"),
         world: Path | None = typer.Option(None, help="factscore: the true facts, a KB folder"),
-        max_new_tokens: int = typer.Option(32, help="generated tokens per prompt")):
+        max_new_tokens: int = typer.Option(32, min=1, help="generated tokens per prompt")):
     """RAG baseline: BM25 top-k passages of a corpus prepended to a Standard model (T-REx, PopQA or FactScore)."""
     from ..lookup import strip
     from .rag import RAG, BM25Retriever, RagGenerator, corpus_passages

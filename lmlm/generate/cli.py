@@ -24,7 +24,7 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
                                                "(default: the checkpoint's KB)"),
              tokens: Optional[str] = typer.Option(None, help="lookup tokens: 'paper' or 'released' "
                                                   "(default: the checkpoint's)"),
-             max_new_tokens: int = typer.Option(64),
+             max_new_tokens: int = typer.Option(64, min=1),
              no_db: bool = typer.Option(False, help="ablation: no database, lookup tokens banned"),
              force_lookup: bool = typer.Option(False, help="open a lookup at the end of the prompt"),
              constrained: bool = typer.Option(False, help="write only queries the KB holds (prefix tree of its keys)"),
@@ -32,7 +32,7 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
                                                          "'key' (the paper's single-key cosine)"),
              fallback: str = typer.Option("unknown", help="value of a lookup without a match: 'nearest' (best key "
                                           "below the threshold), 'skip' (none; the model goes on) or any text"),
-             max_lookups: int = typer.Option(16, help="lookups per continuation"),
+             max_lookups: int = typer.Option(16, min=0, help="lookups per continuation"),
              logit_bias: str = typer.Option("5,2,2,2", help="added to the start, sep, retrieve and end scores"),
              copy_bias: float = typer.Option(0.0, min=0.0, help="added to the next token of an answered value while "
                                              "the text after the call states it (0: the model's own choice)"),

@@ -201,7 +201,7 @@ def _show(text) -> str:
 
 
 @app.command("search")
-def kb_search(path: Path, entity: str, relation: str, k: int = typer.Option(5, "-k", "--k"),
+def kb_search(path: Path, entity: str, relation: str, k: int = typer.Option(5, "-k", "--k", min=1),
               at: Optional[int] = typer.Option(None, help="read the KB as it was at this version"),
               as_json: bool = typer.Option(False, "--json")):
     """Top-k candidate keys with their cosine scores (why did a lookup match, or not?)."""
@@ -236,7 +236,7 @@ def kb_log(path: Path, limit: int = 20, as_json: bool = typer.Option(False, "--j
 
 @app.command("diff")
 def kb_diff(path: Path, v1: int, v2: int, as_json: bool = typer.Option(False, "--json"),
-            limit: int = typer.Option(50, help="lines to print (all with --json)")):
+            limit: int = typer.Option(50, min=1, help="lines to print (all with --json)")):
     """What changed between two versions: added, removed and re-supported triples."""
     entries = _kb_call(_open_kb(path).diff, v1, v2)
     if as_json:

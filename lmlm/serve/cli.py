@@ -24,11 +24,12 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
                                               help="bearer token for KB writes (default: a random one, printed)"),
           read_only: bool = typer.Option(False, help="refuse every KB write"),
           threshold: Optional[float] = typer.Option(None, help="fuzzy-match threshold (default: the KB's, 0.6)"),
-          max_new_tokens: int = typer.Option(256, help="most tokens one request may generate"),
-          max_concurrent: int = typer.Option(64, help="generation requests in flight; more get 429"),
-          max_batch: int = typer.Option(32, help="most prompts decoded together"),
+          max_new_tokens: int = typer.Option(256, min=1, help="most tokens one request may generate"),
+          max_concurrent: int = typer.Option(64, min=1, help="generation requests in flight; more get 429"),
+          max_batch: int = typer.Option(32, min=1, help="most prompts decoded together"),
           device: Optional[str] = typer.Option(None, help="cpu, cuda, ... (default: cuda when available)"),
-          threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: one less than the cores)"),
+          threads: Optional[int] = typer.Option(None, min=1,
+                                                help="torch CPU threads (default: one less than the cores)"),
           log_level: str = typer.Option("info", help="uvicorn's: warning hides the access log"),
           demo: Optional[Path] = typer.Option(None, help="train a tiny demo model and KB in this folder and serve "
                                                          "them (seconds on a CPU)")):
