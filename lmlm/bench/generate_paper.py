@@ -221,12 +221,15 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
         runs.update(vllm_b1=(on_vllm, single, 1), vllm_b16=(on_vllm, batch, n_batch))
     for fn, ps, b in runs.values():  # warm up every path once
         fn(ps[:min(b, 2)], min(b, 2), 8)
+    if gen.static_decoding:  # the prefill runs' shorter static caches: recorded here, not in their timing
+        for ps, b in ((single, 1), (batch, n_batch)):
+            engine(gen)(ps[:b], b, 1)
     best = {k: 0.0 for k in runs}
     cpu_best = dict(best)  # tokens per second of this process's CPU time: steadier on a shared machine
     results: dict[str, list] = {}
     forwards: dict[str, int] = {}  # the model's forward calls in a method's run
     prefill = {"b1": float("inf"), "b16": float("inf")}  # the engine's runs cut to one new token
-    counter = model.register_forward_pre_hook(lambda module, args: forwards.__setitem__("now", forwards["now"] + 1))
+    stop_counting = _count_forwards(model, forwards, static=gen.static_decoding)
     try:
         for r in range(repeats):
             for key, (fn, ps, b) in runs.items():
@@ -247,7 +250,7 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
                 sync()
                 prefill[which] = min(prefill[which], time.perf_counter() - t0)
     finally:
-        counter.remove()
+        stop_counting()
     outputs = {key: [getattr(x, "token_ids", x) for x in out] for key, out in results.items()}
     traces = [x.trace for x in results["engine_b16"]]
     cut = ("unfinished", "unanswered")  # calls the token budget ended before their value
@@ -297,6 +300,34 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
         report["mismatches_graphs_vs_eager"] = sum(a != b for a, b in zip(outputs["engine_b16"],
                                                                           outputs["engine_eager_b16"]))
     return report
+
+
+def _count_forwards(model, forwards: dict, static: bool) -> Callable[[], None]:
+    """Count ``model``'s forwards in ``forwards["now"]``; returns what stops counting. With a static
+    decoder (``static``) its prefills and steps are counted instead: a CUDA graph replay never calls the
+    model's ``forward``."""
+    def count(*args, **kwargs) -> None:
+        forwards["now"] += 1
+
+    if not static:
+        return model.register_forward_pre_hook(count).remove
+    from ..generate.graphs import StaticDecoder
+
+    originals = {name: getattr(StaticDecoder, name) for name in ("prefill", "forward")}
+
+    def counted(method):
+        def run(self, *args, **kwargs):
+            count()
+            return method(self, *args, **kwargs)
+        return run
+
+    def restore() -> None:
+        for name, method in originals.items():
+            setattr(StaticDecoder, name, method)
+
+    for name, method in originals.items():
+        setattr(StaticDecoder, name, counted(method))
+    return restore
 
 
 def _floor_report(model, shape: dict, best: dict, forwards: dict, prefill: dict, rate: float) -> dict:

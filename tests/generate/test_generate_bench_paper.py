@@ -69,6 +69,8 @@ def test_paper_preset_static_cache_path(world, tmp_path):
     r = _run(world, tmp_path, models=["gpt2-124m"], cuda_graphs=True)["models"]["gpt2-124m"]
     assert r["cuda_graphs"] is True and r["engine_eager_tps_b16"] > 0
     assert r["mismatches_graphs_vs_eager"] == r["mismatches_engine_vs_reencode"] == 0
+    # forwards counted at the static decoder (a CUDA graph replay never calls the model's forward)
+    assert r["forwards_per_token_b16"] == 1.0 and r["forwards_per_token_b1"] < 1.0
 
 
 def test_paper_preset_in_bfloat16(world, tmp_path):
