@@ -11,7 +11,8 @@ values every step, so a long context puts a floor under the batched step that no
 :func:`decode_floor` turns that into the fastest a batch could run beside a measured batch 1.
 
 Examples:
-    >>> floor = decode_floor(model, rows=16, context=767.5, rate=stream_rate(model.device))  # doctest: +SKIP
+    >>> weight, kv = weight_bytes_per_step(model), kv_bytes_per_token(model)  # doctest: +SKIP
+    >>> floor = decode_floor(weight, kv, rows=16, context=767.5, rate=stream_rate(model.device))  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -70,9 +71,10 @@ def stream_rate(device="cpu", mbytes: int = 512, repeats: int = 3) -> float:
     return matrix.numel() * matrix.element_size() / best
 
 
-def decode_floor(model, *, rows: int, context: float, rate: float) -> float:
-    """Seconds a one-token step of ``rows`` rows at a mean ``context`` positions cannot go under:
-    the weights once and every row's keys and values, at ``rate`` bytes per second."""
+def decode_floor(weight_bytes: int, kv_bytes: int, *, rows: int, context: float, rate: float) -> float:
+    """Seconds a one-token step of ``rows`` rows at a mean ``context`` positions cannot go under: the
+    weights once (``weight_bytes``, :func:`weight_bytes_per_step`) and every row's keys and values
+    (``kv_bytes`` a position, :func:`kv_bytes_per_token`), at ``rate`` bytes per second."""
     if rows < 1 or context < 0 or rate <= 0:
         raise ValueError(f"rows >= 1, context >= 0 and rate > 0 needed; got {rows}, {context}, {rate}")
-    return (weight_bytes_per_step(model) + rows * context * kv_bytes_per_token(model)) / rate
+    return (weight_bytes + rows * context * kv_bytes) / rate

@@ -338,13 +338,13 @@ def _floor_report(model, shape: dict, best: dict, forwards: dict, prefill: dict,
 
     new, n_single, n_batch = shape["new_tokens"], shape["n_single"], shape["n_batch"]
     context = shape["prompt_tokens"] + (new - 1) / 2  # the mean position a decode step attends over
-    floors = {b: decode_floor(model, rows=rows, context=context, rate=rate)
+    weight, kv = weight_bytes_per_step(model), kv_bytes_per_token(model)
+    floors = {b: decode_floor(weight, kv, rows=rows, context=context, rate=rate)
               for b, rows in (("b1", 1), ("b16", n_batch))}
     steps = {"b1": forwards["engine_b1"] - n_single, "b16": forwards["engine_b16"] - 1}  # less each prompt's prefill
     spent = {"b1": n_single * new / best["engine_b1"], "b16": n_batch * new / best["engine_b16"]}
     report = {"stream_gb_per_s": round(rate / 1e9, 2),
-              "weight_mb_per_step": round(weight_bytes_per_step(model) / 1e6, 1),
-              "kv_bytes_per_token": kv_bytes_per_token(model), "mean_context": context,
+              "weight_mb_per_step": round(weight / 1e6, 1), "kv_bytes_per_token": kv, "mean_context": context,
               "prefill_s_b1": round(prefill["b1"] / n_single, 3), "prefill_s_b16": round(prefill["b16"], 3),
               "forwards_per_token_b1": round(forwards["engine_b1"] / (n_single * new), 3),
               "forwards_per_token_b16": round(forwards["engine_b16"] / new, 3)}

@@ -32,12 +32,13 @@ def test_bytes_a_step_reads(dtype):
 
 def test_the_floor_grows_with_rows_and_context():
     model = _model("gpt2-124m")
-    one = decode_floor(model, rows=1, context=10, rate=1e9)
-    assert decode_floor(model, rows=16, context=10, rate=1e9) > one
-    assert decode_floor(model, rows=1, context=100, rate=1e9) > one
-    assert decode_floor(model, rows=1, context=10, rate=2e9) == pytest.approx(one / 2)
+    step = (weight_bytes_per_step(model), kv_bytes_per_token(model))
+    one = decode_floor(*step, rows=1, context=10, rate=1e9)
+    assert decode_floor(*step, rows=16, context=10, rate=1e9) > one
+    assert decode_floor(*step, rows=1, context=100, rate=1e9) > one
+    assert decode_floor(*step, rows=1, context=10, rate=2e9) == pytest.approx(one / 2)
     with pytest.raises(ValueError, match="rate > 0"):
-        decode_floor(model, rows=0, context=10, rate=1e9)
+        decode_floor(*step, rows=0, context=10, rate=1e9)
 
 
 def test_stream_rate_is_a_plausible_memory_rate():
