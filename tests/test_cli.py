@@ -1,8 +1,10 @@
-"""Every CLI command answers --help; the presets table reproduces the paper's counts."""
+"""Every CLI command answers --help, without loading torch; the presets table reproduces the paper's counts."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -21,6 +23,17 @@ def test_help(cmd):
     result = runner.invoke(app, cmd + ["--help"])
     assert result.exit_code == 0, result.output
     assert "Usage" in result.output
+
+
+def test_help_loads_neither_torch_nor_transformers():
+    """``lmlm --help`` and each group's help answer in well under a second: the heavy libraries load
+    when a command runs, not when the CLI is read (in a fresh interpreter: this one has them)."""
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom lmlm.cli import app\n"
+            "for cmd in ([], ['generate'], ['kb'], ['train'], ['eval'], ['bench'], ['serve'], ['pipeline']):\n"
+            "    assert CliRunner().invoke(app, cmd + ['--help']).exit_code == 0, cmd\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'faiss') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_presets_json_matches_paper(shared_data):
