@@ -19,7 +19,7 @@ A record that contradicts itself is refused with a :class:`CorpusError` naming f
 field: ``text`` holding calls while ``annotated`` is also given, or ``plain`` holding calls.
 
 Exercised by every command that takes documents: ``lmlm train --data``, ``lmlm annotate ...``,
-``lmlm kb build --documents``, ``lmlm eval perplexity --data``, ``lmlm pipeline``.
+``lmlm kb build --triples`` (an annotated corpus), ``lmlm eval perplexity --data``, ``lmlm pipeline``.
 
 Examples:
     >>> doc = Document.from_annotated("d1", "Ada was born in [dblookup('Ada Lovelace', 'Birth City') -> London] London.")

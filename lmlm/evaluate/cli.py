@@ -38,8 +38,12 @@ def _read(reader, *args, **kwargs):
         _fail(f"cannot read the benchmark file: {e}")
 
 
-def _load(model: Path, kb: Path | None, no_db: bool = False, need_generator: bool = True, **options):
-    """``(model, tokenizer, meta, generator, uses_db)`` for a checkpoint; Standard checkpoints get no KB."""
+def _load(model: Path, kb: Path | None, no_db: bool = False, need_generator: bool = True, *,
+          kb_option: str = "--kb", instead: str | None = "--no-db", **options):
+    """``(model, tokenizer, meta, generator, uses_db)`` for a checkpoint; Standard checkpoints get no KB.
+
+    Without a KB where one is needed, the error names the command's own options: ``kb_option``, and
+    ``instead`` (the option that does without one; ``None``: none does)."""
     from ..checkpoint import ModelOpenError, kb_of, open_model
 
     from transformers.utils import logging as hf_logging
@@ -56,7 +60,7 @@ def _load(model: Path, kb: Path | None, no_db: bool = False, need_generator: boo
 
         kb_path = kb or kb_of(meta, model)
         if kb_path is None:
-            _fail("no knowledge base: pass --kb (or --no-db)")
+            _fail(f"no knowledge base for {model}: pass {kb_option}" + (f" (or {instead})" if instead else ""))
         try:
             from ..generate.loading import open_kb
 
@@ -188,7 +192,8 @@ def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out
     docs = _read(_documents, data, heldout=True)[:limit]
     if not docs:
         _fail(f"no documents in {data}")
-    m, tok, meta, gen, uses_db = _load(model, kb, need_generator=dynamic and _mode(model) != "standard")
+    m, tok, meta, gen, uses_db = _load(model, kb, need_generator=dynamic and _mode(model) != "standard",
+                                        instead="--no-dynamic: static perplexity only")
     protocol = Protocol("perplexity", "perplexity_static", greater_is_better=False,
                         paper="LMLM appendix A.3, static / dynamic / normalized perplexity")
     if meta.get("mode") == "standard":
@@ -236,10 +241,10 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
     sets = _read(read_tofu_sets, data, split, limit=limit)
     retain_ratios = None
     if retain_model is not None:
-        rm, rtok, _, rgen, r_db = _load(retain_model, retain_kb)
+        rm, rtok, _, rgen, r_db = _load(retain_model, retain_kb, kb_option="--retain-kb", instead=None)
         retain_ratios = tofu_summary(rm, rtok, sets, kb=rgen.kb if r_db else None,
                                      batch_size=batch_size)["forget_truth_ratios"]
-    m, tok, meta, gen, uses_db = _load(model, kb)
+    m, tok, meta, gen, uses_db = _load(model, kb, instead=None)
     deletion = None
     if unlearn == "kb":
         from ..generate import LookupGenerator

@@ -53,6 +53,19 @@ def test_perplexity_command(run_dir, tmp_path):
     assert s["perplexity_org_tokens"] == m["perplexity_org_tokens"]     # the same text tokens are scored
 
 
+def test_a_missing_kb_names_the_commands_own_options(world, run_dir, tmp_path):
+    """An LMLM checkpoint that names no KB: one line naming options the command has, then the way out works."""
+    save_checkpoint(tmp_path / "no-kb", world.model, world.tok, {"mode": "lmlm"})
+    args = ["perplexity", "--model", str(tmp_path / "no-kb"), "--data", str(run_dir / "docs.jsonl")]
+    res = runner.invoke(eval_app, args)
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "no knowledge base" in res.output and "--no-dynamic" in res.output and "--no-db" not in res.output
+    m = _run(args + ["--no-dynamic", "--out", str(tmp_path / "ppl.json")])
+    assert m["perplexity_static"] > 1 and "perplexity_dynamic" not in m
+    tofu = runner.invoke(eval_app, ["tofu", "--model", str(tmp_path / "no-kb"), "--data", str(run_dir / "tofu")])
+    assert tofu.exit_code == 2 and "--kb" in tofu.output and "--no-db" not in tofu.output
+
+
 def test_tofu_command_kb_delete_and_npo(run_dir, tmp_path):
     base = ["tofu", "--model", str(run_dir / "lmlm"), "--kb", str(run_dir / "kb"), "--data", str(run_dir / "tofu"),
             "--max-new-tokens", "8"]
