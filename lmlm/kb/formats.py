@@ -59,7 +59,7 @@ def _fact(e: str, r: str, v: str, source: str | None, position: int | None) -> F
 
 def detect_format(path: str | Path) -> str:
     """The format of ``path``: by suffix (``.parquet``, ``.json``), else by the first JSON line's fields;
-    a Parquet file with documents' columns, or a ``datasets`` folder, is a corpus."""
+    a Parquet file with documents' columns, a ``datasets`` folder or plain text (``.txt``) is a corpus."""
     path = Path(path)
     if path.is_dir():
         return "corpus"
@@ -71,6 +71,8 @@ def detect_format(path: str | Path) -> str:
         return "corpus" if "entity" not in names and names & {"annotated", "text"} else "parquet"
     if path.suffix == ".json":
         return "authors"
+    if ".txt" in path.suffixes[-2:]:  # plain text, one document a line (its calls in the dblookup form)
+        return "corpus"
     if path.is_file():
         try:
             with open(path, encoding="utf-8") as f:

@@ -79,5 +79,8 @@ def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int 
     kb.last_import = {"source": str(source), "facts": done, "chunks": chunks,
                       "longest_lock_seconds": round(longest, 3)}
     if done == 0:
+        if (format or formats.detect_format(source)) == "corpus":
+            raise ValueError(f"{source}: its documents hold no lookup call, so no fact to build a KB from: "
+                             "annotate them first (lmlm annotate ...)")
         raise ValueError(f"{source}: no facts in it (triples, an annotated corpus or the authors' JSON)")
     return done

@@ -60,6 +60,21 @@ def test_annotated_corpus_in_and_out(tmp_path, encoder):
         kb.import_file(bad, "corpus")
 
 
+def test_plain_text_corpus(tmp_path, encoder):
+    """A ``.txt`` file is documents, one a line, as every corpus reader takes it: its calls become facts,
+    and one without a call is refused with the way out, not read as broken triples."""
+    lines = [d.get("annotated", d.get("text")) for d in DOCS]
+    (tmp_path / "docs.txt").write_text("".join(t + "\n" for t in lines), encoding="utf-8")
+    assert detect_format(tmp_path / "docs.txt") == "corpus"
+    kb = KnowledgeBase.create(tmp_path / "kb", encoder=encoder)
+    kb.import_file(tmp_path / "docs.txt")
+    london = kb.lookup("Ada Lovelace", "Birth City")
+    assert (london.value, london.support) == ("London", 2) and kb.lookup("Ada Lovelace", "Death Year").value == "1852"
+    (tmp_path / "plain.txt").write_text("Ada was born in London.\n\nShe died in 1852.\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="plain.txt: its documents hold no lookup call.*annotate"):
+        kb.import_file(tmp_path / "plain.txt")
+
+
 def test_authors_database_json(tmp_path, encoder):
     db = tmp_path / "squad_database.json"
     db.write_text(json.dumps({"entities": ["Beyoncé"], "relationships": ["Spouse"], "return_values": ["Jay Z"],
