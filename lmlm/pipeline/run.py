@@ -332,7 +332,10 @@ def _differences(before: dict, now: dict, where: str = "") -> dict[str, tuple]:
 
 
 def _check_folder(recipe: Recipe, out: Path, fresh: bool, until: str | None) -> None:
-    """Refuse a folder holding a run of another recipe (the device aside); note this run in ``runs.jsonl``."""
+    """Refuse a folder holding a run of another recipe (the device aside); note this run in ``runs.jsonl``.
+
+    A folder where no stage has begun (a run refused before its first stage: only ``recipe.json`` and
+    ``runs.jsonl`` in it) takes the new recipe."""
     import torch
 
     if fresh and out.exists():
@@ -340,7 +343,8 @@ def _check_folder(recipe: Recipe, out: Path, fresh: bool, until: str | None) -> 
     out.mkdir(parents=True, exist_ok=True)
     resolved = recipe_json(recipe)
     path = out / "recipe.json"
-    if path.exists():
+    begun = any(p.name not in ("recipe.json", "runs.jsonl") for p in out.iterdir())
+    if path.exists() and begun:
         before = json.loads(path.read_text())
         changed = {k: d for k, d in _differences(before, json.loads(resolved)).items() if k != "device"}
         if changed:

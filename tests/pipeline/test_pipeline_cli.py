@@ -116,6 +116,21 @@ def test_plain_text_to_generation_with_kb_answers(tmp_path):
     assert answered >= len(names) // 2, results  # the model writes the call; the KB supplies the city
 
 
+def test_a_run_refused_before_its_first_stage_takes_the_corrected_recipe(tmp_path):
+    """The recipe's check refuses a document file for the infobox method; the same folder then takes the
+    corrected options without --fresh, since no stage had begun."""
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"annotated": f"{n} was born in [dblookup('{n}', 'Birth City') -> {c}] {c}."})
+                            + "\n" for n, c in PEOPLE[:6]))
+    args = ("pipeline", "wiki-cpu", "--corpus", docs, "--out", tmp_path / "P", "--until", "corpus")
+    res = lmlm(*args, check=False)
+    assert res.returncode == 2 and "needs a Wikipedia dump" in res.stderr and "Traceback" not in res.stderr
+    lmlm(*args, "--set", 'annotate.methods=["given"]')
+    assert (tmp_path / "P" / "corpus" / "done.json").exists()
+    res = lmlm(*args, check=False)  # a begun run still refuses another recipe
+    assert res.returncode == 2 and "holds a run of another recipe" in res.stderr
+
+
 def _excerpt(tmp_path: Path, shared_data: Path, n: int) -> Path:
     """A real dump of ``n`` articles with infoboxes, cut from the 106-article sample."""
     src = shared_data / "wikipedia" / "enwiki-sample-106-articles.xml.bz2"
