@@ -30,7 +30,7 @@ from typing import Any, Callable
 from ..annotate.passages import split_passages
 from ..corpus import Document, iter_documents, read_documents, write_documents
 from ..lookup import Lookup
-from .recipe import LLMSpec
+from .recipe import LLMSpec, RecipeError
 
 __all__ = ["split_passages", "passages_of", "call_layer", "merge_layers", "run_llm", "METHOD_NAMES", "Reference",
            "vet_layer", "VERDICTS"]
@@ -38,6 +38,7 @@ __all__ = ["split_passages", "passages_of", "call_layer", "merge_layers", "run_l
 METHOD_NAMES = {"infobox": "infobox", "given": "given", "llm_seed": "llm seed (SmolLM2, corrected)",
                 "llm_distilled": "llm distilled annotator"}
 _PRIORITY = ("infobox", "given", "llm_seed", "llm_distilled")
+CHECK_MIN = 20  # passages with calls the distilled annotator needs for a held-out check (1/7 of them, 5 at least)
 def passages_of(documents: list[Document], max_chars: int) -> list[Document]:
     """The passages of ``documents`` as documents (``meta``: ``doc`` and ``start``, the offset in it)."""
     return [Document(f"{d.id}@{s}", d.text[s:e], d.text[s:e], source=d.id, split=d.split,
@@ -215,16 +216,19 @@ def _seed_backend(spec: LLMSpec):
 def _seed_choice(passages: list[Document], n: int, covered: set[str] = frozenset(), min_chars: int = 120
                  ) -> list[Document]:
     """Lead passages of training documents first (where articles state most facts), then the next ones;
-    documents the infoboxes left without a call (``covered`` are the others) come first at each rank."""
-    by_doc: dict[str, list[Document]] = {}
-    for p in sorted(passages, key=lambda p: str(p.meta["doc"]) in covered):  # stable: corpus order kept
-        if p.split != "heldout" and len(p.text) >= min_chars:
-            by_doc.setdefault(str(p.meta["doc"]), []).append(p)
+    documents the infoboxes left without a call (``covered`` are the others) come first at each rank.
+    Passages of ``min_chars`` or more first; shorter ones (a corpus of short documents) fill the rest."""
+    train = [p for p in sorted(passages, key=lambda p: str(p.meta["doc"]) in covered)  # stable: corpus order kept
+             if p.split != "heldout" and p.text.strip()]
     chosen: list[Document] = []
-    rank = 0
-    while len(chosen) < n and any(len(v) > rank for v in by_doc.values()):
-        chosen += [v[rank] for v in by_doc.values() if len(v) > rank][:n - len(chosen)]
-        rank += 1
+    for tier in ([p for p in train if len(p.text) >= min_chars], [p for p in train if len(p.text) < min_chars]):
+        by_doc: dict[str, list[Document]] = {}
+        for p in tier:
+            by_doc.setdefault(str(p.meta["doc"]), []).append(p)
+        rank = 0
+        while len(chosen) < n and any(len(v) > rank for v in by_doc.values()):
+            chosen += [v[rank] for v in by_doc.values() if len(v) > rank][:n - len(chosen)]
+            rank += 1
     return chosen
 
 
@@ -255,6 +259,9 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
     folder.mkdir(parents=True, exist_ok=True)
     passages = passages_of(documents, spec.passage_chars)
     seeds = _seed_choice(passages, spec.seed_passages, {d.id for d in infobox or [] if d.num_calls})
+    if not seeds:
+        raise RecipeError(f"annotate.llm: none of the {len(documents)} documents has a training passage with text "
+                          "for the LLM to annotate")
     seed_ids = {p.id for p in seeds}
     rest = [p for p in passages if p.id not in seed_ids]
     if spec.run_passages:
@@ -309,39 +316,48 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
                  if p.id not in seed_ids] if train_docs and spec.negatives > 0 else []
         random.Random(seed).shuffle(blank)
         check: list[Document] = []
-        if spec.min_f1 > 0 and len(train_docs) >= 20:  # held out to measure the annotator before it runs
-            random.Random(seed).shuffle(train_docs)
-            k = max(5, len(train_docs) // 7)
-            check, train_docs = train_docs[:k], train_docs[k:]
-            k_blank = min(round(spec.negatives * k), len(blank))
-            check, blank = check + blank[:k_blank], blank[k_blank:]
-            write_documents(folder / "check.jsonl", check)
-        negatives = blank[:round(spec.negatives * len(train_docs))]
-        if not train_docs:
-            log("distill: no validated call to learn from; the LLM path stops after the seed")
-            return {"llm_seed": call_layer(kept, _passage_origin), "llm_distilled": {}}, report
-        base = spec.distill_base or None
-        config = DistillConfig(base=base, preset=spec.distill_preset, device=device,
-                               fit=FitConfig(steps=spec.distill_steps, batch_size=8, seq_len=256,
-                                             lr=2e-3 if base else 5e-3, seed=seed))
-        log(f"distill: an annotator ({base or spec.distill_preset}) learns from {len(train_docs)} passages, "
-            f"{sum(d.num_calls for d in train_docs)} calls, and {len(negatives)} passages without a call")
-        _, stats = distill(train_docs + negatives, config, ann_dir, progress=progress)
-        if spec.call_bias or spec.call_threshold:
-            meta = json.loads((ann_dir / "annotator.json").read_text())
-            meta["options"].update(call_bias=spec.call_bias, call_threshold=spec.call_threshold or None)
-            (ann_dir / "annotator.json").write_text(json.dumps(meta, indent=2) + "\n")
-        info = {**{k: stats[k] for k in ("steps", "first_loss", "final_loss", "seconds", "documents")},
-                "calls": sum(d.num_calls for d in train_docs), "passages_without_calls": len(negatives)}
-        if check:
-            info["check"] = _check_annotator(ann_dir, check, spec.run_batch_size)
-            log(f"distill: on {len(check)} held-out passages ({info['check']['without_calls']} without a call) "
-                f"the annotator scores F1 {info['check']['f1']:.3f} (precision {info['check']['precision']:.3f}, "
-                f"{info['check']['predicted']} calls for {info['check']['gold']}; "
-                f"{info['check']['calls_where_none']} where none belongs)")
-        _finish(ann_dir, info)
+        if spec.min_f1 > 0 and 0 < len(train_docs) < CHECK_MIN:  # it could not be checked, so it would not run
+            why = (f"{len(train_docs)} passages with calls, too few to hold out a check of the annotator "
+                   f"({CHECK_MIN} needed; annotate.llm.min_f1 = 0 runs it unchecked)")
+            log(f"distill: skipped, {why}")
+            _finish(ann_dir, {"skipped": why, "calls": sum(d.num_calls for d in train_docs)})
+        else:
+            if spec.min_f1 > 0 and len(train_docs) >= CHECK_MIN:  # held out to measure the annotator before it runs
+                random.Random(seed).shuffle(train_docs)
+                k = max(5, len(train_docs) // 7)
+                check, train_docs = train_docs[:k], train_docs[k:]
+                k_blank = min(round(spec.negatives * k), len(blank))
+                check, blank = check + blank[:k_blank], blank[k_blank:]
+                write_documents(folder / "check.jsonl", check)
+            negatives = blank[:round(spec.negatives * len(train_docs))]
+            if not train_docs:
+                log("distill: no validated call to learn from; the LLM path stops after the seed")
+                return {"llm_seed": call_layer(kept, _passage_origin), "llm_distilled": {}}, report
+            base = spec.distill_base or None
+            config = DistillConfig(base=base, preset=spec.distill_preset, device=device,
+                                   fit=FitConfig(steps=spec.distill_steps, batch_size=8, seq_len=256,
+                                                 lr=2e-3 if base else 5e-3, seed=seed))
+            log(f"distill: an annotator ({base or spec.distill_preset}) learns from {len(train_docs)} passages, "
+                f"{sum(d.num_calls for d in train_docs)} calls, and {len(negatives)} passages without a call")
+            _, stats = distill(train_docs + negatives, config, ann_dir, progress=progress)
+            if spec.call_bias or spec.call_threshold:
+                meta = json.loads((ann_dir / "annotator.json").read_text())
+                meta["options"].update(call_bias=spec.call_bias, call_threshold=spec.call_threshold or None)
+                (ann_dir / "annotator.json").write_text(json.dumps(meta, indent=2) + "\n")
+            info = {**{k: stats[k] for k in ("steps", "first_loss", "final_loss", "seconds", "documents")},
+                    "calls": sum(d.num_calls for d in train_docs), "passages_without_calls": len(negatives)}
+            if check:
+                info["check"] = _check_annotator(ann_dir, check, spec.run_batch_size)
+                log(f"distill: on {len(check)} held-out passages ({info['check']['without_calls']} without a call) "
+                    f"the annotator scores F1 {info['check']['f1']:.3f} (precision {info['check']['precision']:.3f}, "
+                    f"{info['check']['predicted']} calls for {info['check']['gold']}; "
+                    f"{info['check']['calls_where_none']} where none belongs)")
+            _finish(ann_dir, info)
     report["distill"] = _done(ann_dir)
     stop_after("distill", until)
+    if "skipped" in report["distill"]:
+        report["run"] = {"skipped": report["distill"]["skipped"]}
+        return {"llm_seed": call_layer(kept, _passage_origin), "llm_distilled": {}}, report
     f1 = (report["distill"].get("check") or {}).get("f1")
     if f1 is not None and f1 < spec.min_f1:
         log(f"run: skipped, the annotator's F1 {f1:.3f} is below annotate.llm.min_f1 = {spec.min_f1} "

@@ -76,7 +76,8 @@ class LLMSpec:
             probability (0: wherever it scores above the next word, the rule for a well-trained annotator).
         min_f1: a seventh of the annotator's validated training passages is held out; if its call-level F1
             there (offset, entity, relation and value all right) is below this, it does not run and its
-            calls are not merged (0: no check, every passage trains it).
+            calls are not merged (0: no check, every passage trains it). With fewer than 20 such passages
+            there is too little to hold out, and no annotator is distilled.
         negatives: passages without a call (of the infobox articles, where distant supervision placed
             none) per passage with calls, in the annotator's training and in its check (where each call
             it writes in them counts as wrong): without them it learns that every passage holds a

@@ -195,6 +195,8 @@ def _run_sentence(llm: dict) -> str:
     run = llm.get("run") or {}
     if not llm.get("distill"):
         return "no annotator was distilled."
+    if llm["distill"].get("skipped"):
+        return f"no annotator was distilled: {llm['distill']['skipped']}."
     if run.get("skipped"):
         return f"the distilled annotator did not run: {said or run['skipped']}, below `min_f1`."
     return f"the distilled annotator ran on {llm.get('run_passages')} passages" + (f" ({said})." if said else ".")

@@ -12,8 +12,9 @@ from lmlm.corpus import Document
 from lmlm.evaluate.trex import read_trex
 from lmlm.lookup import Lookup, strip
 from lmlm.pipeline import RecipeError, load_recipe, recipe_names
-from lmlm.pipeline.annotation import (Reference, _infobox_passages, call_layer, merge_layers, passages_of,
-                                     split_passages, vet_layer)
+from lmlm.pipeline.annotation import (CHECK_MIN, Reference, _done, _finish, _infobox_passages, _seed_choice,
+                                     call_layer, merge_layers, passages_of, run_llm, split_passages, vet_layer)
+from lmlm.pipeline.recipe import LLMSpec
 from lmlm.pipeline.facts import ClozeFact, choose_edits, cloze_facts, write_trex
 
 runner = CliRunner()
@@ -203,3 +204,31 @@ def test_training_chunks_are_headed_by_their_title_and_keep_their_calls():
         "Abraham Lincoln\nHe married Mary Todd in 1842."]
     assert [c.num_calls for c in chunks] == [0, 0, 0, 1] and chunks[3].lookups[0].value == "Mary Todd"
     assert all(c.split == "heldout" for c in chunks) and _chunks([doc], 0) == [doc]
+
+
+def test_short_documents_are_seeded_and_an_annotator_that_cannot_be_checked_is_not_distilled(tmp_path):
+    """A corpus of one-sentence documents (under the 120 characters a seed passage is first chosen from)
+    still gives the LLM its passages; with too few annotated passages to hold a check out, a recipe that
+    asks for one (``min_f1 > 0``) distils no annotator rather than running an unchecked one."""
+    people = [("Marie Dubois", "Lyon"), ("Akira Tanaka", "Osaka"), ("Lena Novak", "Prague"), ("Grace Okafor", "Lagos")]
+    docs = [Document(f"d{i}", f"{n} was born in {c}. {n.split()[0]} studied law.",
+                     f"{n} was born in {c}. {n.split()[0]} studied law.") for i, (n, c) in enumerate(people * 3)]
+    passages = passages_of(docs, 400)
+    seeds = _seed_choice(passages, 8)
+    assert len(seeds) == 8 and all(len(p.text) < 120 for p in seeds)
+    # the seed and the corrector as a resumed run finds them: the LLM's calls on the seed passages
+    folder = tmp_path / "llm"
+    annotated = [{"id": p.id, "doc": p.meta["doc"], "start": p.meta["start"],
+                  "annotated": p.text.replace(f"in {c}.", f"in [dblookup('{n}', 'Birth City') -> {c}] {c}.")}
+                 for p in seeds for n, c in people if p.text.startswith(n)]
+    for stage, name in (("seed", "annotated.jsonl"), ("correct", "kept.jsonl")):
+        (folder / stage).mkdir(parents=True)
+        (folder / stage / name).write_text("".join(json.dumps(d) + "\n" for d in annotated))
+        _finish(folder / stage, {"documents": len(annotated)})
+    logs: list[str] = []
+    layers, report = run_llm(folder, docs, None, LLMSpec(seed_passages=8, min_f1=0.2), device="cpu", seed=0,
+                             progress=False, log=logs.append)
+    assert len(annotated) < CHECK_MIN and "skipped" in report["distill"] and "skipped" in report["run"]
+    assert layers["llm_distilled"] == {} and not (folder / "annotator" / "annotator.json").exists()
+    assert sum(len(v) for v in layers["llm_seed"].values()) == 8 and any("too few" in m for m in logs)
+    assert _done(folder / "annotator")["skipped"] == report["distill"]["skipped"]  # a rerun finds it decided
