@@ -146,6 +146,10 @@ def _markdown(r: dict, out: Path) -> str:
               "## Cloze precision on real facts", "", r["cloze"]["metric"] + ".", ""]
     table = r["cloze"]["table"]
     splits = sorted({s for row in table for s in row if s != "model"}, key=lambda s: (s != "train", s))
+    if not table:
+        lines += ["No cloze prompts: they are made from the calls of a reference method (`infobox`, or `given`: the "
+                  "corpus's own calls) whose value the text states where the call stands, and this run has none. "
+                  "The LLM's calls are not taken as gold."]
     if table:
         lines += ["| model | " + " | ".join(f"{s}: precision | {s}: P@1 | {s}: n" for s in splits) + " |",
                   "|---|" + "---|---|---|" * len(splits)]

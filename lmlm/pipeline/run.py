@@ -331,11 +331,23 @@ def _differences(before: dict, now: dict, where: str = "") -> dict[str, tuple]:
     return out
 
 
+# the folders of the first stage that reads each recipe field or section (any other: the corpus's)
+_FIRST_STAGE = {"annotate": ("annotate",), "train": ("train-lmlm", "train-standard"), "evaluate": ("eval",),
+                "train.chunk_chars": ("data",), "train.tokenizer": ("data",), "train.init_from": ("data",)}
+
+
+def _begun(out: Path, key: str) -> bool:
+    """Whether the first stage that reads recipe field ``key`` (``section.name``) has begun in ``out``."""
+    folders = _FIRST_STAGE.get(key, _FIRST_STAGE.get(key.split(".")[0], ("corpus",)))
+    return any((out / f).exists() for f in folders)
+
+
 def _check_folder(recipe: Recipe, out: Path, fresh: bool, until: str | None) -> None:
     """Refuse a folder holding a run of another recipe (the device aside); note this run in ``runs.jsonl``.
 
-    A folder where no stage has begun (a run refused before its first stage: only ``recipe.json`` and
-    ``runs.jsonl`` in it) takes the new recipe."""
+    A field whose first stage has not begun may change (the training steps of a run stopped by
+    ``--until kb``, the options of a run refused before its first stage): what ran was made the same
+    way under the new recipe."""
     import torch
 
     if fresh and out.exists():
@@ -343,10 +355,10 @@ def _check_folder(recipe: Recipe, out: Path, fresh: bool, until: str | None) -> 
     out.mkdir(parents=True, exist_ok=True)
     resolved = recipe_json(recipe)
     path = out / "recipe.json"
-    begun = any(p.name not in ("recipe.json", "runs.jsonl") for p in out.iterdir())
-    if path.exists() and begun:
+    if path.exists():
         before = json.loads(path.read_text())
-        changed = {k: d for k, d in _differences(before, json.loads(resolved)).items() if k != "device"}
+        changed = {k: d for k, d in _differences(before, json.loads(resolved)).items()
+                   if k != "device" and _begun(out, k)}
         if changed:
             named = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
             raise RecipeError(f"{out} holds a run of another recipe ({named}; see {path}); pass --fresh to start "

@@ -116,19 +116,23 @@ def test_plain_text_to_generation_with_kb_answers(tmp_path):
     assert answered >= len(names) // 2, results  # the model writes the call; the KB supplies the city
 
 
-def test_a_run_refused_before_its_first_stage_takes_the_corrected_recipe(tmp_path):
+def test_a_recipe_field_may_change_until_its_first_stage_has_begun(tmp_path):
     """The recipe's check refuses a document file for the infobox method; the same folder then takes the
-    corrected options without --fresh, since no stage had begun."""
+    corrected options without --fresh, since no stage had begun. A run stopped after its KB takes other
+    training options, but not another annotation."""
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"annotated": f"{n} was born in [dblookup('{n}', 'Birth City') -> {c}] {c}."})
                             + "\n" for n, c in PEOPLE[:6]))
-    args = ("pipeline", "wiki-cpu", "--corpus", docs, "--out", tmp_path / "P", "--until", "corpus")
+    args = ("pipeline", "wiki-cpu", "--corpus", docs, "--out", tmp_path / "P", "--until", "kb")
     res = lmlm(*args, check=False)
     assert res.returncode == 2 and "needs a Wikipedia dump" in res.stderr and "Traceback" not in res.stderr
-    lmlm(*args, "--set", 'annotate.methods=["given"]')
-    assert (tmp_path / "P" / "corpus" / "done.json").exists()
-    res = lmlm(*args, check=False)  # a begun run still refuses another recipe
-    assert res.returncode == 2 and "holds a run of another recipe" in res.stderr
+    given = ("--set", 'annotate.methods=["given"]')
+    lmlm(*args, *given)
+    assert (tmp_path / "P" / "kb" / "done.json").exists() and not (tmp_path / "P" / "data").exists()
+    lmlm(*args, *given, "--set", "train.max_steps=3")  # training has not begun: its options may change
+    assert json.loads((tmp_path / "P" / "recipe.json").read_text())["train"]["max_steps"] == 3
+    res = lmlm(*args, *given, "--set", "annotate.llm.keep=all", check=False)  # the annotation has run
+    assert res.returncode == 2 and "holds a run of another recipe (annotate.llm.keep: known -> all" in res.stderr
 
 
 def _excerpt(tmp_path: Path, shared_data: Path, n: int) -> Path:
