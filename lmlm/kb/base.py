@@ -144,7 +144,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
             path = path.parent
         if not path.exists():
             raise KBNotFound(f"no knowledge base at {path}: the folder does not exist "
-                             "(make one with KnowledgeBase.create)")
+                             "(make one with `lmlm kb build` or KnowledgeBase.create)")
         if not path.is_dir():
             raise NotAKnowledgeBase(f"{path} is not a knowledge base: a KB is a folder holding {DB_FILENAME}")
         return cls(path, SQLiteStore.open(path), encoder, ann)

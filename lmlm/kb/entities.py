@@ -16,11 +16,10 @@ entity first, in this order, and says why when it cannot:
    a near-miss of a name about someone the text never named is a miss; an exact name or alias is
    answered unless the text names someone else (a KB entity, a deleted one, or anyone sharing a
    word of the name: "Larry Davis" in a text about "Larry Huerta-Rogers") and never it: the model
-   copying another person's name into a text about them. Such a name, or one the KB does not know,
-   in a text that names exactly one entity, with a word of that entity's name and a word written
-   nowhere in the text ("James Girard" or "Jackson Carter" in a text about "Jackson Girard"), is the
-   model garbling the name of the person it is writing about, and names them (never the name of a
-   deleted entity, never where the text names one). A text that names a deleted entity answers no
+   copying another person's name into a text about them. A name that shares a word with the one
+   person the text names ("James Girard", "Irene Curie" or "Charles Darwin" in a text about
+   "Jackson Girard", "Marie Curie" or "Charles Babbage") is never read as that person: a namesake or
+   a relative is someone else, whose facts the KB may not hold. A text that names a deleted entity answers no
    query sharing a word of its name with it, unless the text names the queried entity ("Lisa
    Hoàng" after "James Hoàng", deleted, is never Lisa Zhang);
 5. **fuzzy**: the names whose words align with the query's words one by one (typos within a word,
@@ -376,23 +375,7 @@ class EntityIndex:
             # "John Frazier" or "Lisa Hoàng" in a text about Joshua Frazier or James Hoàng, deleted
             return Resolved(reason="no_entity", candidates=((named, 1.0),), context_free=False,
                             detail=f"{entity!r} shares a name with {named!r}, named in the text and deleted")
-        if res.reason == "no_entity" and len(ctx) == 1 and not gone and self._garbled(qn, qt, ctx[0], words):
-            name = self.display[ctx[0]]
-            return Resolved(ctx[0], "context", name_score(qt, fuzzy_tokens(ctx[0])), context_free=False,
-                            detail=f"{entity!r} is written nowhere in the text and shares a word with "
-                                   f"{name!r}, the one entity the text names")
         return res
-
-    def _garbled(self, qn: str, qt: tuple[str, ...], subject: str, words: tuple[str, ...]) -> bool:
-        """Whether the query is the model garbling the name of ``subject``, the one entity the text
-        names: "James Girard" written for "Jackson Girard", or the name of another person it learned
-        ("Julie Mejia" in a text about "Julie Anderson"). The query is not the name of a deleted
-        entity (those always miss), it is not copied from the text (some word of it is written
-        nowhere there) and it shares a word with the subject's name. (The caller has checked that
-        the text names no deleted entity, whose name the model may be garbling instead.)"""
-        if (qn in self.gone and qn not in self.relations) or _refers(qt, words):
-            return False
-        return any(_shares_word(qt, toks) for toks in self._entity_tokens(subject))
 
     def _resolve(self, entity: str, qn: str, qt: tuple[str, ...], ctx: list[str] | None, fuzzy: bool) -> Resolved:
         direct = [qn] if qn in self.relations else self._alias_owners(qn)

@@ -208,7 +208,7 @@ class PostgresStore(SQLiteStore):
         if fmt is None or fmt[0] != FORMAT:
             store.close()
             raise NotAKnowledgeBase(f"the database at {store.folder} is not an lmlm knowledge base "
-                                    "(make one with KnowledgeBase.create)")
+                                    "(make one with `lmlm kb build` or KnowledgeBase.create)")
         store.migrate()
         return store
 

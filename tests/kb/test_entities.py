@@ -169,25 +169,28 @@ def test_a_namesake_of_the_person_the_text_names_is_never_answered():
     assert idx.resolve("Larry Davis").entity == "larry davis"
 
 
-def test_a_garbled_name_in_a_text_about_one_person_is_that_person():
-    idx = _index(["Jackson Girard", "Julie Anderson", "Julie Mejia", "Timothy Frazier", "Paul Marshall"],
-                 deleted=["Joshua Frazier"])
-    # a first name swapped, or another learned person's name sharing a word: the one person the text names
-    got = idx.resolve("James Girard", context="Jackson Girard was born in")
-    assert got.entity == "jackson girard" and got.via == "context" and "written nowhere" in got.detail
-    assert idx.resolve("Julie Mejia", context="Julie Anderson majored in").entity == "julie anderson"
-    assert idx.resolve("Jackson Carter", context="Jackson Girard works in").entity == "jackson girard"
-    # no word shared: a miss
-    assert idx.resolve("Paul Marshall", context="Jackson Girard was born in").entity is None
+def test_a_namesake_of_the_person_a_text_names_is_never_that_person():
+    """A name written nowhere in a text about one person, sharing a word of that person's name, may be the
+    model garbling it, a relative, or a namesake: the KB does not guess, whether or not it holds the name."""
+    idx = _index(["Jackson Girard", "Julie Anderson", "Julie Mejia", "Marie Curie", "Charles Babbage",
+                  "Charles Darwin", "Grace Hopper", "Timothy Frazier", "Paul Marshall"], deleted=["Joshua Frazier"])
+    for query, context in [("James Girard", "Jackson Girard was born in"),         # not in the KB
+                           ("Irene Curie", "Marie Curie was born in Warsaw. Her daughter"),
+                           ("Grace Kelly", "Grace Hopper studied mathematics. The actress was born in"),
+                           ("Julie Mejia", "Julie Anderson majored in"),          # in the KB: someone else
+                           ("Charles Darwin", "Charles Babbage was born in"),
+                           ("Paul Marshall", "Jackson Girard was born in")]:
+        got = idx.resolve(query, context=context)
+        assert got.entity is None and got.reason == "no_entity", (query, got)
     # the name of a deleted person never turns into someone else's, nor does a name in a text naming one
     assert idx.resolve("Joshua Frazier", context="Timothy Frazier was born in").reason == "no_entity"
     assert idx.resolve("James Frazier", context="Joshua Frazier met Timothy Frazier, born in").entity is None
-    # a name the text writes is the model copying it, not garbling the subject's
-    assert idx.resolve("James Girard", context="James Girard met Jackson Girard. He was born in").entity is None
-    # two people named: which one is meant cannot be told
-    assert idx.resolve("James Girard", context="Jackson Girard met Julie Anderson. He was born in").entity is None
-    # no text: nothing to read the name against
-    assert idx.resolve("James Girard").entity is None
+    # the name itself in the text, or a text naming no one: the exact name is answered
+    assert idx.resolve("Charles Darwin", context="Babbage wrote to Charles Darwin, who was born in").entity == \
+        "charles darwin"
+    assert idx.resolve("Charles Darwin", context="The naturalist was born in").entity == "charles darwin"
+    # a short form of the one person named is still that person
+    assert idx.resolve("Babbage", context="Charles Babbage was born in").entity == "charles babbage"
 
 
 def test_a_text_naming_a_deleted_person_answers_none_of_their_namesakes():
