@@ -164,7 +164,17 @@ class LookupGenerator:
             if ctx is not None and len(row) >= ctx + (0 if hard else 1):
                 raise ValueError(f"prompt {i + 1} is {len(row)} tokens, the model's context is {ctx} positions: "
                                  "shorten it")
-        if ctx is None or not hard:
+        if ctx is None:
+            return lambda rows: max_new_tokens
+        if not hard:  # rotary positions go on past the trained context, into text the model never saw
+            longest = max(map(len, ids), default=0)
+            if longest + max_new_tokens > ctx and not getattr(self, "_warned_room", False):
+                import warnings
+
+                self._warned_room = True
+                warnings.warn(f"a {longest}-token prompt and {max_new_tokens} new tokens reach past the model's "
+                              f"trained context of {ctx} positions: what it writes there is out of its training",
+                              stacklevel=3)
             return lambda rows: max_new_tokens
 
         def room(rows) -> int:

@@ -255,6 +255,23 @@ def test_a_prompt_beyond_the_context_is_refused_and_generation_stops_at_its_end(
     assert 0 < len(r.token_ids) <= 256 - n
 
 
+def test_generation_past_a_rotary_models_trained_context_warns(world):
+    """LLaMA's rotary positions run on past ``max_position_embeddings`` (128 for llama-tiny); generating
+    there is said once, not done silently, and the rows still get every token asked for."""
+    import warnings
+
+    from lmlm.models import build_model
+
+    model = build_model("llama-tiny", len(world.tok), world.tok, seed=0).eval()
+    gen = LookupGenerator(model, world.tok, make_kb(world))
+    with pytest.warns(UserWarning, match="trained context of 128 positions"):
+        (r,) = gen.generate(["Ada was born in"], max_new_tokens=130, ignore_eos=True)
+    assert len(r.token_ids) == 130
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gen.generate(["Ada was born in"], max_new_tokens=8, ignore_eos=True)  # within it: nothing said
+
+
 def test_copy_bias_favours_the_answered_value_only_while_the_text_states_it(world, tmp_path):
     from lmlm.kb import get_encoder
 
