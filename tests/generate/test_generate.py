@@ -269,7 +269,8 @@ def test_generation_past_a_rotary_models_trained_context_warns(world):
     assert len(r.token_ids) == 130
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        gen.generate(["Ada was born in"], max_new_tokens=8, ignore_eos=True)  # within it: nothing said
+        LookupGenerator(model, world.tok, gen.kb).generate(["Ada was born in"], max_new_tokens=8,
+                                                           ignore_eos=True)  # within it: nothing said
 
 
 def test_copy_bias_favours_the_answered_value_only_while_the_text_states_it(world, tmp_path):
