@@ -11,6 +11,7 @@ Miss policies (what a query without a match gets):
 
 * ``"text"``: the ``fallback`` text (``"unknown"`` by default) is the value;
 * ``"nearest"``: the KB's nearest key whatever its score (the authors' ``top1_anyway``), else the text;
+  never for a query that names a deleted entity (its nearest key is someone else's);
 * ``"skip"``: no value; ``<|db_end|>`` follows at once and the model goes on by itself.
 
 Exercised by ``lmlm generate --fallback``.
@@ -121,7 +122,8 @@ class Answerer:
             matches[i] = m
         nearest = [False] * len(items)
         if self.on_miss == "nearest":
-            missed = [i for i in ask if not matches[i]]
+            # a query for a deleted entity stays a miss: the nearest key is someone else's
+            missed = [i for i in ask if not matches[i] and not getattr(matches[i], "deleted", False)]
             for i, m in zip(missed, self.lookup([texts[i] for i in missed], None, threshold=_ANY_SCORE,
                                                  matching="key")):
                 if m:

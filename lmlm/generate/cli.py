@@ -31,7 +31,8 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
              matching: str = typer.Option("entity", help="KB lookup: 'entity' (entity first, then relation) or "
                                                          "'key' (the paper's single-key cosine)"),
              fallback: str = typer.Option("unknown", help="value of a lookup without a match: 'nearest' (best key "
-                                          "below the threshold), 'skip' (none; the model goes on) or any text"),
+                                          "below the threshold; never for a deleted entity), 'skip' (none; the "
+                                          "model goes on) or any text"),
              max_lookups: int = typer.Option(16, min=0, help="lookups per continuation"),
              logit_bias: str = typer.Option("5,2,2,2", help="added to the start, sep, retrieve and end scores"),
              copy_bias: float = typer.Option(0.0, min=0.0, help="added to the next token of an answered value while "

@@ -157,6 +157,7 @@ class Resolved:
     detail: str = ""
     candidates: tuple[tuple[str, float], ...] = ()
     context_free: bool = True  # the same answer whatever the context
+    deleted: bool = False  # the query names a deleted entity (or is closest to one)
 
 
 @dataclass
@@ -365,15 +366,16 @@ class EntityIndex:
                 res.via == "fuzzy" or bool(ctx) or _namesake(qt, words) or bool(gone)):
             name = self.display[res.entity]
             res = Resolved(reason="no_entity", candidates=((name, round(res.score, 3)),), context_free=False,
-                           detail=f"{name!r} fits {entity!r}, but the text so far never names {name!r}")
+                           detail=f"{name!r} fits {entity!r}, but the text so far never names {name!r}",
+                           deleted=bool(gone))
         if res.entity is not None and res.entity not in ctx and res.via != "exact" and (
                 named := next((n for n, w in gone if _refers(qt, w)), None)):  # "Jackson" after "Jackson Marshall"
-            return Resolved(reason="no_entity", candidates=((named, 1.0),), context_free=False,
+            return Resolved(reason="no_entity", candidates=((named, 1.0),), context_free=False, deleted=True,
                             detail=f"{entity!r} refers to {named!r}, named in the text and deleted")
         if res.entity is not None and res.entity not in ctx and (
                 named := next((n for n, w in gone if _shares_word(qt, w)), None)):
             # "John Frazier" or "Lisa Hoàng" in a text about Joshua Frazier or James Hoàng, deleted
-            return Resolved(reason="no_entity", candidates=((named, 1.0),), context_free=False,
+            return Resolved(reason="no_entity", candidates=((named, 1.0),), context_free=False, deleted=True,
                             detail=f"{entity!r} shares a name with {named!r}, named in the text and deleted")
         return res
 
@@ -395,7 +397,7 @@ class EntityIndex:
                 return Resolved(reason="ambiguous_entity", detail=f"{entity!r} is an alias of {len(direct)} entities",
                                 candidates=tuple((self.display[e], 1.0) for e in direct), context_free=False)
             return Resolved(reason="no_entity", detail=f"{self.gone[qn]!r} was deleted",
-                            candidates=((self.gone[qn], 1.0),), context_free=free)
+                            candidates=((self.gone[qn], 1.0),), context_free=free, deleted=True)
         if ctx:
             refs = [e for e in ctx if any(_refers(qt, t) for t in self._entity_tokens(e))]
             if len(refs) == 1:
@@ -460,5 +462,5 @@ class EntityIndex:
                             detail=f"{cands[0][0]!r} and {cands[1][0]!r} fit {entity!r} almost equally")
         if owner.startswith("\0"):
             return Resolved(reason="no_entity", detail=f"{entity!r} is closest to {cands[0][0]!r}",
-                            candidates=cands, context_free=context_free)
+                            candidates=cands, context_free=context_free, deleted=True)
         return Resolved(owner, "fuzzy", score, candidates=cands, context_free=context_free)

@@ -121,6 +121,8 @@ class Miss:
         candidates: what was considered, ``(name, score)`` best first (entities, relations or keys).
         version: the KB version that answered.
         context_free: whether the same query would miss whatever text preceded it.
+        deleted: the query names a deleted entity (or the text around it does): no fallback may
+            answer it with another entity's fact.
     """
 
     reason: str
@@ -129,13 +131,14 @@ class Miss:
     candidates: tuple[tuple[str, float], ...] = ()
     version: int = 0
     context_free: bool = True
+    deleted: bool = False
 
     def __bool__(self) -> bool:
         return False
 
     def to_dict(self) -> dict:
         return {"reason": self.reason, "detail": self.detail, "entity": self.entity,
-                "candidates": [list(c) for c in self.candidates], "version": self.version}
+                "candidates": [list(c) for c in self.candidates], "version": self.version, "deleted": self.deleted}
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,8 @@ class EntityLookup:
                 continue
             res = ents.resolve(entity, contexts[i] if contexts is not None else None, fuzzy)
             if res.entity is None:
-                out[i] = Miss(res.reason, res.detail, None, res.candidates, self._version, res.context_free)
+                out[i] = Miss(res.reason, res.detail, None, res.candidates, self._version, res.context_free,
+                              res.deleted)
                 continue
             rn = normalize_text(relation)
             if rn in ents.relations[res.entity]:

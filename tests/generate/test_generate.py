@@ -127,6 +127,12 @@ def test_trace_fields(world):
     assert t.status == "nearest" and t.found and t.score < 1.01
     assert (t.matched_entity, t.matched_relation) != (gone, "Birth City")
     assert t.value == world.facts[(t.matched_entity, t.matched_relation)]
+    # ... but never for a deleted entity: its nearest key is someone else's
+    kb.delete(entity=gone)
+    r = LookupGenerator(world.model, tok, kb, on_miss="nearest").generate(prompts[:1], max_new_tokens=40)[0]
+    t = r.trace[0]
+    assert t.query_entity == gone and (t.status, t.found, t.value) == ("fallback", False, "unknown")
+    assert t.miss_reason == "no_entity" and "deleted" in t.miss_detail and t.matched_entity is None
     r = LookupGenerator(world.model, tok, kb, fallback="n/a").generate(prompts[:1], max_new_tokens=40)[0]
     assert (r.trace[0].value, r.trace[0].status) == ("n/a", "fallback")
     # fallback=None closes an unanswered call at once
