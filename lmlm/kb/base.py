@@ -38,11 +38,12 @@ from .formats import Fact, fact_from
 from .index import AnnConfig, VectorKeyIndex, read_header
 from .indexing import INDEX_FILENAME, PROGRESS_MIN, KeyIndexing
 from .keymap import MAP_LIMIT, MemoryMap, StoreMap
-from .keys import KEY_SEP, clean_field, normalize_text, normalize_value
+from .keys import clean_field, normalize_text, normalize_value
 from .reader import MAX_SOURCES, KnowledgeBaseReader
 from .records import Triple, check_who, gc_paused, required
 from .resolve import MATCHINGS
 from .store import DB_FILENAME, Best, KBNotFound, NotAKnowledgeBase, SQLiteStore
+from .store_deletes import forget_item as _forget_item
 
 if TYPE_CHECKING:
     from .view import KnowledgeBaseView
@@ -334,13 +335,14 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
         Args:
             items: any mix of triple ids (int), keys ``(entity, relation)`` (every value of the key),
                 facts ``(entity, relation, value)`` or :class:`Triple`, and dicts with ``id``,
-                ``source`` (a document: every fact citing it), or ``entity`` + ``relation`` [+ ``value``].
+                ``source`` (a document: every fact citing it), ``entity`` alone (every fact of the
+                entity) or ``entity`` + ``relation`` [+ ``value``].
 
         Like :meth:`delete`, the facts are unreachable by any lookup when this returns.
         """
         _check_who(who, why)
-        ids, keys, facts, sources = [], [], [], []
-        lists = {"id": ids, "key": keys, "fact": facts, "source": sources}
+        ids, keys, facts, sources, entities = [], [], [], [], []
+        lists = {"id": ids, "key": keys, "fact": facts, "source": sources, "entity": entities}
         for n, item in enumerate(items):
             kind, value = _forget_item(item, n)
             lists[kind].append(value)
@@ -349,8 +351,8 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
             if self._loaded and self._map.in_memory:  # else the store looks the forget set up
                 self.refresh()
                 known, gone = self._known_ids(keys, facts)
-            v, n = self.store.forget(who, why, ids, keys, facts, sources, known=known)
-            if n and known and v == known[0] + 1 and not (ids or sources or known[2] or known[3]):
+            v, n = self.store.forget(who, why, ids, keys, facts, sources, known=known, entities=entities)
+            if n and known and v == known[0] + 1 and not (ids or sources or entities or known[2] or known[3]):
                 self._take_in_forget(v, gone)  # the store used the map: every deleted fact was in it
             if n:
                 self._after_write(adds_keys=False)
@@ -471,30 +473,3 @@ def _index_folder(url: str, index_dir: str | Path | None) -> Path:
 
 
 _required, _check_who = required, check_who  # the names the package used
-
-
-def _forget_item(item, n: int) -> tuple[str, object]:
-    """Classify item ``n`` of a forget set as ('id', int), ('key', key_norm), ('fact', (key_norm,
-    value_norm)) or ('source', doc_id)."""
-    if type(item) is tuple and len(item) == 3 and type(item[0]) is type(item[1]) is type(item[2]) is str:
-        en, rn = normalize_text(item[0]), normalize_text(item[1])  # the common case: a fact, three strings
-        if en and rn:
-            return "fact", (en + KEY_SEP + rn, normalize_value(item[2]))
-    elif isinstance(item, numbers.Integral) and not isinstance(item, bool):
-        return "id", int(item)
-    if isinstance(item, dict):
-        if "id" in item or "triple_id" in item:
-            return "id", int(item.get("id", item.get("triple_id")))
-        if "source" in item:
-            return "source", str(item["source"])
-        item = tuple(item[f] for f in ("entity", "relation", "value") if f in item)
-    elif isinstance(item, Triple):
-        item = (item.entity, item.relation, item.value)
-    if isinstance(item, (tuple, list)) and len(item) in (2, 3) and all(isinstance(x, str) for x in item):
-        en, rn = normalize_text(item[0]), normalize_text(item[1])
-        if not en or not rn:
-            raise ValueError(f"forget item {n}: empty entity or relation in {item!r}")
-        kn = en + KEY_SEP + rn
-        return ("key", kn) if len(item) == 2 else ("fact", (kn, normalize_value(item[2])))
-    raise ValueError(f"forget item {n} is not a triple id, (entity, relation[, value]), Triple or dict "
-                     f"with id/source/entity+relation: {item!r}")

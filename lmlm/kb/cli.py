@@ -20,7 +20,8 @@ err = Console(stderr=True)
 
 # -- knowledge base --------------------------------------------------------------------------------
 
-_FORMATS = "jsonl, parquet, corpus (annotated documents) or authors (their database JSON); default: from the file"
+_FORMATS = ("jsonl, parquet, corpus (annotated documents), authors (their database JSON) or csv (a header with "
+            "entity, relation, value; .tsv too); default: from the file")
 
 
 def _open_kb(path: Path, at: Optional[int] = None):
@@ -98,15 +99,16 @@ def _read_forget_set(path: Path) -> list:
             except ValueError as e:
                 raise ValueError(f"{path}:{lineno}: not a JSON line: {e}") from None
     if not items:
-        raise ValueError(f"{path}: the forget set is empty (one {{id}}, {{source}} or {{entity, relation}} per line)")
+        raise ValueError(f"{path}: the forget set is empty (one {{id}}, {{source}}, {{entity}} or "
+                         f"{{entity, relation}} per line)")
     return items
 
 
 @app.command("delete")
 def kb_delete(path: Path, triple_id: List[int] = typer.Option(None, "--id"), entity: Optional[str] = None,
               relation: Optional[str] = None, source: Optional[str] = None,
-              forget: Optional[Path] = typer.Option(None, help="JSONL forget set: one {id}, {source} or "
-                                                              "{entity, relation[, value]} per line"),
+              forget: Optional[Path] = typer.Option(None, help="JSONL forget set: one {id}, {source}, {entity} "
+                                                              "or {entity, relation[, value]} per line"),
               who: str = typer.Option("lmlm"), why: str = typer.Option("")):
     """Delete facts by id, entity, relation, source document or a forget set; unreachable at once."""
     if not (triple_id or entity or relation or source or forget):
@@ -121,7 +123,36 @@ def kb_delete(path: Path, triple_id: List[int] = typer.Option(None, "--id"), ent
     else:
         n = _kb_call(kb.delete, triple_ids=triple_id or None, entity=entity, relation=relation, source=source,
                      who=who, why=why)
+        if n == 0:
+            _nothing_deleted(kb, path, triple_id, entity, relation, source)
     console.print(f"deleted {n} facts; version {kb.version}")
+
+
+def _nothing_deleted(kb, path: Path, triple_ids, entity, relation, source) -> None:
+    """A delete that matched nothing: a name the KB never held (a typo) fails, naming what is close;
+    one it held, all of whose facts are gone already (the same command again), is said and exits 0."""
+    unknown = [i for i in triple_ids or () if not _held_id(kb, i)]
+    if unknown:
+        _fail(f"{path} has no triple with id {', '.join(map(str, unknown))}")
+    names = {"entity": entity, "relation": relation, "source": source}
+    never = kb.never_held(entity, relation, source)
+    if never:
+        close = ""
+        if "entity" in never:
+            found = kb.explain(entity, relation or "-")  # a match, or a miss naming the entity or candidates
+            cands = [found.entity] if found.entity else [c for c, _ in getattr(found, "candidates", ())][:3]
+            close = f" (closest: {', '.join(map(repr, cands))})" if cands else ""
+        _fail(f"{path} never held " + " or ".join(f"the {k} {names[k]!r}" for k in never) + close
+              + "; `lmlm kb search` finds what it holds")
+    err.print("no active fact matched: they were deleted before (`lmlm kb log` says when)", highlight=False)
+
+
+def _held_id(kb, triple_id: int) -> bool:
+    try:
+        kb.get(triple_id)
+        return True
+    except KeyError:
+        return False
 
 
 @app.command("lookup")

@@ -191,6 +191,14 @@ class KnowledgeBaseReader(EntityLookup):
             active = [r for r in self.store.history(entity, relation) if r.active]
         return sorted(active, key=lambda r: (-r.count, -r.created_version, -r.id))
 
+    def never_held(self, entity: str | None = None, relation: str | None = None,
+                   source: str | None = None) -> list[str]:
+        """Which of the given names this KB never held, in any version: ``"entity"``, ``"relation"``
+        or ``"source"`` (a document id). A delete that matched nothing asks it: a typo, or done already?"""
+        with self._lock:
+            return self.store.never_held(None if entity is None else normalize_text(entity),
+                                         None if relation is None else normalize_text(relation), source)
+
     def history(self, entity: str, relation: str) -> list[TripleRecord]:
         """Every triple ever stored under the key, deleted ones included, oldest first."""
         with self._lock:

@@ -8,12 +8,14 @@ forget set of 50,000 facts costs a few statements, not 50,000. Exercised by ``lm
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterable, Sequence
 
-from .keys import KEY_SEP
+from .keys import KEY_SEP, normalize_text, normalize_value
+from .records import Triple, required
 from .schema import NoChange as _NoChange, chunks as _chunks, marks as _marks
 
-__all__ = ["StoredDeletes"]
+__all__ = ["StoredDeletes", "forget_item"]
 
 
 class StoredDeletes:
@@ -47,9 +49,10 @@ class StoredDeletes:
 
     def forget(self, who: str, why: str, triple_ids: Iterable[int] = (), keys: Iterable[str] = (),
                facts: Iterable[tuple[str, str]] = (), sources: Iterable[str] = (),
-               known: tuple[int, list[int], list[str], list[tuple[str, str]]] | None = None) -> tuple[int, int]:
+               known: tuple[int, list[int], list[str], list[tuple[str, str]]] | None = None,
+               entities: Iterable[str] = ()) -> tuple[int, int]:
         """Delete, as one version, every active triple named by any of: id, key_norm, (key_norm,
-        value_norm) or source document. Returns (version, number deleted).
+        value_norm), source document or entity_norm (all its facts). Returns (version, number deleted).
 
         ``known``, ``(version, ids, keys, facts)``: what a reader's map of the store at ``version``
         already resolved (the ids of some of ``keys`` and ``facts``, and the ones it could not); used
@@ -72,9 +75,19 @@ class StoredDeletes:
                             " WHERE t.deleted_version IS NULL AND (f.vn IS NULL OR t.value_norm = f.vn)")
                 self._xm("INSERT OR IGNORE INTO forget_ids(id) SELECT s.triple_id FROM sources s"
                          " JOIN documents d ON d.id = s.doc WHERE d.doc_id = ?", ((d,) for d in sources))
+                self._xm("INSERT OR IGNORE INTO forget_ids(id) SELECT t.id FROM entities e JOIN keys k"
+                         " ON k.entity_id = e.id JOIN triples t ON t.key_id = k.id"
+                         " WHERE e.name_norm = ? AND t.deleted_version IS NULL", ((e,) for e in entities))
                 return self._delete_forget_set(who, why)
         except _NoChange:
             return self.version(), 0
+
+    def never_held(self, entity_norm: str | None, relation_norm: str | None, source: str | None) -> list[str]:
+        """Which of the given names no version of the store ever held: 'entity', 'relation', 'source'."""
+        checks = (("entity", entity_norm, "SELECT 1 FROM entities WHERE name_norm = ?"),
+                  ("relation", relation_norm, "SELECT 1 FROM relations WHERE name_norm = ?"),
+                  ("source", source, "SELECT 1 FROM documents WHERE doc_id = ?"))
+        return [kind for kind, name, sql in checks if name is not None and self._x(sql, (name,)).fetchone() is None]
 
     def _start_forget_set(self) -> None:
         """Empty this connection's temporary tables of ids and facts to delete."""
@@ -96,3 +109,32 @@ class StoredDeletes:
         self._drop_orphan_aliases(v)
         self._finish_version(v)
         return v, n
+
+
+def forget_item(item, n: int) -> tuple[str, object]:
+    """Classify item ``n`` of a forget set as ('id', int), ('key', key_norm), ('fact', (key_norm,
+    value_norm)), ('source', doc_id) or ('entity', entity_norm)."""
+    if type(item) is tuple and len(item) == 3 and type(item[0]) is type(item[1]) is type(item[2]) is str:
+        en, rn = normalize_text(item[0]), normalize_text(item[1])  # the common case: a fact, three strings
+        if en and rn:
+            return "fact", (en + KEY_SEP + rn, normalize_value(item[2]))
+    elif isinstance(item, numbers.Integral) and not isinstance(item, bool):
+        return "id", int(item)
+    if isinstance(item, dict):
+        if "id" in item or "triple_id" in item:
+            return "id", int(item.get("id", item.get("triple_id")))
+        if "source" in item:
+            return "source", str(item["source"])
+        if set(item) & {"entity", "relation", "value"} == {"entity"} and isinstance(item["entity"], str):
+            return "entity", required(normalize_text(item["entity"]), "entity", item["entity"])
+        item = tuple(item[f] for f in ("entity", "relation", "value") if f in item)
+    elif isinstance(item, Triple):
+        item = (item.entity, item.relation, item.value)
+    if isinstance(item, (tuple, list)) and len(item) in (2, 3) and all(isinstance(x, str) for x in item):
+        en, rn = normalize_text(item[0]), normalize_text(item[1])
+        if not en or not rn:
+            raise ValueError(f"forget item {n}: empty entity or relation in {item!r}")
+        kn = en + KEY_SEP + rn
+        return ("key", kn) if len(item) == 2 else ("fact", (kn, normalize_value(item[2])))
+    raise ValueError(f"forget item {n} is not a triple id, (entity, relation[, value]), Triple or dict "
+                     f"with id, source, entity or entity+relation: {item!r}")

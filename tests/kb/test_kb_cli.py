@@ -77,7 +77,7 @@ def test_kb_errors_are_one_line_and_exit_2(tmp_path):
     (tmp_path / "busy" / "notes.txt").write_text("not a KB")
     for args, msg in ((["kb", "diff", tmp_path / "kb", 1, 7], "no version 7"),
                       (["kb", "edit", tmp_path / "kb", "B", "r", "v"], "no active fact"),
-                      (["kb", "import", tmp_path / "kb", tmp_path / "t.jsonl", "--format", "csv"],
+                      (["kb", "import", tmp_path / "kb", tmp_path / "t.jsonl", "--format", "xml"],
                        "unknown input format"),
                       (["kb", "delete", tmp_path / "kb"], "say what to delete"),
                       (["kb", "delete", tmp_path / "kb", "--forget", tmp_path / "bad.jsonl"],
@@ -85,6 +85,29 @@ def test_kb_errors_are_one_line_and_exit_2(tmp_path):
                       (["kb", "build", tmp_path / "busy", "--triples", tmp_path / "t.jsonl"], "not empty")):
         res = runner.invoke(app, [str(a) for a in args])
         assert res.exit_code == 2 and msg in " ".join(res.output.split()), res.output  # rich wraps long lines
+
+
+def test_a_forget_set_deletes_a_whole_entity_and_a_delete_of_nothing_says_why(tmp_path):
+    rows = [("Ada Lovelace", "Birth City", "London"), ("Ada Lovelace", "Employer", "none"),
+            ("Alan Turing", "Birth City", "London")]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(dict(zip(("entity", "relation", "value"), r))) + "\n"
+                                              for r in rows))
+    kb = tmp_path / "kb"
+    _ok(["kb", "build", kb, "--triples", tmp_path / "t.jsonl", "--no-embed"])
+    (tmp_path / "forget.jsonl").write_text('{"entity": "ada lovelace"}\n')
+    assert "deleted 2 facts; version 2" in _ok(["kb", "delete", kb, "--forget", tmp_path / "forget.jsonl"])
+    assert json.loads(_ok(["kb", "stats", kb]))["triples"] == 1
+    # the same delete again: nothing left to delete, said, and not an error
+    res = runner.invoke(app, [str(a) for a in ["kb", "delete", kb, "--entity", "Ada Lovelace"]])
+    assert res.exit_code == 0 and "deleted 0 facts" in res.output and "deleted before" in res.output
+    # a name the KB never held is a typo: exit 2, naming the closest entity it does hold
+    for args, msg in ((["--entity", "Alan Turin"], "never held the entity 'Alan Turin' (closest: 'Alan Turing')"),
+                      (["--entity", "Alan Turing", "--relation", "Death City"], "never held the relation 'Death City'"),
+                      (["--source", "bio-x"], "never held the source 'bio-x'"),
+                      (["--id", "99"], "no triple with id 99")):
+        res = runner.invoke(app, [str(a) for a in ["kb", "delete", kb, *args]])
+        assert res.exit_code == 2 and msg in " ".join(res.output.split()), res.output
+    assert json.loads(_ok(["kb", "stats", kb]))["triples"] == 1
 
 
 @pytest.mark.slow
