@@ -7,8 +7,10 @@ other fields as ``meta``. Every command that reads or writes documents goes thro
 
 Readers take JSON lines (``.jsonl``, also gzipped), a JSON array (``.json``), Parquet (``.parquet``,
 ``pip install 'lmlm[parquet]'``), a Hugging Face ``datasets`` folder written by ``save_to_disk``
-(a ``Dataset`` or a ``DatasetDict``, whose split names become ``split``) and plain text (``.txt``,
-one document per line). They accept the files earlier versions of lmlm wrote:
+(a ``Dataset`` or a ``DatasetDict``, whose split names become ``split``), CSV and TSV with a header
+row (``.csv``, ``.tsv``: a ``text`` or ``annotated`` column) and plain text (``.txt`` or any other
+suffix, one document per line; spreadsheets, PDFs, archives and tensors are refused by suffix).
+They accept the files earlier versions of lmlm wrote:
 
 * ``annotated`` + ``text``/``plain`` (worlds, ``annotate wikipedia``, ``annotate validate``);
 * ``text`` alone holding the calls (old training files, TOFU worlds, distilled corpora): the
@@ -157,7 +159,8 @@ def _open_text(path: Path):
 
 
 def _records(path: Path) -> Iterator[tuple[str, Any]]:
-    """(where, record) of each record in ``path``: JSON lines, a JSON array, Parquet, a datasets folder or text."""
+    """(where, record) of each record in ``path``: JSON lines, a JSON array, Parquet, a datasets folder, CSV/TSV
+    or text."""
     if path.is_dir():
         yield from _dataset_folder_records(path)
         return
@@ -166,8 +169,15 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
     if kind == ".parquet":
         yield from _parquet_records(path)
         return
+    if kind in _NOT_TEXT:
+        raise CorpusError(f"{path}: a {kind} file is not a corpus lmlm reads; give JSON lines (.jsonl), a JSON "
+                          f"array (.json), Parquet, CSV or TSV (a 'text' or 'annotated' column), plain text (one "
+                          f"document a line) or a datasets folder")
     try:
         with _open_text(path) as f:
+            if kind in (".csv", ".tsv"):
+                yield from _csv_records(f, path, "\t" if kind == ".tsv" else ",")
+                return
             if kind == ".json":
                 try:
                     data = json.load(f)
@@ -193,6 +203,29 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         raise CorpusError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except (gzip.BadGzipFile, EOFError) as e:
         raise CorpusError(f"{path}: broken gzip file: {e}") from None
+
+
+_NOT_TEXT = {".xlsx", ".xls", ".ods", ".pdf", ".docx", ".doc", ".odt", ".zip", ".tar", ".tgz", ".bz2", ".xz",
+             ".zst", ".7z", ".arrow", ".feather", ".pkl", ".pickle", ".npy", ".npz", ".h5", ".hdf5", ".db",
+             ".sqlite", ".pt", ".bin", ".safetensors"}
+
+
+def _csv_records(f, path: Path, delimiter: str) -> Iterator[tuple[str, Any]]:
+    """A CSV or TSV file with a header row: each row a record (row number as its line)."""
+    import csv
+    import sys
+
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # a document is one field: often over 128 KB
+    rows = csv.DictReader(f, delimiter=delimiter)
+    try:
+        for row in rows:
+            extra = row.pop(None, None)  # cells past the header's columns
+            if extra and any(c.strip() for c in extra):
+                raise CorpusError(f"{path}:{rows.line_num}: {len(row) + len(extra)} cells under a header of "
+                                  f"{len(row)} columns (a field with a {delimiter!r} needs quotes)")
+            yield f"{path}:{rows.line_num}", {k: v for k, v in row.items() if v is not None}
+    except csv.Error as e:
+        raise CorpusError(f"{path}:{rows.line_num}: not {'TSV' if delimiter == chr(9) else 'CSV'}: {e}") from None
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[str, Any]]:

@@ -73,6 +73,29 @@ def test_text_lines_and_json_arrays(tmp_path):
     assert read_documents(tmp_path / "a.json")[0].text == PLAIN
 
 
+def test_csv_and_tsv_rows_are_documents(tmp_path):
+    """A spreadsheet export: a header row, one document a row; a quoted cell keeps its commas and line
+    breaks, a row with cells past the header is named, and a spreadsheet itself is refused by suffix."""
+    (tmp_path / "d.csv").write_text(f'id,annotated,title\nada,"{ANNOTATED}\nShe wrote, too.",Ada\nnote,"{PLAIN}",\n',
+                                    encoding="utf-8")
+    docs = read_documents(tmp_path / "d.csv")
+    assert [d.id for d in docs] == ["ada", "note"] and [d.num_calls for d in docs] == [1, 0]
+    assert docs[0].text == PLAIN + "\nShe wrote, too." and docs[0].meta == {"title": "Ada"}
+    assert docs[1].text == PLAIN
+    (tmp_path / "d.tsv").write_text(f"text\tsplit\n{PLAIN}\theldout\n", encoding="utf-8")
+    (doc,) = read_documents(tmp_path / "d.tsv")
+    assert (doc.id, doc.text, doc.split) == ("1", PLAIN, "heldout")  # no id: its row number
+    (tmp_path / "wide.csv").write_text("id,text\na,one,two\n")
+    with pytest.raises(CorpusError, match="wide.csv:2: 3 cells under a header of 2 columns"):
+        read_documents(tmp_path / "wide.csv")
+    (tmp_path / "no-text.csv").write_text("id,title\na,Ada\n")
+    with pytest.raises(CorpusError, match="no-text.csv:2: no 'annotated' or 'text' field"):
+        read_documents(tmp_path / "no-text.csv")
+    (tmp_path / "d.xlsx").write_bytes(b"PK\x03\x04")
+    with pytest.raises(CorpusError, match="d.xlsx: a .xlsx file is not a corpus"):
+        read_documents(tmp_path / "d.xlsx")
+
+
 def test_parquet_and_datasets_folders(tmp_path):
     import datasets  # in the [test] extra
     docs = [Document.from_annotated(f"d{i}", ANNOTATED, source="test", split="train") for i in range(3)]

@@ -14,6 +14,9 @@ and the authors' released database JSON.
   the written text).
 * ``authors``: the authors' database JSON (``entities``, ``relationships``, ``return_values``,
   ``triplets``), streamed by :mod:`lmlm.kb.authors`.
+* ``csv``: a CSV (``.csv``) or TSV (``.tsv``) file with a header row naming ``entity``, ``relation``,
+  ``value`` and optionally ``source``, ``position`` and ``count``. Read only. A CSV file whose header
+  has no ``entity`` but a ``text`` or ``annotated`` column is a corpus.
 
 Exercised by ``lmlm kb import``, ``lmlm kb export`` and ``lmlm kb build``.
 """
@@ -31,7 +34,7 @@ from .store import Fact
 
 __all__ = ["FORMATS", "detect_format", "read", "write", "count_items", "fact_of", "fact_from"]
 
-FORMATS = ("jsonl", "parquet", "corpus", "authors")
+FORMATS = ("jsonl", "parquet", "corpus", "authors", "csv")  # the last two are read, never written
 UNSOURCED_DOC = "kb-unsourced"
 _PARQUET_BATCH = 65_536
 
@@ -73,6 +76,8 @@ def detect_format(path: str | Path) -> str:
         return "authors"
     if ".txt" in path.suffixes[-2:]:  # plain text, one document a line (its calls in the dblookup form)
         return "corpus"
+    if path.suffix.lower() in (".csv", ".tsv"):
+        return "csv" if "entity" in _csv_header(path) else "corpus"
     if path.is_file():
         try:
             with open(path, encoding="utf-8") as f:
@@ -107,7 +112,7 @@ def _check(path: str | Path, format: str | None, reading: bool) -> tuple[Path, s
                                  f"{path.suffix or '(none)'!r}: name it .jsonl or .parquet, or give the format "
                                  "(jsonl, parquet, corpus)")
     format = format or detect_format(path)
-    if format not in FORMATS or (format == "authors" and not reading):
+    if format not in FORMATS or (format in ("authors", "csv") and not reading):
         allowed = FORMATS if reading else FORMATS[:3]
         raise ValueError(f"unknown {'input' if reading else 'output'} format {format!r} for {path}; "
                          f"use one of {', '.join(allowed)}")
@@ -133,8 +138,8 @@ def read(path: str | Path, format: str | None = None) -> tuple[Iterator[Fact], i
 
         good, _ = scan_authors_json(path)
         return (fact_of(t) for t in iter_authors_json(path)), good
-    reader = {"jsonl": _read_jsonl, "parquet": _read_parquet, "corpus": _read_corpus}[format]
-    return reader(path), (count_items(path, format) if format != "corpus" else None)
+    reader = {"jsonl": _read_jsonl, "parquet": _read_parquet, "corpus": _read_corpus, "csv": _read_csv}[format]
+    return reader(path), (count_items(path, format) if format not in ("corpus", "csv") else None)
 
 
 def write(records: Iterable[TripleRecord], path: str | Path, format: str | None = None) -> int:
@@ -167,6 +172,47 @@ def _read_jsonl(path: Path) -> Iterator[Fact]:
                 yield _fact_from_dict(json.loads(line))
             except (ValueError, TypeError, KeyError, IndexError) as e:
                 raise ValueError(f"{path}:{lineno}: not a triple: {e}") from None
+
+
+def _csv_rows(path: Path):
+    """A DictReader over a CSV (a TSV by its suffix) file, and the file to close."""
+    import csv
+    import sys
+
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    f = open(path, encoding="utf-8", newline="")
+    return csv.DictReader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ","), f
+
+
+def _csv_header(path: Path) -> list[str]:
+    try:
+        rows, f = _csv_rows(path)
+        with f:
+            return [c.strip() for c in rows.fieldnames or ()]
+    except (UnicodeDecodeError, OSError):
+        return []  # the reader names the problem
+
+
+def _read_csv(path: Path) -> Iterator[Fact]:
+    import csv
+
+    rows, f = _csv_rows(path)
+    with f:
+        try:
+            for row in rows:
+                if None in row:
+                    raise ValueError(f"{path}:{rows.line_num}: more cells than the header has columns")
+                d = {k.strip(): v for k, v in row.items() if v not in (None, "")}
+                try:
+                    if "position" in d:
+                        d["position"] = int(d["position"])
+                    yield _fact_from_dict(d)
+                except (ValueError, TypeError, KeyError) as e:
+                    raise ValueError(f"{path}:{rows.line_num}: not a triple: {e}") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}:{rows.line_num}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        except csv.Error as e:
+            raise ValueError(f"{path}:{rows.line_num}: not CSV: {e}") from None
 
 
 def _write_jsonl(records: Iterable[TripleRecord], path: Path) -> int:

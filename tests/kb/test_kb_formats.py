@@ -75,6 +75,38 @@ def test_plain_text_corpus(tmp_path, encoder):
         kb.import_file(tmp_path / "plain.txt")
 
 
+def test_csv_and_tsv_triples_and_corpora(tmp_path, encoder):
+    """A spreadsheet export: a header naming entity, relation, value is triples; one naming text or
+    annotated is a corpus. Quoted cells keep their commas and line breaks; a bad row names its line."""
+    (tmp_path / "t.csv").write_text('entity,relation,value,source,position\n'
+                                    '"Lovelace, Ada",Birth City,London,bio-ada,16\n'
+                                    'Alan Turing,Occupation,"mathematician,\nlogician",,\n', encoding="utf-8")
+    (tmp_path / "t.tsv").write_text("entity\trelation\tvalue\nGrace Hopper\tEmployer\tUS Navy\n", encoding="utf-8")
+    assert (detect_format(tmp_path / "t.csv"), detect_format(tmp_path / "t.tsv")) == ("csv", "csv")
+    kb = KnowledgeBase.create(tmp_path / "kb", encoder=encoder)
+    kb.import_file(tmp_path / "t.csv")
+    kb.import_file(tmp_path / "t.tsv")
+    ada = kb.lookup("Lovelace, Ada", "Birth City")
+    assert ada.value == "London" and kb.get(ada.triple_id).sources == (("bio-ada", 16),)
+    assert kb.lookup("Alan Turing", "Occupation").value == "mathematician, logician"  # a line break is a space
+    assert kb.lookup("Grace Hopper", "Employer").value == "US Navy" and len(kb) == 3
+    docs = [d.get("annotated", d.get("text")) for d in DOCS]
+    (tmp_path / "docs.csv").write_text("id,annotated\n" + "".join(f'd{i},"{t}"\n' for i, t in enumerate(docs)))
+    assert detect_format(tmp_path / "docs.csv") == "corpus"
+    corpus = KnowledgeBase.create(tmp_path / "corpus", encoder=encoder)
+    corpus.import_file(tmp_path / "docs.csv")
+    london = corpus.lookup("Ada Lovelace", "Birth City")
+    assert (london.value, london.support) == ("London", 2)
+    assert [d for d, _ in corpus.get(london.triple_id).sources] == ["d0", "d1"]
+    (tmp_path / "bad.csv").write_text("entity,relation,value\nA,r,v\nB,r\n")
+    with pytest.raises(ValueError, match="bad.csv:3: not a triple"):
+        kb.import_file(tmp_path / "bad.csv")
+    (tmp_path / "wide.csv").write_text("entity,relation,value\nA,r,v,extra\n")
+    with pytest.raises(ValueError, match="wide.csv:2: more cells than the header"):
+        kb.import_file(tmp_path / "wide.csv")
+    assert len(kb) == 3
+
+
 def test_authors_database_json(tmp_path, encoder):
     db = tmp_path / "squad_database.json"
     db.write_text(json.dumps({"entities": ["Beyoncé"], "relationships": ["Spouse"], "return_values": ["Jay Z"],
@@ -90,10 +122,11 @@ def test_format_errors_name_the_file(kb, tmp_path):
     with pytest.raises(FileNotFoundError, match="no file to import at .*missing.jsonl"):
         kb.import_file(tmp_path / "missing.jsonl")
     _write_jsonl(tmp_path / "t.jsonl", [{"entity": "A", "relation": "r", "value": "v"}])
-    with pytest.raises(ValueError, match="unknown input format 'csv'"):
-        kb.import_file(tmp_path / "t.jsonl", "csv")
-    with pytest.raises(ValueError, match="unknown output format 'authors'"):
-        kb.export(tmp_path / "kb.json", "authors")
+    with pytest.raises(ValueError, match="unknown input format 'xml'"):
+        kb.import_file(tmp_path / "t.jsonl", "xml")
+    for fmt in ("authors", "csv"):
+        with pytest.raises(ValueError, match=f"unknown output format '{fmt}'"):
+            kb.export(tmp_path / "kb.json", fmt)
     for name in ("kb.json", "kb.xml", "triples"):  # never JSON lines under a name that says otherwise
         with pytest.raises(ValueError, match=f"cannot tell the format to write .*{name}"):
             kb.export(tmp_path / name)
