@@ -85,13 +85,16 @@ def annotate_seed(corpus: Path = typer.Argument(..., help="documents (.jsonl/.js
                   style: str = typer.Option("inline", help="inline (the LLM rewrites the passage with calls) or "
                                             "facts (it lists Entity | Relation | Value lines, placed in the text "
                                             "for it: what small models such as SmolLM2-135M manage)"),
-                  max_tokens: Optional[int] = typer.Option(None, min=1, help="answer budget per document")):
+                  max_tokens: Optional[int] = typer.Option(None, min=1, help="answer budget per passage"),
+                  max_chars: int = typer.Option(1000, min=1, help="a longer document is sent a passage at a time "
+                                                "(cut at sentence ends; the calls joined back) to fit the LLM's "
+                                                "context")):
     """Seed annotation with an LLM: every answer validated, rejected calls listed with reasons."""
     from ..annotate.pipeline import seed_file
 
     report = _annotate_call(seed_file, corpus, out, backend, examples_from=examples, k=k, limit=limit,
                             cache=False if no_cache else cache, batch_size=batch_size, style=style,
-                            max_tokens=max_tokens)
+                            max_tokens=max_tokens, max_chars=max_chars)
     console.print_json(json.dumps(report))
 
 

@@ -100,22 +100,42 @@ def validate_file(path: str | Path, out: str | Path) -> dict[str, Any]:
 
 def seed_file(path: str | Path, out: str | Path, backend: str, *, examples_from: str | Path | None = None,
               k: int = 2, limit: int | None = None, cache: str | Path | bool | None = None,
-              batch_size: int = 8, max_tokens: int | None = None, style: str = "inline") -> dict[str, Any]:
+              batch_size: int = 8, max_tokens: int | None = None, style: str = "inline",
+              max_chars: int = 1000) -> dict[str, Any]:
     """Seed annotation: annotate the documents of ``path`` with an LLM backend and validate them.
 
     Args:
         path: documents (any format of :mod:`lmlm.corpus`); their plain ``text`` is annotated.
         examples_from: annotated documents to take ``k`` few-shot examples from.
         limit: the first ``limit`` documents only.
-        max_tokens: answer budget per document (default: see :func:`annotate`).
+        max_tokens: answer budget per passage (default: see :func:`annotate`).
         style: ``inline`` or ``facts`` (see :func:`annotate`).
+        max_chars: a longer document goes to the LLM a passage at a time (cut at sentence ends, see
+            :func:`~lmlm.annotate.passages.cover_passages`) so that the prompt, the examples and the
+            answer fit its context; the passages' calls are joined back into the document.
     """
-    docs = read_documents(path)[:limit]
-    examples = select_examples((d.annotated for d in iter_documents(examples_from)), k) if examples_from else []
-    results = []
     from tqdm.auto import tqdm
 
-    for i in tqdm(range(0, len(docs), batch_size), desc="seed", unit="batch"):
-        results += annotate([d.text for d in docs[i:i + batch_size]], backend, examples=examples, cache=cache,
+    from .passages import cover_passages
+
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    docs = read_documents(path)[:limit]
+    examples = select_examples((d.annotated for d in iter_documents(examples_from)), k) if examples_from else []
+    pieces = []  # (document index, offset, passage), blank passages left out
+    for j, d in enumerate(docs):
+        off = 0
+        for p in cover_passages(d.text, max_chars) if d.text else []:
+            if p.strip():
+                pieces.append((j, off, p))
+            off += len(p)
+    results = []
+    for i in tqdm(range(0, len(pieces), batch_size), desc="seed", unit="batch"):
+        results += annotate([p for _, _, p in pieces[i:i + batch_size]], backend, examples=examples, cache=cache,
                             batch_size=batch_size, max_tokens=max_tokens, style=style)
-    return write_annotation(out, docs, results, {"backend": backend, "examples": len(examples), "style": style})
+    parts: list[list[tuple[int, Validated]]] = [[] for _ in docs]
+    for (j, off, _), v in zip(pieces, results):
+        parts[j].append((off, v))
+    joined = [Validated.joined(d.text, ps) if ps else validate(d.text, d.text) for d, ps in zip(docs, parts)]
+    return write_annotation(out, docs, joined, {"backend": backend, "examples": len(examples), "style": style,
+                                                "passages": len(pieces), "max_chars": max_chars})

@@ -31,7 +31,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Literal, Sequence
 
 from ..corpus import Document
@@ -87,6 +87,17 @@ class Validated:
                 "calls": [dict(entity=c.entity, relation=c.relation, value=c.value, at=p)
                           for c, p in zip(self.kept, self.positions)],
                 "rejected": [r.to_dict() for r in self.rejected]}
+
+    @classmethod
+    def joined(cls, text: str, parts: Sequence[tuple[int, "Validated"]]) -> "Validated":
+        """One outcome for ``text`` from those of its pieces, ``(offset in text, outcome)``: a long
+        document annotated a passage at a time."""
+        if len(parts) == 1 and parts[0][0] == 0 and parts[0][1].text == text:
+            return parts[0][1]
+        placed = sorted(((off + q, c) for off, v in parts for c, q in zip(v.kept, v.positions)), key=lambda x: x[0])
+        rejected = [replace(r, at=off + r.at if r.at >= 0 else -1) for off, v in parts for r in v.rejected]
+        return cls(text, insert_calls(text, placed), [c for _, c in placed], [q for q, _ in placed], rejected,
+                   any(v.text_changed for _, v in parts))
 
     def document(self, of: Document) -> Document:
         """The annotated version of the input document ``of`` (id, source, split and metadata kept;

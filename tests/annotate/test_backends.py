@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -170,3 +171,64 @@ def test_hf_backend_with_a_local_model(tmp_path):
     backend = get_backend(f"hf:{tmp_path / 'm'}?batch_size=2", cache=False)
     answers = backend.complete([[{"role": "user", "content": t}] for t in DOCS], max_tokens=4)
     assert len(answers) == 2 and all(isinstance(a, str) for a in answers)
+
+
+class _SmallContext(BaseHTTPRequestHandler):
+    """An LLM server with a small context: a passage over 1,200 characters is refused with 400, as
+    llama.cpp and vLLM refuse a prompt past their context; a shorter one comes back annotated (a call
+    before each "born in" city)."""
+
+    passages: list[str] = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        text = body["messages"][-1]["content"]
+        if len(text) > 1200:
+            self.send_response(400)
+            self.end_headers()
+            self.wfile.write(b'{"error": "the request exceeds the available context size"}')
+            return
+        type(self).passages.append(text)
+        answer = re.sub(r"(\w+ \w+) was born in (\w+)", r"\1 was born in [dblookup('\1', 'Birth City') -> \2] \2",
+                        text.strip())
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps({"choices": [{"message": {"content": answer}}]}).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def test_seed_sends_a_long_document_a_passage_at_a_time(tmp_path):
+    """A document longer than the LLM's context was one request, refused, and the whole seed stopped;
+    it goes a passage at a time now, and its calls come back at their places in the whole text."""
+    people = [f"{first} {last}" for first in ("Ada", "Alan", "Grace", "Rosalind", "Emmy", "Carl")
+              for last in ("Lovelace", "Turing", "Hopper", "Franklin", "Noether", "Gauss")]
+    cities = ["London", "Paris", "Berlin", "Vienna", "Zurich", "Oslo"]
+    long_doc = " ".join(f"{p} was born in {cities[i % 6]}. {p} wrote about numbers." for i, p in enumerate(people))
+    assert len(long_doc) > 2000
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "text": t}) + "\n"
+                              for i, t in (("long", long_doc), ("short", "Bob Smith was born in Oslo."))))
+    server = HTTPServer(("127.0.0.1", 0), _SmallContext)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/v1?model=m&retries=0"
+    try:
+        with pytest.raises(BackendError, match="400.*context"):  # the whole document at once: refused
+            seed_file(corpus, tmp_path / "whole", url, cache=False, max_chars=10_000)
+        _SmallContext.passages.clear()
+        report = seed_file(corpus, tmp_path / "seed", url, cache=False, batch_size=4)
+    finally:
+        server.shutdown()
+    assert all(len(p) <= 1000 for p in _SmallContext.passages)
+    assert report["documents"] == 2 and report["passages"] == len(_SmallContext.passages) > 3
+    assert report["kept"] == len(people) + 1 and report["rejected"] == 0
+    rows = {r["id"]: r for r in map(json.loads, (tmp_path / "seed" / "annotated.jsonl").read_text().splitlines())}
+    long = rows["long"]
+    assert long["text"] == long_doc and strip(parse(long["annotated"]).segments) == long_doc
+    assert [(c["entity"], c["value"]) for c in long["calls"]] == [(p, cities[i % 6]) for i, p in enumerate(people)]
+    for c in long["calls"]:  # each call's offset is its value's place in the whole document
+        assert long_doc[c["at"]:c["at"] + len(c["value"])] == c["value"]
+        assert long_doc[:c["at"]].endswith(f"{c['entity']} was born in ")
+    assert rows["short"]["calls"] == [{"entity": "Bob Smith", "relation": "Birth City", "value": "Oslo", "at": 22}]
