@@ -12,7 +12,8 @@ first of these reasons that applies:
 * ``entity_not_in_left_context``: the entity's words do not occur before the call, so a model
   reading left to right could not have written it (the look-ahead the paper observes in LLM
   annotations);
-* ``duplicate``: the same fact was already called at the same mention.
+* ``duplicate``: the same key (entity and relation) was already called at the same mention, with
+  this value or another (a repeated call gets the KB's one value for the key).
 
 Exercised by ``lmlm annotate validate`` and every annotation command (``seed``, ``run``).
 
@@ -227,8 +228,8 @@ def validate(text: str, annotation: str, *, dedupe: Literal["mention", "document
         text: the input the annotator was given.
         annotation: its answer: ``text`` with ``[dblookup('E', 'R') -> V]`` calls (the token form is
             accepted too).
-        dedupe: ``"mention"`` rejects a repeated fact at the same place; ``"document"`` anywhere in
-            the document.
+        dedupe: ``"mention"`` rejects a repeated key (any value) at the same place; ``"document"``
+            a repeated fact (same value) anywhere in the document.
         value_slack: characters beyond the value's length in which its words must all occur.
 
     Returns:
@@ -248,14 +249,16 @@ def validate(text: str, annotation: str, *, dedupe: Literal["mention", "document
     for call, p in zip((s for s in segments if isinstance(s, Lookup)), offsets):
         q = to_text(_skip_space(plain, p), length=min(len(call.value), len(plain) - _skip_space(plain, p)))
         reason = _check(text, q, call, value_slack)
-        key = (call.entity.casefold(), call.relation.casefold(), call.value.casefold())
-        if reason is None and (key + (q,) if dedupe == "mention" else key) in seen:
+        # one key at one mention: a second value there is never what the KB answers the second call
+        key = (call.entity.casefold(), call.relation.casefold()) + ((q,) if dedupe == "mention" else
+                                                                    (call.value.casefold(),))
+        if reason is None and key in seen:
             reason = "duplicate"
         if reason:
             rejected.append(Rejected(reason, render_lookup(call), -1 if q is None else q, call.entity,
                                      call.relation, call.value))
             continue
-        seen.add(key + (q,) if dedupe == "mention" else key)
+        seen.add(key)
         placed.append((q, call))
     rejected.sort(key=lambda r: r.at)
     return Validated(text, insert_calls(text, placed), [c for _, c in placed], [q for q, _ in placed],

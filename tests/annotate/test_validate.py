@@ -37,6 +37,11 @@ def test_each_reason():
     assert reasons(look_ahead)[0] == [("entity_not_in_left_context", 0)]
     call = "[dblookup('Ada Lovelace', 'Birth City') -> London]"
     assert reasons(GOOD.replace(call, call + call))[0] == [("duplicate", 25)]
+    # the same key with another value at the same mention: the KB answers one value for a key
+    text = "Ada Lovelace was born on 10 December 1815."
+    ann = ("Ada Lovelace was born on [dblookup('Ada Lovelace', 'Birth Date') -> 10 December 1815] "
+           "[dblookup('ada lovelace', 'birth date') -> 1815] 10 December 1815.")
+    assert reasons(ann, text) == ([("duplicate", 25)], [("Birth Date", 25)])
 
 
 def test_text_changed_keeps_calls_where_the_text_is_intact():
