@@ -68,7 +68,9 @@ def test_world_and_kb_commands(tmp_path):
     res = runner.invoke(app, ["kb", "alias", "list", str(kb), "--entity", row["entity"], "--json"])
     assert {"alias": f"{last}, {first}", "entity": row["entity"]} in json.loads(res.output)
     res = runner.invoke(app, ["kb", "alias", "add", str(kb), "The Subject", row["entity"], "--why", "test"])
-    assert res.exit_code == 0 and "1 aliases added" in res.output
+    assert res.exit_code == 0 and "1 aliases added" in res.output and "no facts" not in res.output
+    res = runner.invoke(app, ["kb", "alias", "add", str(kb), "Nobody", "No Such Person"])
+    assert res.exit_code == 0 and "have no facts in" in " ".join(res.output.split())  # kept, and said
     assert json.loads(runner.invoke(app, ["kb", "lookup", str(kb), "the subject", row["relation"]]).output)["value"]
     res = runner.invoke(app, ["kb", "alias", "delete", str(kb), "The Subject"])
     assert res.exit_code == 0 and "deleted 1 aliases" in res.output

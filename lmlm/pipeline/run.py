@@ -205,7 +205,7 @@ def stage_kb(recipe: Recipe, out: Path) -> dict:
 
 # -- 4. training ------------------------------------------------------------------------------------------
 
-def _train_config(recipe: Recipe, out: Path, mode: str, tokenizer: Path | None):
+def _train_config(recipe: Recipe, out: Path, mode: str, tokenizer: Path | None, progress: bool = True):
     from ..train import TrainConfig
 
     spec = recipe.train
@@ -218,7 +218,7 @@ def _train_config(recipe: Recipe, out: Path, mode: str, tokenizer: Path | None):
         max_steps=spec.max_steps, lr=spec.lr, warmup_steps=min(spec.warmup_steps, max(spec.max_steps // 5, 1)),
         precision=spec.precision, seed=recipe.seed, out_dir=str(out / f"train-{mode}"), resume=True,
         save_every=max(spec.max_steps // 4, 25), cpu=recipe.device == "cpu", threads=spec.threads or None,
-        compile=spec.compile, progress=True)
+        compile=spec.compile, progress=progress)
 
 
 def _chunks(docs: list[Document], max_chars: int) -> list[Document]:
@@ -242,7 +242,7 @@ def _chunks(docs: list[Document], max_chars: int) -> list[Document]:
     return out
 
 
-def stage_train(recipe: Recipe, out: Path) -> dict:
+def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
     from ..checkpoint import is_checkpoint, read_meta
     from ..train import train
 
@@ -271,7 +271,7 @@ def stage_train(recipe: Recipe, out: Path) -> dict:
         run = out / f"train-{mode}"
         if not is_checkpoint(run / "checkpoint"):
             console.rule(f"train {mode.upper()}")
-            train(_train_config(recipe, out, mode, tokenizer))
+            train(_train_config(recipe, out, mode, tokenizer, progress))
         meta = read_meta(run / "checkpoint")
         stats[mode] = {k: meta.get("stats", {}).get(k) for k in
                        ("steps", "tokens", "trained_tokens", "seconds", "final_loss", "tokens_per_second",
@@ -401,7 +401,7 @@ def run_pipeline(recipe: Recipe, out: str | Path, fresh: bool = False, progress:
         kb = stage_kb(recipe, out)
         stop_after("kb", until)
         t = time.time()
-        models = stage_train(recipe, out)
+        models = stage_train(recipe, out, progress)
         timings["train_this_run"] = time.time() - t
         stop_after("train", until)
     except Stopped as e:

@@ -199,7 +199,8 @@ def test_pipeline_wiki_cpu_reduced_then_resumed(tmp_path, shared_data):
     assert json.loads(part.stdout.strip().splitlines()[-1]) == {"stopped_after": "distill", "out": str(tmp_path / "P")}
     assert (tmp_path / "P" / "annotate" / "llm" / "annotator" / "done.json").exists()
     assert not (tmp_path / "P" / "annotate" / "done.json").exists() and not (tmp_path / "P" / "kb").exists()
-    lmlm(*[a if a != "cpu" else "auto" for a in args], timeout=1500)
+    full = lmlm(*[a if a != "cpu" else "auto" for a in args], timeout=1500)
+    assert "step/s" not in full.stderr + full.stdout  # --no-progress: no training bar either
     report = json.loads((tmp_path / "P" / "report.json").read_text())
     assert [(r["device"], r["until"], r["done_before"]) for r in report["runs"]] == [
         ("cpu", "distill", []), ("auto", None, ["corpus"])]
