@@ -124,6 +124,7 @@ def _misses(results, limit: int = 10) -> dict:
 
 
 COPY_BIAS = 5.0  # the added-knowledge row with `lmlm generate --copy-bias 5`: the value's tokens favoured after the call
+NAME_BIAS = 10.0  # rows with `lmlm generate --name-bias 10`: a query's entity kept on the names the text gives
 
 
 def _wrong_answers(items, hits, results, limit: int = 10) -> dict:
@@ -314,6 +315,8 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
         else:
             wrong["absent"]["paper"] = row
     factual = {k: v["precision"] for k, v in fp.items()}
+    named = LookupGenerator(lmlm_model, tok, kb, name_bias=NAME_BIAS)
+    factual["lmlm_name_bias"], factual["name_bias"] = _precision(named, items, True, cfg)["precision"], NAME_BIAS
     factual["n"] = len(items)
     factual["by_mentions"] = {b: {k: fp[k]["by_key"].get(b) for k in fp} for b in ("1", "2-4", "5+")}
     factual["mention_counts"] = {b: sum(1 for it in items if it.key == b) for b in ("1", "2-4", "5+")}
@@ -342,9 +345,14 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     ak_res = ak.pop("results")
     ak_paper = _precision(paper, added_items, True, cfg)
     ak_copy = _precision(LookupGenerator(lmlm_model, tok, kb, copy_bias=COPY_BIAS), added_items, True, cfg)
+    ak_named = _precision(named, added_items, True, cfg)
+    ak_both = _precision(LookupGenerator(lmlm_model, tok, kb, copy_bias=COPY_BIAS, name_bias=NAME_BIAS), added_items,
+                         True, cfg)
     ak_std = _precision(standard, added_items, False, cfg)
     added_knowledge = {"lmlm": ak["precision"], "lmlm_paper": ak_paper["precision"],
                        "lmlm_copy_bias": ak_copy["precision"], "copy_bias": COPY_BIAS, "standard": ak_std["precision"],
+                       "lmlm_name_bias": ak_named["precision"], "lmlm_name_copy_bias": ak_both["precision"],
+                       "name_bias": NAME_BIAS,
                        "n": len(added_items), "people": len(added), "misses": _misses(ak_res),
                        "wrong_answers": _wrong_answers(added_items, ak["hits"], ak_res)}
 

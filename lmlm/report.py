@@ -206,6 +206,10 @@ def _added_lines(ak: dict) -> list[str]:
     if ak.get("lmlm_copy_bias") is not None:
         lines.append(f"With `lmlm generate --copy-bias {ak['copy_bias']:g}` (the answered value's next token favoured "
                      f"while the text states it) the LMLM states {_fmt(ak['lmlm_copy_bias'])} of them.")
+    if ak.get("lmlm_name_bias") is not None:
+        lines.append(f"With `--name-bias {ak['name_bias']:g}` (a query's entity kept on the KB names the text gives: "
+                     f"a small model slips to a name it was trained on, which the KB refuses) "
+                     f"{_fmt(ak['lmlm_name_bias'])}; with both biases {_fmt(ak['lmlm_name_copy_bias'])}.")
     return lines
 
 
@@ -244,6 +248,9 @@ def write_quickstart_report(report: dict, out: str | Path) -> Path:
     sc = fp.get("stated_counts", {})
     lines += [f"| all | {fp['n']} | {_fmt(sc.get('kb_only'))} | **{_fmt(fp['lmlm'])}** | {_fmt(fp['lmlm_no_db'])} "
               f"| {_fmt(fp['standard'])} | {_fmt(fp.get('by_stated', {}).get('stated', {}).get('standard'))} |", ""]
+    if fp.get("lmlm_name_bias") is not None:
+        lines += [f"With `lmlm generate --name-bias {fp['name_bias']:g}` (a query's entity kept on the KB names the "
+                  f"text gives) the LMLM's factual precision is {_fmt(fp['lmlm_name_bias'])}.", ""]
     if "by_stated" in fp:
         bs = fp["by_stated"]
         lines += ["Facts stated in some training document vs facts only the KB holds (no training document states "

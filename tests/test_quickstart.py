@@ -33,6 +33,9 @@ def test_report_contract(run):
         for bucket in ("1", "2-4", "5+"):
             assert {"lmlm", "lmlm_no_db", "standard"} <= set(fp["by_mentions"][bucket])
     assert _unit(report["added_knowledge"]["lmlm"]) and _unit(report["edits"]["lmlm"])
+    for k in ("lmlm_copy_bias", "lmlm_name_bias", "lmlm_name_copy_bias"):  # the same items, biased decoding
+        assert _unit(report["added_knowledge"][k])
+    assert _unit(fp["lmlm_name_bias"]) and fp["name_bias"] > 0
     u = report["unlearning"]
     for k in ("forget_before", "forget_after", "retain_before", "retain_after"):
         assert _unit(u[k])

@@ -31,10 +31,11 @@ class LookupGenerator:
         model: a Hugging Face causal LM trained on lookup-annotated text (put in eval mode).
         tokenizer (`LookupTokenizer`): the model's tokenizer.
         kb (optional): the knowledge base (``lookup_batch``); ``None`` misses every lookup.
-        logit_bias, max_lookups, max_field_tokens, fallback, on_miss, use_db, matching, copy_bias: see
-            :class:`LookupLogitsProcessor` (``matching="key"``: the paper's single-key lookup;
-            ``copy_bias``: added to the next token of an answered value while the text after the call
-            is stating it).
+        logit_bias, max_lookups, max_field_tokens, fallback, on_miss, use_db, matching, copy_bias,
+            name_bias: see :class:`LookupLogitsProcessor` (``matching="key"``: the paper's single-key
+            lookup; ``copy_bias``: added to the next token of an answered value while the text after
+            the call is stating it; ``name_bias``: added, inside a call's entity, to the next token of
+            the KB names the text before the call gives).
         constrained (`bool`, defaults to `False`): keep every query on a key of the KB, through a
             token prefix tree (:class:`lmlm.generate.trie.KeyTrie`) that follows the KB's changes. Its queries
             are KB keys by construction and are answered as written, not read against the text.
@@ -54,7 +55,7 @@ class LookupGenerator:
                  max_lookups: int = 16, max_field_tokens: int = 24, fallback: str | None = "unknown",
                  on_miss: str = "text", use_db: bool = True, constrained: bool = False, loop: bool = True,
                  cuda_graphs: bool | None = None, matching: str | None = None, copy_bias: float = 0.0,
-                 packed_weights: bool = True):
+                 packed_weights: bool = True, name_bias: float = 0.0):
         self.model = model.eval()
         self.packed_weights = packed_weights
         if packed_weights:
@@ -63,7 +64,7 @@ class LookupGenerator:
         self.tok, self.kb = tokenizer, kb
         self.options = dict(logit_bias=logit_bias, max_lookups=max_lookups, max_field_tokens=max_field_tokens,
                             fallback=fallback, on_miss=on_miss, use_db=use_db, matching=matching,
-                            use_context=not constrained, copy_bias=copy_bias)
+                            use_context=not constrained, copy_bias=copy_bias, name_bias=name_bias)
         LookupLogitsProcessor(tokenizer, kb, **self.options)  # validate the options now
         self.trie = None
         if constrained:

@@ -37,6 +37,9 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
              logit_bias: str = typer.Option("5,2,2,2", help="added to the start, sep, retrieve and end scores"),
              copy_bias: float = typer.Option(0.0, min=0.0, help="added to the next token of an answered value while "
                                              "the text after the call states it (0: the model's own choice)"),
+             name_bias: float = typer.Option(0.0, min=0.0, help="added, inside a call's entity, to the next token "
+                                             "of each KB name the text before it gives (0: the model's own "
+                                             "choice; 10 keeps a small model's queries on the text's names)"),
              sample: bool = typer.Option(False, help="sample instead of greedy decoding"),
              temperature: float = typer.Option(1.0), top_p: float = typer.Option(1.0), top_k: int = typer.Option(0),
              repetition_penalty: float = typer.Option(1.0), num_beams: int = typer.Option(1, min=1, help="beam search"),
@@ -63,8 +66,8 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
     from ..kb import KBError
     from ..lookup import Lookup
 
-    llm = _vllm_options(backend, vllm_option or [], stream=stream, num_beams=num_beams, copy_bias=copy_bias,
-                        stop=bool(stop), device=device)
+    llm = _vllm_options(backend, vllm_option or [], stream=stream, num_beams=num_beams,
+                        copy_bias=copy_bias + name_bias, stop=bool(stop), device=device)
     check_device(device)
     try:  # the engine on the device asked for (default: cuda when available); vLLM places its own weights
         m, tok, meta = load_model(model, tokens=tokens, weights=llm is None,
@@ -78,7 +81,7 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
         lookups = dict(use_db=not no_db, constrained=constrained, logit_bias=bias, max_lookups=max_lookups,
                        on_miss=policy, matching=matching, fallback="unknown" if policy != "text" else fallback)
         if llm is None:
-            gen = LookupGenerator(m, tok, base, copy_bias=copy_bias, **lookups)
+            gen = LookupGenerator(m, tok, base, copy_bias=copy_bias, name_bias=name_bias, **lookups)
         else:
             from .vllm import VLLMLookupGenerator
             gen = VLLMLookupGenerator(model, base, tokenizer=tok, **lookups, **llm)
@@ -147,7 +150,7 @@ def _vllm_options(backend: str, specs: list[str], *, stream: bool, num_beams: in
             _fail("--vllm-option needs --backend vllm")
         return None
     unsupported = [flag for flag, on in (("--stream", stream), ("--num-beams", num_beams > 1),
-                                         ("--copy-bias", copy_bias > 0), ("--stop", stop),
+                                         ("--copy-bias/--name-bias", copy_bias > 0), ("--stop", stop),
                                          ("--device", device is not None)) if on]
     if unsupported:
         _fail(f"{', '.join(unsupported)} not with --backend vllm")

@@ -165,6 +165,7 @@ class _Rows:
     calls: list[int]  # <|db_start|> at or after count_from
     keys: dict[tuple[int, int], tuple[Key, tuple[int, ...]]]  # (row, <|db_retrieve|> pos) -> query, context
     copies: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (row, <|db_end|> pos) -> value ids
+    names: dict[tuple[int, int], list[list[int]]] = field(default_factory=dict)  # (row, start pos) -> name ids
 
 
 class LookupLogitsProcessor(LogitsProcessor):
@@ -202,6 +203,11 @@ class LookupLogitsProcessor(LogitsProcessor):
             score of the value's next token while the text is stating the value (its tokens so far
             are the value's first ones); 0 leaves the model alone. A small model may drift off a
             value it has never seen ("University of Port Jamesville" -> "... Port Emilyside").
+        name_bias (`float`, defaults to 0): added, inside a call's entity, to the next token of each
+            name of a KB entity the text before the call names (its tokens so far are the name's first
+            ones; ``<|sep|>`` once a name is whole); 0 leaves the model alone. A small model writing
+            a query may slip to a name it was trained on ("Heather Thomas was born in" -> a call on
+            "Heather Hartman"), which the KB refuses as a name the text never gave.
 
     Shapes: ``input_ids`` `(batch_size, sequence_length)`, ``scores`` `(batch_size, vocab_size)`;
     returns a new `(batch_size, vocab_size)` tensor. With beam search ``batch_size`` is items times
@@ -219,15 +225,16 @@ class LookupLogitsProcessor(LogitsProcessor):
                  max_field_tokens: int = 24, fallback: str | None = "unknown", on_miss: str = "text",
                  use_db: bool = True, count_from: int = 0, query_only: bool = False, cache: dict | None = None,
                  constraint=None, force_at: Sequence[Sequence[int]] | None = None, matching: str | None = None,
-                 use_context: bool = True, copy_bias: float = 0.0):
+                 use_context: bool = True, copy_bias: float = 0.0, name_bias: float = 0.0):
         if logit_bias is not None and len(tuple(logit_bias)) != 4:
             raise ValueError(f"logit_bias must be None or four floats (start, sep, retrieve, end), got {logit_bias!r}")
         if not isinstance(max_lookups, int) or max_lookups < 0:
             raise ValueError(f"max_lookups must be an int >= 0, got {max_lookups!r}")
         if not isinstance(max_field_tokens, int) or max_field_tokens < 1:
             raise ValueError(f"max_field_tokens must be an int >= 1, got {max_field_tokens!r}")
-        if not (isinstance(copy_bias, (int, float)) and 0.0 <= float(copy_bias) < float("inf")):
-            raise ValueError(f"copy_bias must be a finite number >= 0, got {copy_bias!r}")
+        for name, v in (("copy_bias", copy_bias), ("name_bias", name_bias)):
+            if not (isinstance(v, (int, float)) and 0.0 <= float(v) < float("inf")):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
         if force_at is not None and any(p < 0 for ps in force_at for p in ps):
             raise ValueError(f"force_at offsets must be >= 0, got {force_at!r}")
         self.tok, self.kb = tokenizer, kb
@@ -239,7 +246,7 @@ class LookupLogitsProcessor(LogitsProcessor):
         self.count_from = count_from
         self.constraint = constraint
         self.force_at = None if force_at is None else [sorted(set(ps)) for ps in force_at]
-        self.copy_bias = float(copy_bias)
+        self.copy_bias, self.name_bias = float(copy_bias), float(name_bias)
         self.stop_ids = sorted({tokenizer.eos_id, tokenizer.doc_id})
         self._tables: tuple[torch.Tensor, ...] | None = None  # marker kind per id, ban per state, bias
         self._codes = torch.zeros(0, dtype=torch.long)
@@ -330,6 +337,9 @@ class LookupLogitsProcessor(LogitsProcessor):
         if self.copy_bias:
             for b, t in self._copy_targets(input_ids).items():
                 scores[b, t] += self.copy_bias
+        if self.name_bias and hasattr(self.kb, "names_in"):
+            for b, ts in self._name_targets(input_ids).items():
+                scores[b, ts] += self.name_bias
         for b, t in forced.items():
             scores[b] = _NEG_INF
             scores[b, t] = 0.0
@@ -354,6 +364,24 @@ class LookupLogitsProcessor(LogitsProcessor):
             done = T - 1 - pos
             if done < len(value) and (done == 0 or input_ids[b, pos + 1:].tolist() == value[:done]):
                 out[b] = value[done]
+        return out
+
+    def _name_targets(self, input_ids: torch.LongTensor) -> dict[int, list[int]]:
+        """Rows writing a call's entity: the next token of each name (of a KB entity named in the
+        text before the call) that the entity so far begins, or ``<|sep|>`` for a name written whole."""
+        rows, out = self._rows, {}
+        for b, (pos, kind) in enumerate(zip(rows.last, rows.kind)):
+            if kind != 1:
+                continue
+            names = rows.names.get((b, pos))
+            if names is None:
+                text = self.answers.context_text(call_context(input_ids[b].tolist(), pos, self.tok))
+                names = rows.names[(b, pos)] = [self.tok.encode_field(n) for n in self.kb.names_in(text)]
+            done = input_ids[b, pos + 1:].tolist()
+            n = len(done)
+            ts = {ids[n] if n < len(ids) else self.tok.sep_id for ids in names if ids[:n] == done}
+            if ts:
+                out[b] = sorted(ts)
         return out
 
     def _answered_value(self, input_ids: torch.LongTensor, b: int, end: int) -> list[int]:

@@ -94,6 +94,14 @@ class EntityLookup:
             touched.add(a.entity_norm)
         ents.settle(touched)
 
+    def names_in(self, context: str) -> list[str]:
+        """The KB's entities that ``context`` names (by name or alias), as the KB writes them, first
+        mention first: the names a query about the text may use."""
+        with self._lock:
+            self.refresh()
+            ents = self._entity_index()
+            return [ents.display[e] for e in ents.mentions(context)]
+
     # -- aliases -----------------------------------------------------------------------------------
     def aliases(self, entity: str | None = None) -> list[AliasRow]:
         """The active aliases (of ``entity`` only, if given), oldest first."""

@@ -317,6 +317,42 @@ def test_copy_bias_favours_the_answered_value_only_while_the_text_states_it(worl
     kb.close()
 
 
+def test_name_bias_keeps_a_query_on_the_names_the_text_gives(world, tmp_path):
+    from lmlm.kb import get_encoder
+
+    tok = world.tok
+    kb = KnowledgeBase.create(tmp_path / "names", encoder=get_encoder())
+    kb.add([Triple("Heather Thomas", "Birth City", "Oslo"), Triple("Heather Hartman", "Birth City", "Lima")], who="t")
+    with pytest.raises(ValueError, match="name_bias"):
+        LookupLogitsProcessor(tok, kb, name_bias=float("inf"))
+
+    def biased(text: str, written: list[int]) -> set[int]:
+        """The tokens a fresh processor favours after ``text`` and a call's entity so far."""
+        proc = LookupLogitsProcessor(tok, kb, logit_bias=None, name_bias=3.0)
+        scores = proc(torch.tensor([[tok.doc_id, *tok.encode_text(text), tok.start_id, *written]]),
+                      torch.zeros(1, len(tok)))
+        return set((scores[0] == 3.0).nonzero()[:, 0].tolist())
+
+    thomas, hartman = tok.encode_field("Heather Thomas"), tok.encode_field("Heather Hartman")
+    k = next(i for i, (a, b) in enumerate(zip(thomas, hartman)) if a != b)  # where the two names part
+    for n in range(len(thomas)):  # the text names Heather Thomas alone: her name, token by token
+        assert biased("Heather Thomas was born in", thomas[:n]) == {thomas[n]}
+    assert biased("Heather Thomas was born in", thomas) == {tok.sep_id}  # the name is whole: close it
+    assert biased("Heather Thomas was born in", hartman[:k + 1]) == set()  # off every name: left alone
+    assert biased("She was born in", []) == set()  # a text that names no KB entity: nothing
+    assert biased("Heather Thomas met Heather Hartman. She was born in", hartman[:k]) == {thomas[k], hartman[k]}
+    # through the generator: someone the model never read about, added to the KB after training; the
+    # model's own query slips to a name it was trained on, one with a bias no score can beat does not
+    kb.add([Triple("Zed Quorra", "Occupation", "glazier")], who="t")
+    prompts = ["Zed Quorra works as a", "Heather Hartman works as a"]
+    plain = LookupGenerator(world.model, tok, kb).generate(prompts, max_new_tokens=12, force_lookup=True)
+    assert plain[0].trace[0].query_entity != "Zed Quorra" and not plain[0].trace[0].found
+    biased_gen = LookupGenerator(world.model, tok, kb, name_bias=1e4)
+    for prompt, r in zip(prompts, biased_gen.generate(prompts, max_new_tokens=12, force_lookup=True)):
+        assert r.trace[0].query_entity == prompt[:-len(" works as a")], r.text
+    kb.close()
+
+
 def test_a_call_cut_by_the_token_limit_leaves_no_marker_in_the_clean_text(world):
     gen = LookupGenerator(world.model, world.tok, make_kb(world))
     for n in (1, 3, 6):  # the forced call is still being written when the tokens run out
