@@ -46,7 +46,7 @@ class ServeState:
 
     def __init__(self, model_dir: str | Path, kb_path: str | Path | None = None, *, token: str | None = None,
                  limits: ServeLimits | None = None, device: str | None = None, threshold: float | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, copy_bias: float = 0.0, name_bias: float = 0.0):
         import torch
 
         from ..annotate.lm import default_device
@@ -81,7 +81,8 @@ class ServeState:
                            "threads": torch.get_num_threads(),
                            "parameters": sum(p.numel() for p in model.parameters()), "context": _context(model)}
         self.tok = tok
-        generators = {True: LookupGenerator(model, tok, self.kb), False: LookupGenerator(model, tok, None, use_db=False)}
+        generators = {True: LookupGenerator(model, tok, self.kb, copy_bias=copy_bias, name_bias=name_bias),
+                      False: LookupGenerator(model, tok, None, use_db=False)}
         self.worker = ModelWorker(generators, max_batch=self.limits.max_batch,
                                   batch_wait_s=self.limits.batch_wait_ms / 1000,
                                   max_prompt_tokens=self.limits.max_prompt_tokens, context=self.model_info["context"])
@@ -192,7 +193,7 @@ async def _send_json(send, status: int, body: dict, headers: dict | None = None)
 
 def create_app(model_dir: str | Path, kb_path: str | Path | None = None, *, token: str | None = None,
                limits: ServeLimits | None = None, device: str | None = None, threshold: float | None = None,
-               threads: int | None = None) -> FastAPI:
+               threads: int | None = None, copy_bias: float = 0.0, name_bias: float = 0.0) -> FastAPI:
     """The ``lmlm serve`` app for one checkpoint and one KB.
 
     Args:
@@ -203,6 +204,8 @@ def create_app(model_dir: str | Path, kb_path: str | Path | None = None, *, toke
         device: where the model runs (default: CUDA when available, else CPU).
         threshold: the KB's fuzzy-match threshold (default: the KB's own, 0.6).
         threads: torch's CPU threads for the process (default: torch's own).
+        copy_bias, name_bias: decoding biases of every request with the KB (see
+            :class:`lmlm.generate.LookupGenerator`; 0: the model's own choices).
 
     Examples:
         >>> app = create_app("runs/quickstart/train-lmlm/checkpoint", "runs/quickstart/kb-eval", token="s3cret-token")
@@ -213,7 +216,7 @@ def create_app(model_dir: str | Path, kb_path: str | Path | None = None, *, toke
     from . import gen_routes, kb_routes
 
     state = ServeState(model_dir, kb_path, token=token, limits=limits, device=device, threshold=threshold,
-                       threads=threads)
+                       threads=threads, copy_bias=copy_bias, name_bias=name_bias)
 
     @asynccontextmanager
     async def lifespan(app):

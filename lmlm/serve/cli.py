@@ -31,6 +31,8 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
           threads: Optional[int] = typer.Option(None, min=1,
                                                 help="torch CPU threads (default: one less than the cores)"),
           log_level: str = typer.Option("info", help="uvicorn's: warning hides the access log"),
+          copy_bias: float = typer.Option(0.0, min=0.0, help="as lmlm generate --copy-bias, for every request"),
+          name_bias: float = typer.Option(0.0, min=0.0, help="as lmlm generate --name-bias, for every request"),
           demo: Optional[Path] = typer.Option(None, help="train a tiny demo model and KB in this folder and serve "
                                                          "them (seconds on a CPU)")):
     """Serve generation with lookup traces, KB endpoints and a web page (API docs at /docs)."""
@@ -66,4 +68,4 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
     err.print(f"serving on http://{host}:{port}/  (API docs: http://{host}:{port}/docs)")
     threads = threads or max(1, (os.cpu_count() or 2) - 1)  # a core for the HTTP side
     run(model, kb, host=host, port=port, token=None if read_only else token, limits=limits, device=device,
-        threshold=threshold, threads=threads, log_level=log_level)
+        threshold=threshold, threads=threads, log_level=log_level, copy_bias=copy_bias, name_bias=name_bias)

@@ -301,3 +301,15 @@ def test_cli_help(cmd):
 
     result = CliRunner().invoke(app, cmd + ["--help"])
     assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_the_server_decodes_with_the_biases_it_was_started_with(make_client, auth):
+    """``lmlm serve --name-bias``: someone added through the API after training, whose name the demo
+    model never read, is the query's entity when the text gives the name."""
+    plain, named = make_client(), make_client(name_bias=1e4, copy_bias=5.0)
+    added = plain.post("/api/kb/triples", headers=auth, json=WRITES["/api/kb/triples"])
+    assert added.status_code == 200, added.text
+    prompt = "Zed Quill was born in"
+    before = _generate(plain, prompt, force_lookup=True)["trace"][0]
+    after = _generate(named, prompt, force_lookup=True)["trace"][0]
+    assert before["query_entity"] != "Zed Quill" and after["query_entity"] == "Zed Quill"
