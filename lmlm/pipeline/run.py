@@ -385,6 +385,10 @@ def run_pipeline(recipe: Recipe, out: str | Path, fresh: bool = False, progress:
         raise RecipeError(f"until: {until!r} is a step of the LLM path, and annotate.methods has no 'llm'")
     out = Path(out)
     _check_folder(recipe, out, fresh, until)
+    if not progress:  # nor the bars transformers draws while loading a model
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     device = _device(recipe)
     timings: dict[str, float] = {}
     t0 = time.time()
