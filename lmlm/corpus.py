@@ -44,6 +44,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from .lookup import Lookup, Segment, parse, render, strip
 
 __all__ = ["Document", "CorpusError", "iter_documents", "iter_located", "read_documents", "write_documents", "corpus_stats",
+           "csv_rows",
            "FIELDS", "document_from_record"]
 
 FIELDS = ("id", "annotated", "text", "source", "split")
@@ -173,11 +174,16 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
         raise CorpusError(f"{path}: a {kind} file is not a corpus lmlm reads; give JSON lines (.jsonl), a JSON "
                           f"array (.json), Parquet, CSV or TSV (a 'text' or 'annotated' column), plain text (one "
                           f"document a line) or a datasets folder")
+    if kind in (".csv", ".tsv"):
+        for where, row in csv_rows(path):
+            extra = row.pop(None, None)  # cells past the header's columns
+            if extra and any(c.strip() for c in extra):
+                raise CorpusError(f"{where}: {len(row) + len(extra)} cells under a header of {len(row)} columns "
+                                  f"(a field with a {chr(9) if kind == '.tsv' else ','!r} needs quotes)")
+            yield where, {k: v for k, v in row.items() if v is not None}
+        return
     try:
         with _open_text(path) as f:
-            if kind in (".csv", ".tsv"):
-                yield from _csv_records(f, path, "\t" if kind == ".tsv" else ",")
-                return
             if kind == ".json":
                 try:
                     data = json.load(f)
@@ -210,22 +216,29 @@ _NOT_TEXT = {".xlsx", ".xls", ".ods", ".pdf", ".docx", ".doc", ".odt", ".zip", "
              ".sqlite", ".pt", ".bin", ".safetensors"}
 
 
-def _csv_records(f, path: Path, delimiter: str) -> Iterator[tuple[str, Any]]:
-    """A CSV or TSV file with a header row: each row a record (row number as its line)."""
+def csv_rows(path: str | Path) -> Iterator[tuple[str, dict]]:
+    """``(where, row)`` of each row of a CSV file with a header row (a TSV by its ``.tsv`` suffix; also
+    gzipped): ``where`` is ``FILE:LINE``, ``row`` maps the header's columns to the cells, cells past
+    them under ``None`` as :class:`csv.DictReader` puts them. Broken CSV (naming the line), text
+    or gzip raises :class:`CorpusError`. Shared by the document reader and ``lmlm kb``'s triples."""
     import csv
     import sys
 
+    path = Path(path)
+    tsv = [x.lower() for x in path.suffixes if x != ".gz"][-1:] == [".tsv"]
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # a document is one field: often over 128 KB
-    rows = csv.DictReader(f, delimiter=delimiter)
     try:
-        for row in rows:
-            extra = row.pop(None, None)  # cells past the header's columns
-            if extra and any(c.strip() for c in extra):
-                raise CorpusError(f"{path}:{rows.line_num}: {len(row) + len(extra)} cells under a header of "
-                                  f"{len(row)} columns (a field with a {delimiter!r} needs quotes)")
-            yield f"{path}:{rows.line_num}", {k: v for k, v in row.items() if v is not None}
+        with (gzip.open(path, "rt", encoding="utf-8", newline="") if path.suffix == ".gz"
+              else open(path, encoding="utf-8", newline="")) as f:
+            rows = csv.DictReader(f, delimiter="\t" if tsv else ",")
+            for row in rows:
+                yield f"{path}:{rows.line_num}", row
     except csv.Error as e:
-        raise CorpusError(f"{path}:{rows.line_num}: not {'TSV' if delimiter == chr(9) else 'CSV'}: {e}") from None
+        raise CorpusError(f"{path}:{rows.line_num}: not {'TSV' if tsv else 'CSV'}: {e}") from None
+    except UnicodeDecodeError as e:  # decoded a block at a time: no line to name
+        raise CorpusError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise CorpusError(f"{path}: broken gzip file: {e}") from None
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[str, Any]]:

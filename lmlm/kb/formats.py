@@ -174,45 +174,30 @@ def _read_jsonl(path: Path) -> Iterator[Fact]:
                 raise ValueError(f"{path}:{lineno}: not a triple: {e}") from None
 
 
-def _csv_rows(path: Path):
-    """A DictReader over a CSV (a TSV by its suffix) file, and the file to close."""
-    import csv
-    import sys
-
-    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    f = open(path, encoding="utf-8", newline="")
-    return csv.DictReader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ","), f
-
-
 def _csv_header(path: Path) -> list[str]:
+    import csv
+
     try:
-        rows, f = _csv_rows(path)
-        with f:
-            return [c.strip() for c in rows.fieldnames or ()]
-    except (UnicodeDecodeError, OSError):
+        with open(path, encoding="utf-8", newline="") as f:
+            return [c.strip() for c in next(csv.reader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ","),
+                                            [])]
+    except (UnicodeDecodeError, OSError, csv.Error):
         return []  # the reader names the problem
 
 
 def _read_csv(path: Path) -> Iterator[Fact]:
-    import csv
+    from ..corpus import csv_rows  # its errors name the line, and are ValueErrors as ours
 
-    rows, f = _csv_rows(path)
-    with f:
+    for where, row in csv_rows(path):
+        if None in row:
+            raise ValueError(f"{where}: more cells than the header has columns")
+        d = {k.strip(): v for k, v in row.items() if v not in (None, "")}
         try:
-            for row in rows:
-                if None in row:
-                    raise ValueError(f"{path}:{rows.line_num}: more cells than the header has columns")
-                d = {k.strip(): v for k, v in row.items() if v not in (None, "")}
-                try:
-                    if "position" in d:
-                        d["position"] = int(d["position"])
-                    yield _fact_from_dict(d)
-                except (ValueError, TypeError, KeyError) as e:
-                    raise ValueError(f"{path}:{rows.line_num}: not a triple: {e}") from None
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}:{rows.line_num}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        except csv.Error as e:
-            raise ValueError(f"{path}:{rows.line_num}: not CSV: {e}") from None
+            if "position" in d:
+                d["position"] = int(d["position"])
+            yield _fact_from_dict(d)
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"{where}: not a triple: {e}") from None
 
 
 def _write_jsonl(records: Iterable[TripleRecord], path: Path) -> int:
