@@ -61,6 +61,7 @@ class LookupGenerator:
         if packed_weights:
             pack_linears(model)
         self.loop, self.cuda_graphs = loop, cuda_graphs
+        self._warned_room = False  # said once: a prompt and new tokens past a rotary model's trained context
         self.tok, self.kb = tokenizer, kb
         self.options = dict(logit_bias=logit_bias, max_lookups=max_lookups, max_field_tokens=max_field_tokens,
                             fallback=fallback, on_miss=on_miss, use_db=use_db, matching=matching,
@@ -169,7 +170,7 @@ class LookupGenerator:
             return lambda rows: max_new_tokens
         if not hard:  # rotary positions go on past the trained context, into text the model never saw
             longest = max(map(len, ids), default=0)
-            if longest + max_new_tokens > ctx and not getattr(self, "_warned_room", False):
+            if longest + max_new_tokens > ctx and not self._warned_room:
                 import warnings
 
                 self._warned_room = True
@@ -180,7 +181,7 @@ class LookupGenerator:
 
         def room(rows) -> int:
             n = min(max_new_tokens, ctx - max(map(len, rows)))
-            if n < max_new_tokens and not getattr(self, "_warned_room", False):
+            if n < max_new_tokens and not self._warned_room:
                 import warnings
 
                 self._warned_room = True

@@ -67,7 +67,7 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
     from ..lookup import Lookup
 
     llm = _vllm_options(backend, vllm_option or [], stream=stream, num_beams=num_beams,
-                        copy_bias=copy_bias + name_bias, stop=bool(stop), device=device)
+                        biased=copy_bias > 0 or name_bias > 0, stop=bool(stop), device=device)
     check_device(device)
     try:  # the engine on the device asked for (default: cuda when available); vLLM places its own weights
         m, tok, meta = load_model(model, tokens=tokens, weights=llm is None,
@@ -140,7 +140,7 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
         show_trace(r)
 
 
-def _vllm_options(backend: str, specs: list[str], *, stream: bool, num_beams: int, copy_bias: float,
+def _vllm_options(backend: str, specs: list[str], *, stream: bool, num_beams: int, biased: bool,
                   stop: bool, device: str | None = None) -> dict | None:
     """``--backend`` and ``--vllm-option`` as ``vllm.LLM``'s keyword arguments (``None``: the engine)."""
     if backend not in ("hf", "vllm"):
@@ -150,7 +150,7 @@ def _vllm_options(backend: str, specs: list[str], *, stream: bool, num_beams: in
             _fail("--vllm-option needs --backend vllm")
         return None
     unsupported = [flag for flag, on in (("--stream", stream), ("--num-beams", num_beams > 1),
-                                         ("--copy-bias/--name-bias", copy_bias > 0), ("--stop", stop),
+                                         ("--copy-bias/--name-bias", biased), ("--stop", stop),
                                          ("--device", device is not None)) if on]
     if unsupported:
         _fail(f"{', '.join(unsupported)} not with --backend vllm")
