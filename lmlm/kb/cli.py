@@ -195,7 +195,7 @@ def kb_alias_add(path: Path, alias: Optional[str] = typer.Argument(None, help="a
     before = kb.stats()["aliases"]
     version = _kb_call(kb.add_aliases, pairs, who=who, why=why)
     console.print(f"{kb.stats()['aliases'] - before} aliases added; version {version}")
-    unknown = sorted({e for _, e in pairs if kb.never_held(e)})
+    unknown = sorted(e for e in {e for _, e in pairs} if kb.never_held(e))  # one query an entity
     if unknown:  # kept: an alias of an entity without facts is used once it has some
         err.print(f"note: {len(unknown)} of the entities named have no facts in {path} yet (first: {unknown[0]!r}); "
                   "their aliases answer nothing until they do", highlight=False, markup=False)
