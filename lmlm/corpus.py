@@ -154,7 +154,7 @@ def document_from_record(row: Any, where: str, fallback_id: str) -> Document:
 
 
 def _open_text(path: Path):
-    if path.suffix == ".gz":
+    if path.suffix.lower() == ".gz":
         return gzip.open(path, "rt", encoding="utf-8")
     return open(path, encoding="utf-8")
 
@@ -165,7 +165,7 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
     if path.is_dir():
         yield from _dataset_folder_records(path)
         return
-    suffixes = [s for s in path.suffixes if s != ".gz"]
+    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
     kind = suffixes[-1] if suffixes else ""
     if kind == ".parquet":
         yield from _parquet_records(path)
@@ -225,10 +225,10 @@ def csv_rows(path: str | Path) -> Iterator[tuple[str, dict]]:
     import sys
 
     path = Path(path)
-    tsv = [x.lower() for x in path.suffixes if x != ".gz"][-1:] == [".tsv"]
+    tsv = [x.lower() for x in path.suffixes if x.lower() != ".gz"][-1:] == [".tsv"]
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # a document is one field: often over 128 KB
     try:
-        with (gzip.open(path, "rt", encoding="utf-8", newline="") if path.suffix == ".gz"
+        with (gzip.open(path, "rt", encoding="utf-8", newline="") if path.suffix.lower() == ".gz"
               else open(path, encoding="utf-8", newline="")) as f:
             rows = csv.DictReader(f, delimiter="\t" if tsv else ",")
             for row in rows:
@@ -335,7 +335,7 @@ def write_documents(path: str | Path, documents: Iterable[Document]) -> int:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     n = 0
     try:
-        if path.suffix == ".parquet":
+        if path.suffix.lower() == ".parquet":
             try:
                 import pyarrow as pa
                 import pyarrow.parquet as pq

@@ -85,6 +85,8 @@ def test_csv_and_tsv_rows_are_documents(tmp_path):
     (tmp_path / "d.tsv").write_text(f"text\tsplit\n{PLAIN}\theldout\n", encoding="utf-8")
     (doc,) = read_documents(tmp_path / "d.tsv")
     assert (doc.id, doc.text, doc.split) == ("1", PLAIN, "heldout")  # no id: its row number
+    (tmp_path / "EXPORT.CSV").write_text(f"text\n{PLAIN}\n", encoding="utf-8")  # a suffix in capitals
+    assert [d.text for d in read_documents(tmp_path / "EXPORT.CSV")] == [PLAIN]
     (tmp_path / "wide.csv").write_text("id,text\na,one,two\n")
     with pytest.raises(CorpusError, match="wide.csv:2: 3 cells under a header of 2 columns"):
         read_documents(tmp_path / "wide.csv")

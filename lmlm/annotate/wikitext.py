@@ -73,7 +73,7 @@ def iter_pages(path: str | Path, redirects: list[tuple[str, str]] | None = None)
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no Wikipedia dump at {path}")
-    opener = bz2.open if path.suffix == ".bz2" else open
+    opener = bz2.open if path.suffix.lower() == ".bz2" else open
     with opener(path, "rb") as f:
         try:
             for _, el in ET.iterparse(f, events=("end",)):

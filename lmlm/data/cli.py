@@ -28,7 +28,7 @@ def prepare(corpus: Path = typer.Argument(..., help="documents (.jsonl/.json/.pa
     from ..corpus import CorpusError, iter_documents
 
     with user_errors():
-        if corpus.is_file() and corpus.suffix not in (".parquet",):
+        if corpus.is_file() and corpus.suffix.lower() not in (".parquet",):
             if next(iter(iter_documents(corpus)), None) is None:  # a bad corpus is named before any other work
                 raise CorpusError(f"{corpus}: no documents")
         elif not corpus.exists():

@@ -295,7 +295,7 @@ def score_claims(claims: Sequence[Claim], topic: str, world: World, gamma: int =
 def read_topics(path: str | Path) -> list[str]:
     """Topic names: a text file with one per line, or FActScore's JSON lines (``topic``, else ``input``)."""
     path = Path(path)
-    if path.suffix in (".jsonl", ".json"):
+    if path.suffix.lower() in (".jsonl", ".json"):
         out = []
         for rec in read_json_records(path):
             name = rec.get("topic") or rec.get("entity") or rec.get("input")

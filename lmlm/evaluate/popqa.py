@@ -156,9 +156,9 @@ def read_popqa(path: str | Path, *, max_popularity: float | None = None, limit: 
         limit (int, optional): keep the first this many items.
     """
     path = Path(path)
-    if path.suffix in (".tsv", ".csv"):
+    if path.suffix.lower() in (".tsv", ".csv"):
         with path.open(encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+            rows = list(csv.DictReader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
     else:
         rows = read_json_records(path)
     items = [_popqa_item(r) for r in rows]
@@ -201,7 +201,7 @@ def read_fanoutqa(path: str | Path, *, limit: int | None = None) -> list[QAItem]
 def read_qa(path: str | Path, **kwargs) -> list[QAItem]:
     """:func:`read_fanoutqa` for a file of FanOutQA questions, else :func:`read_popqa`."""
     path = Path(path)
-    if path.suffix == ".json":
+    if path.suffix.lower() == ".json":
         with path.open(encoding="utf-8") as f:
             head = f.read(4096)
         if '"decomposition"' in head:

@@ -82,7 +82,7 @@ def _sentences(record: dict) -> list[str]:
 
 def _files(path: Path) -> list[Path]:
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".json"))
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".jsonl", ".json"))
         if not files:
             raise FileNotFoundError(f"no .jsonl files in {path}")
         return files

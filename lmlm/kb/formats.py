@@ -66,15 +66,15 @@ def detect_format(path: str | Path) -> str:
     path = Path(path)
     if path.is_dir():
         return "corpus"
-    if path.suffix == ".parquet":
+    if path.suffix.lower() == ".parquet":
         try:
             names = set(_pyarrow().parquet.ParquetFile(path).schema_arrow.names)
         except Exception:  # unreadable: the triple reader reports it
             return "parquet"
         return "corpus" if "entity" not in names and names & {"annotated", "text"} else "parquet"
-    if path.suffix == ".json":
+    if path.suffix.lower() == ".json":
         return "authors"
-    if ".txt" in path.suffixes[-2:]:  # plain text, one document a line (its calls in the dblookup form)
+    if ".txt" in [s.lower() for s in path.suffixes[-2:]]:  # plain text, one document a line (its calls in the dblookup form)
         return "corpus"
     if path.suffix.lower() in (".csv", ".tsv"):
         return "csv" if "entity" in _csv_header(path) else "corpus"
