@@ -110,8 +110,8 @@ def name_score(query: tuple[str, ...], name: tuple[str, ...]) -> float:
         >>> name_score(("joshua", "frazier"), ("timothy", "frazier")) < 0.5
         True
     """
-    if not query or not name:
-        return 0.0
+    if not query or not name or sum(len(t) > 1 for t in query) != sum(len(t) > 1 for t in name):
+        return 0.0  # the words align one to one: "Jason" is not "Jackson Jackson", whose words both near it
     worst, penalty = 1.0, 0.0
     for side, other in ((query, name), (name, query)):
         for t in side:
@@ -368,7 +368,7 @@ class EntityIndex:
             res = Resolved(reason="no_entity", candidates=((name, round(res.score, 3)),), context_free=False,
                            detail=f"{name!r} fits {entity!r}, but the text so far never names {name!r}",
                            deleted=bool(gone))
-        if res.entity is not None and res.entity not in ctx and res.via != "exact" and (
+        if res.entity not in ctx and res.via != "exact" and (
                 named := next((n for n, w in gone if _refers(qt, w)), None)):  # "Jackson" after "Jackson Marshall"
             return Resolved(reason="no_entity", candidates=((named, 1.0),), context_free=False, deleted=True,
                             detail=f"{entity!r} refers to {named!r}, named in the text and deleted")
@@ -377,6 +377,10 @@ class EntityIndex:
             # "John Frazier" or "Lisa Hoàng" in a text about Joshua Frazier or James Hoàng, deleted
             return Resolved(reason="no_entity", candidates=((named, 1.0),), context_free=False, deleted=True,
                             detail=f"{entity!r} shares a name with {named!r}, named in the text and deleted")
+        if res.entity is not None and res.via == "fuzzy" and res.score < 1.0 and set(qt) <= set(words):
+            name = self.display[res.entity]  # the text spells the query's name: a near name is someone else
+            return Resolved(reason="no_entity", candidates=((name, round(res.score, 3)),), context_free=False,
+                            detail=f"the text spells {entity!r} as the query does; {name!r} is another name")
         return res
 
     def _resolve(self, entity: str, qn: str, qt: tuple[str, ...], ctx: list[str] | None, fuzzy: bool) -> Resolved:
