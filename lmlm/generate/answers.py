@@ -133,6 +133,14 @@ class Answerer:
             ans = self._answer(e, r, m, near, version)
             self.cache[key if ans.context_free or ctx is None else (*key, ctx)] = ans
 
+    def names_before(self, ids: Sequence[int], start: int) -> list[list[int]]:
+        """The field ids of each KB entity the text before the call opened at ``start`` names (by
+        name or alias, first mention first): the names ``name_bias`` keeps a query's entity on."""
+        if not hasattr(self.kb, "names_in"):
+            return []
+        text = self.context_text(call_context(ids, start, self.tok))
+        return [self.tok.encode_field(n) for n in self.kb.names_in(text)]
+
     def context_text(self, ids: Sequence[int]) -> str:
         """The text of the ids before a call: call markers and separators become spaces, and the
         entity and relation the model wrote into earlier calls are left out (a name the model only

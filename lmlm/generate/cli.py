@@ -50,8 +50,7 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
              device: Optional[str] = typer.Option(None, help="where the engine runs: cpu, cuda, cuda:1, ... "
                                                   "(default: cuda when available)"),
              backend: str = typer.Option("hf", help="'hf': the engine (transformers, CPU or GPU); 'vllm': vLLM on a "
-                                         "GPU (pip install 'lmlm\\[vllm]'; no --stream, --num-beams, --copy-bias, --stop or "
-                                         "--device)"),
+                                         "GPU (pip install 'lmlm\\[vllm]'; no --stream, --num-beams, --stop or --device)"),
              vllm_option: List[str] = typer.Option(None, help="with --backend vllm: KEY=VALUE passed to vllm.LLM, "
                                                    "VALUE read as JSON where it parses (e.g. "
                                                    "gpu_memory_utilization=0.5)")):
@@ -66,8 +65,8 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
     from ..kb import KBError
     from ..lookup import Lookup
 
-    llm = _vllm_options(backend, vllm_option or [], stream=stream, num_beams=num_beams,
-                        biased=copy_bias > 0 or name_bias > 0, stop=bool(stop), device=device)
+    llm = _vllm_options(backend, vllm_option or [], stream=stream, num_beams=num_beams, stop=bool(stop),
+                        device=device)
     check_device(device)
     try:  # the engine on the device asked for (default: cuda when available); vLLM places its own weights
         m, tok, meta = load_model(model, tokens=tokens, weights=llm is None,
@@ -84,7 +83,8 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
             gen = LookupGenerator(m, tok, base, copy_bias=copy_bias, name_bias=name_bias, **lookups)
         else:
             from .vllm import VLLMLookupGenerator
-            gen = VLLMLookupGenerator(model, base, tokenizer=tok, **lookups, **llm)
+            gen = VLLMLookupGenerator(model, base, tokenizer=tok, copy_bias=copy_bias, name_bias=name_bias,
+                                      **lookups, **llm)
     except (KBError, ValueError, OSError) as e:
         _fail(str(e))
     options = dict(max_new_tokens=max_new_tokens, force_lookup=force_lookup, top_p=top_p, top_k=top_k,
@@ -140,8 +140,8 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
         show_trace(r)
 
 
-def _vllm_options(backend: str, specs: list[str], *, stream: bool, num_beams: int, biased: bool,
-                  stop: bool, device: str | None = None) -> dict | None:
+def _vllm_options(backend: str, specs: list[str], *, stream: bool, num_beams: int, stop: bool,
+                  device: str | None = None) -> dict | None:
     """``--backend`` and ``--vllm-option`` as ``vllm.LLM``'s keyword arguments (``None``: the engine)."""
     if backend not in ("hf", "vllm"):
         _fail(f"--backend must be 'hf' or 'vllm', got {backend!r}")
@@ -150,7 +150,7 @@ def _vllm_options(backend: str, specs: list[str], *, stream: bool, num_beams: in
             _fail("--vllm-option needs --backend vllm")
         return None
     unsupported = [flag for flag, on in (("--stream", stream), ("--num-beams", num_beams > 1),
-                                         ("--copy-bias/--name-bias", biased), ("--stop", stop),
+                                         ("--stop", stop),
                                          ("--device", device is not None)) if on]
     if unsupported:
         _fail(f"{', '.join(unsupported)} not with --backend vllm")

@@ -89,13 +89,20 @@ class RowGrammar:
             position of the continuation's first token in the row (the prompt's length).
         trie: a :class:`lmlm.generate.trie.TokenTrie` of ``entity <|sep|> relation <|db_retrieve|>``
             paths; a query inside it keeps to its next tokens (the engine's ``constrained=True``).
+        copy_bias, copy: the engine's ``copy_bias`` for a request whose prompt ends with an answered
+            call: ``copy`` is the value's ids, favoured while the output states it.
+        name_bias, names: the engine's ``name_bias`` for a request whose prompt ends with
+            ``<|db_start|>``: ``names`` holds the ids of each KB name the text before the call gives.
     """
 
     def __init__(self, call_ids, stop_ids, logit_bias=None, max_lookups: int = 16, calls: int = 0,
-                 max_field_tokens: int = 24, use_db: bool = True, force_at=None, origin: int = 0, trie=None):
+                 max_field_tokens: int = 24, use_db: bool = True, force_at=None, origin: int = 0, trie=None,
+                 copy_bias: float = 0.0, copy=None, name_bias: float = 0.0, names=None):
         self.call_ids, self.stop_ids, self.logit_bias = tuple(call_ids), tuple(stop_ids), logit_bias
         self.max_lookups, self.max_field_tokens, self.use_db = max_lookups, max_field_tokens, use_db
         self.force_at, self.origin, self.trie = tuple(force_at or ()), origin, trie
+        self.copy_bias, self.copy = float(copy_bias), list(copy or ())
+        self.name_bias, self.names = float(name_bias), [list(n) for n in names or ()]
         self.calls, self.kind, self.pos, self.seen = calls, 0, -1, 0  # counted from the request's first output
         self.start = -1  # the position of the row's last <|db_start|>
         self._kinds = {i: k for k, i in enumerate(self.call_ids, 1)}
@@ -127,14 +134,23 @@ class RowGrammar:
         logits = (logits + bias).masked_fill_(ban[state], _NEG_INF)
         if self.kind in (0, 4) and call_due(self.force_at, length, self.origin, self.start):
             return _only(logits, self.call_ids[0])
+        in_tree = False
         if self.kind in (1, 2) and self.trie is not None and self.start >= 0:
             row = (prompt_ids[self.start + 1:] if self.start + 1 < n else []) + output_ids[max(self.start + 1 - n, 0):]
             ids = self.trie.next_tokens(row)
             if ids is not None:  # the tree ends every path, so no field needs cutting
-                ids = ids.to(logits.device)
+                ids, in_tree = ids.to(logits.device), True
                 keep = logits[ids]
-                return logits.fill_(_NEG_INF).index_copy_(0, ids, keep)
-        if self.kind in (1, 2) and length - 1 - self.pos >= self.max_field_tokens:
+                logits = logits.fill_(_NEG_INF).index_copy_(0, ids, keep)
+        done = output_ids[:self.seen]  # the request's prompt ends with the call or value the biases are about
+        if self.copy_bias and self.kind == 4 and self.pos == n - 1 and len(done) < len(self.copy) \
+                and done == self.copy[:len(done)] and len(done) <= 2 * self.max_field_tokens:
+            logits[self.copy[len(done)]] += self.copy_bias
+        if self.name_bias and self.kind == 1 and self.start == n - 1:
+            ts = {ids[len(done)] if len(done) < len(ids) else self.call_ids[1] for ids in self.names
+                  if ids[:len(done)] == done}
+            logits[sorted(ts)] += self.name_bias  # none: nothing added
+        if not in_tree and self.kind in (1, 2) and length - 1 - self.pos >= self.max_field_tokens:
             return _only(logits, self.call_ids[self.kind])  # sep after the entity, retrieve after the relation
         return logits
 
@@ -337,7 +353,7 @@ class LookupLogitsProcessor(LogitsProcessor):
         if self.copy_bias:
             for b, t in self._copy_targets(input_ids).items():
                 scores[b, t] += self.copy_bias
-        if self.name_bias and hasattr(self.kb, "names_in"):
+        if self.name_bias:
             for b, ts in self._name_targets(input_ids).items():
                 scores[b, ts] += self.name_bias
         for b, t in forced.items():
@@ -375,8 +391,7 @@ class LookupLogitsProcessor(LogitsProcessor):
                 continue
             names = rows.names.get((b, pos))
             if names is None:
-                text = self.answers.context_text(call_context(input_ids[b].tolist(), pos, self.tok))
-                names = rows.names[(b, pos)] = [self.tok.encode_field(n) for n in self.kb.names_in(text)]
+                names = rows.names[(b, pos)] = self.answers.names_before(input_ids[b].tolist(), pos)
             done = input_ids[b, pos + 1:].tolist()
             n = len(done)
             ts = {ids[n] if n < len(ids) else self.tok.sep_id for ids in names if ids[:n] == done}

@@ -9,7 +9,10 @@ only what was appended. Within a round the grammar is the Hugging Face engine's
 row: the markers' bias, the markers that cannot come next banned, over-long fields closed); the
 value and ``<|db_end|>`` are appended here rather than forced token by token. Calls forced at offsets
 (``force_lookup_at``) and queries kept on the KB's keys (``constrained=True``) work as in the engine:
-the prefix tree reaches vLLM's engine process as a file of key paths, one per KB version.
+the prefix tree reaches vLLM's engine process as a file of key paths, one per KB version. So do the
+engine's ``copy_bias`` (the round after an answer favours the value's tokens) and ``name_bias``: a
+row then also stops at ``<|db_start|>``, the KB names the text before the call gives are found here,
+and the row goes on with them.
 
 Install with ``pip install 'lmlm[vllm]'``.
 
@@ -64,17 +67,22 @@ class VLLMLookupGenerator:
         kb (optional): the knowledge base (``lookup_batch``); ``None`` misses every lookup.
         tokenizer (`LookupTokenizer`, optional): default: loaded from ``model`` with ``tokens``.
         tokens: the lookup token vocabulary when loading the tokenizer (``paper`` or ``released``).
-        logit_bias, max_lookups, max_field_tokens, fallback, on_miss, use_db, constrained, matching: as for
-            :class:`lmlm.generate.LookupGenerator` (``constrained``: the KB's prefix tree of keys, written
-            to a file the engine's process reads, again whenever the KB's version moves).
+        logit_bias, max_lookups, max_field_tokens, fallback, on_miss, use_db, constrained, matching, copy_bias,
+            name_bias: as for :class:`lmlm.generate.LookupGenerator` (``constrained``: the KB's prefix tree of
+            keys, written to a file the engine's process reads, again whenever the KB's version moves).
         **llm_kwargs: passed to ``vllm.LLM`` (``gpu_memory_utilization``, ``dtype``, ...).
     """
 
     def __init__(self, model: str | Path, kb=None, *, tokenizer: LookupTokenizer | None = None, tokens=None,
                  logit_bias=PAPER_LOGIT_BIAS, max_lookups: int = 16, max_field_tokens: int = 24,
                  fallback: str | None = "unknown", on_miss: str = "text", use_db: bool = True,
-                 constrained: bool = False, matching: str | None = None, **llm_kwargs):
+                 constrained: bool = False, matching: str | None = None, copy_bias: float = 0.0,
+                 name_bias: float = 0.0, **llm_kwargs):
         import os
+
+        for name, v in (("copy_bias", copy_bias), ("name_bias", name_bias)):
+            if not (isinstance(v, (int, float)) and 0.0 <= float(v) < float("inf")):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
 
         # vLLM logs to stdout by default; lmlm's commands print their results there (--json, the benches'
         # JSON), so vLLM's logs go to stderr unless the caller chose a stream (its engine process inherits it)
@@ -91,7 +99,7 @@ class VLLMLookupGenerator:
         self.tok, self.kb = tokenizer, kb
         self.options = dict(logit_bias=logit_bias, max_lookups=max_lookups, max_field_tokens=max_field_tokens,
                             fallback=fallback, on_miss=on_miss, use_db=use_db, matching=matching,
-                            use_context=not constrained)
+                            use_context=not constrained, copy_bias=float(copy_bias), name_bias=float(name_bias))
         Answerer(tokenizer, kb, fallback=fallback, on_miss=on_miss, matching=matching)  # validate the options now
         self.trie = self._trie_dir = None
         if constrained:
@@ -155,6 +163,7 @@ class VLLMLookupGenerator:
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1,
                         repetition_penalty=repetition_penalty, seed=seed, ignore_eos=ignore_eos)
         skip = [len(open_call(ids, tok)) for ids in prompt_ids]
+        copies: dict[int, list[int]] = {}  # row -> the value just answered, for the copy bias
 
         def full(i: int) -> list[int]:  # the row as the model sees it: prompt, then what follows the open call
             return prompt_ids[i] + new[i][skip[i]:]
@@ -164,7 +173,8 @@ class VLLMLookupGenerator:
         while active:
             trie = self._trie_path()
             rows = {i: dict(trie=trie, origin=len(prompt_ids[i]) - skip[i],
-                            force_at=list(force_at[i]) if force_at else None) for i in active}
+                            force_at=list(force_at[i]) if force_at else None,
+                            **self._biases(full(i), copies.pop(i, None), answers)) for i in active}
             outs = self._round([full(i) for i in active],
                                [self._params(new[i], budget[i], stops, sampling, rows[i]) for i in active])
             asking = []
@@ -177,18 +187,31 @@ class VLLMLookupGenerator:
                 new[i] += got
                 if got and got[-1] == tok.retrieve_id and self.options["use_db"] and budget[i] > 0:
                     asking.append(i)
-                else:
+                elif not (got and got[-1] == tok.start_id and budget[i] > 0):  # a call opens: find its names
                     budget[i] = 0
             keys = [query_key(full(i), len(full(i)) - 1, tok, window) for i in asking]
             ctxs = [call_context(full(i), call_start(full(i), len(full(i)) - 1, tok), tok) for i in asking]
             answers.resolve(keys, ctxs)
             for i, key, ctx in zip(asking, keys, ctxs):
-                value = list(answers.get(key, ctx).continuation[:budget[i]])
+                answer = answers.get(key, ctx)
+                value = list(answer.continuation[:budget[i]])
                 new[i] += value
                 budget[i] -= len(value)
+                if answer.match is not None:
+                    copies[i] = value[:-1]
             active = [i for i in active if budget[i] > 0]
         return [build_result(p, ids, tok, answers, self.options["max_field_tokens"], prefix=pi[:len(pi) - s])
                 for p, ids, pi, s in zip(prompts, new, prompt_ids, skip)]
+
+    def _biases(self, row: list[int], copy: list[int] | None, answers: Answerer) -> dict:
+        """The row grammar's biases for a round on ``row``: the value it just got (``copy``) favoured
+        while the text states it, or the names the text gives favoured in the call ``row`` ends with."""
+        o, spec = self.options, {}
+        if o["copy_bias"] and copy:
+            spec.update(copy_bias=o["copy_bias"], copy=copy)
+        if o["name_bias"] and row[-1] == self.tok.start_id:
+            spec.update(name_bias=o["name_bias"], names=answers.names_before(row, len(row) - 1))
+        return spec
 
     def _trie_path(self) -> str | None:
         """The file of the prefix tree's key paths for the KB's current version (``None``: unconstrained)."""
@@ -212,7 +235,8 @@ class VLLMLookupGenerator:
         from .vllm_grammar import GRAMMAR_ARG
 
         t, use_db = self.tok, self.options["use_db"]
-        stop_ids = stops + ([t.retrieve_id] if use_db else [])
+        stop_ids = stops + ([t.retrieve_id] if use_db else []) + ([t.start_id] if use_db and self.options["name_bias"]
+                                                                 else [])
         grammar = {**self._grammar, **row, "calls": so_far.count(t.start_id)}  # calls made in earlier rounds
         return SamplingParams(max_tokens=budget, stop_token_ids=stop_ids, detokenize=False, skip_special_tokens=False,
                               extra_args={GRAMMAR_ARG: grammar}, **sampling)

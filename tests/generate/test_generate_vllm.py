@@ -15,6 +15,7 @@ from lmlm.checkpoint import save_checkpoint
 from lmlm.generate import LookupGenerator
 from lmlm.generate.processor import PAPER_LOGIT_BIAS, LookupLogitsProcessor, RowGrammar
 from lmlm.generate.trie import KeyTrie, TokenTrie
+from lmlm.kb import Triple
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -93,6 +94,74 @@ def test_the_row_grammar_forces_calls_and_keeps_queries_on_keys_as_the_engine_do
                 query = body[:body.index(tok.retrieve_id) + 1]
                 assert tuple(query) in set(trie.paths())  # a real key, whole
     assert min(compared.values()) >= 10, compared
+
+
+def test_the_row_grammar_biases_a_round_as_the_engine_does(tmp_path):
+    """The copy and name biases where the vLLM backend starts a round: after an answered call (the value
+    favoured while the text states it) and right after ``<|db_start|>`` (the names the text gives). The
+    per-row grammar, given the value and the names as the backend gives them, leaves the engine's scores
+    at every step, and the biases changed the scores at some of them."""
+    world = trained_world()
+    tok, kb = world.tok, make_kb(world, str(tmp_path / "kb"))
+    sep_ids = sorted({tok.eos_id, tok.doc_id})
+    rng = torch.Generator().manual_seed(0)
+    biased_steps = 0
+    for name, city, _ in world.people[:6]:
+        text = [tok.doc_id, *tok.encode_text(f"{name} met Hugo Moss. {name} was born in")]
+        call = [tok.start_id, *tok.encode_field(name), tok.sep_id, *tok.encode_field("Birth City"), tok.retrieve_id]
+        engine = LookupLogitsProcessor(tok, kb, logit_bias=None, copy_bias=5.0, name_bias=10.0)
+        plain = LookupLogitsProcessor(tok, kb, logit_bias=None)
+        ids = text + call
+        while ids[-1] != tok.end_id:  # the engine forces the value; vLLM appends it between rounds
+            ids.append(int(engine(torch.tensor([ids]), torch.zeros(1, len(tok)))[0].argmax()))
+        value = ids[len(text) + len(call):-1]
+        assert tok.decode_field(value) == city
+        names = engine.answers.names_before(text + [tok.start_id], len(text))
+        assert {tok.decode_field(n) for n in names} == {name, "Hugo Moss"}
+        for prompt, spec in ((ids, dict(copy_bias=5.0, copy=value)),
+                             (text + [tok.start_id], dict(name_bias=10.0, names=names))):
+            grammar = RowGrammar(tok.call_ids, sep_ids, None, **spec)
+            out: list[int] = []
+            while len(out) < 8 and (not out or out[-1] not in (tok.sep_id, tok.start_id)):
+                scores = torch.randn(1, len(tok), generator=rng)
+                want = engine(torch.tensor([prompt + out]), scores.clone())[0]
+                assert torch.equal(grammar(prompt, list(out), scores[0].clone()), want), (name, out)
+                biased_steps += not torch.equal(want, plain(torch.tensor([prompt + out]), scores.clone())[0])
+                out.append(int(want.argmax()))
+            if "copy" in spec:
+                assert out[:len(value)] == value  # the text states the value
+            else:
+                assert tok.decode_field(out[:-1]) in (name, "Hugo Moss") and out[-1] == tok.sep_id
+    assert biased_steps >= 20, biased_steps
+    kb.close()
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install 'lmlm[vllm]')")
+def test_vllm_decodes_with_the_biases_as_the_engine_does(tmp_path):
+    """``copy_bias`` and ``name_bias`` on vLLM, on people added to the KB after training: without them the
+    model's query slips to a trained name; with biases no score can beat, every query names the person
+    the prompt gives and the text states the value after the call, as the engine's rows do."""
+    from lmlm.generate.vllm import VLLMLookupGenerator
+
+    world = trained_world()
+    folder = save_checkpoint(tmp_path / "ckpt", world.model, world.tok)
+    kb = make_kb(world, str(tmp_path / "kb"))
+    kb.add([Triple("Zed Quorra", "Birth City", "Reykjavik"), Triple("Una Vell", "Birth City", "Tbilisi")], who="t")
+    prompts = ["Zed Quorra was born in", "Una Vell was born in"]
+    options = dict(copy_bias=1e4, name_bias=1e4)
+    plain = LookupGenerator(world.model, world.tok, kb).generate(prompts, max_new_tokens=48, force_lookup=True)
+    assert not any(r.trace[0].found for r in plain)  # a trained name, refused
+    engine = LookupGenerator(world.model, world.tok, kb, **options).generate(prompts, max_new_tokens=48,
+                                                                             force_lookup=True)
+    with VLLMLookupGenerator(folder, kb, tokenizer=world.tok, gpu_memory_utilization=0.2, enforce_eager=True,
+                             dtype="float32", **options) as gen:
+        served = gen.generate(prompts, max_new_tokens=48, force_lookup=True)
+    for prompt, value, r, e in zip(prompts, ["Reykjavik", "Tbilisi"], served, engine):
+        t = r.trace[0]
+        assert t.found and t.query_entity == prompt.rsplit(" ", 3)[0] and t.value == value, r.text
+        assert r.clean_text.lstrip().startswith(value), r.text  # stated after the call, not drifted off
+        assert r.token_ids == e.token_ids
+    kb.close()
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install 'lmlm[vllm]')")
