@@ -281,6 +281,8 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     kb = KnowledgeBase.open(eval_kb_dir)
     lmlm = LookupGenerator(lmlm_model, tok, kb)  # entity-aware lookups (the default)
     paper = LookupGenerator(lmlm_model, tok, kb, matching="key")  # the paper's single-key cosine, to compare
+    # both decoding biases on (`lmlm generate --name-bias 10 --copy-bias 5`): do they answer for anyone else?
+    biased = LookupGenerator(lmlm_model, tok, kb, copy_bias=COPY_BIAS, name_bias=NAME_BIAS)
     no_db = LookupGenerator(lmlm_model, tok, None, use_db=False)
     standard = LookupGenerator(std_model, tok, None, use_db=False)
 
@@ -299,24 +301,28 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     from .evaluate.cloze import wrong_entity
     subjects = [c.person for c in cloze]
     res, res_paper = fp["lmlm"].pop("results"), fp["lmlm_paper"].pop("results")
+    fp_biased = _precision(biased, items, True, cfg, results=True)
     wrong = {"cloze": {**wrong_entity(res, subjects), "misses": _misses(res),
-                       "paper": {**wrong_entity(res_paper, subjects), "misses": _misses(res_paper)}}}
+                       "paper": {**wrong_entity(res_paper, subjects), "misses": _misses(res_paper)},
+                       "biased": {**wrong_entity(fp_biased["results"], subjects),
+                                  "misses": _misses(fp_biased["results"])}}}
     # people who were never in the KB (the world's held-out people): any answer is someone else's
     absent = [p.name for p in world.people_in("heldout")]
     absent_items = _cloze_items(world, [world.cloze(p, r) for p in absent for r in world.person(p).facts])
     absent_subjects = [p for p in absent for _ in world.person(p).facts]
     wrong["absent"] = {}
-    for name, gen, matching in (("lmlm", lmlm, "entity"), ("paper", paper, "key")):
+    for name, gen, matching in (("lmlm", lmlm, "entity"), ("paper", paper, "key"), ("biased", biased, "entity")):
         res = _precision(gen, absent_items, True, cfg, results=True)["results"]
         row = {**_kb_wrong_entity(kb, absent, RELATIONS, matching), "generated": wrong_entity(res, absent_subjects)}
         if name == "lmlm":
             row["misses"] = _misses(res)
             wrong["absent"].update(row)
         else:
-            wrong["absent"]["paper"] = row
+            wrong["absent"][name] = row
     factual = {k: v["precision"] for k, v in fp.items()}
     named = LookupGenerator(lmlm_model, tok, kb, name_bias=NAME_BIAS)
     factual["lmlm_name_bias"], factual["name_bias"] = _precision(named, items, True, cfg)["precision"], NAME_BIAS
+    factual["lmlm_name_copy_bias"], factual["copy_bias"] = fp_biased["precision"], COPY_BIAS
     factual["n"] = len(items)
     factual["by_mentions"] = {b: {k: fp[k]["by_key"].get(b) for k in fp} for b in ("1", "2-4", "5+")}
     factual["mention_counts"] = {b: sum(1 for it in items if it.key == b) for b in ("1", "2-4", "5+")}
@@ -346,8 +352,7 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     ak_paper = _precision(paper, added_items, True, cfg)
     ak_copy = _precision(LookupGenerator(lmlm_model, tok, kb, copy_bias=COPY_BIAS), added_items, True, cfg)
     ak_named = _precision(named, added_items, True, cfg)
-    ak_both = _precision(LookupGenerator(lmlm_model, tok, kb, copy_bias=COPY_BIAS, name_bias=NAME_BIAS), added_items,
-                         True, cfg)
+    ak_both = _precision(biased, added_items, True, cfg)
     ak_std = _precision(standard, added_items, False, cfg)
     added_knowledge = {"lmlm": ak["precision"], "lmlm_paper": ak_paper["precision"],
                        "lmlm_copy_bias": ak_copy["precision"], "copy_bias": COPY_BIAS, "standard": ak_std["precision"],
@@ -377,6 +382,7 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     f_before = _precision(lmlm, forget_items, True, cfg)["precision"]
     r_before = _precision(lmlm, retain_items, True, cfg)["precision"]
     r_before_paper = _precision(paper, retain_items, True, cfg)["precision"]
+    r_before_biased = _precision(biased, retain_items, True, cfg)["precision"]
     t0 = time.perf_counter()
     deleted = 0
     for person in forget:
@@ -386,15 +392,21 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     f_after_paper = _precision(paper, forget_items, True, cfg, results=True)
     r_after = _precision(lmlm, retain_items, True, cfg)["precision"]
     r_after_paper = _precision(paper, retain_items, True, cfg)["precision"]
+    f_after_biased = _precision(biased, forget_items, True, cfg, results=True)
+    r_after_biased = _precision(biased, retain_items, True, cfg)["precision"]
     f_std = _precision(standard, forget_items, False, cfg)["precision"]
     forget_subjects = [p for p in forget for _ in world.person(p).facts]
     wrong["deleted"] = {**_kb_wrong_entity(kb, forget, RELATIONS, "entity"),
                         "generated": wrong_entity(f_after_res.pop("results"), forget_subjects),
                         "paper": {**_kb_wrong_entity(kb, forget, RELATIONS, "key"),
-                                  "generated": wrong_entity(f_after_paper.pop("results"), forget_subjects)}}
+                                  "generated": wrong_entity(f_after_paper.pop("results"), forget_subjects)},
+                        "biased": {**_kb_wrong_entity(kb, forget, RELATIONS, "entity"),
+                                   "generated": wrong_entity(f_after_biased.pop("results"), forget_subjects)}}
     unlearning = {"forget_before": f_before, "forget_after": f_after_res["precision"], "retain_before": r_before,
                   "retain_after": r_after, "forget_after_paper": f_after_paper["precision"],
                   "retain_before_paper": r_before_paper, "retain_after_paper": r_after_paper,
+                  "forget_after_biased": f_after_biased["precision"], "retain_before_biased": r_before_biased,
+                  "retain_after_biased": r_after_biased,
                   "seconds": forget_seconds, "people": len(forget),
                   "facts_deleted": deleted, "forget_prompts": len(forget_items),
                   "retain_prompts": len(retain_items), "standard_forget": f_std}

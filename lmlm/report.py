@@ -164,33 +164,49 @@ def _ratio(row: dict | None, n: str = "n") -> str:
 
 
 def wrong_entity_lines(report: dict) -> list[str]:
-    """The table of lookups answered for someone else: entity-aware matching beside the paper's."""
+    """The table of lookups answered for someone else: entity-aware matching beside the paper's, and the
+    entity-aware one decoded with both biases (``--name-bias`` and ``--copy-bias``) where the run measured it."""
     w = report.get("wrong_entity")
     if not w:
         return []
     fp, ak, u = report["factual_precision"], report["added_knowledge"], report["unlearning"]
     d, a, c = w["deleted"], w["absent"], w["cloze"]
+    db, ab, cb = d.get("biased"), a.get("biased"), c.get("biased")
+
+    def lookups(row):
+        return _ratio(row, "lookups")
+
+    def share(row):
+        return f"{lookups(row)} ({_fmt(row.get('share'))})" if row else "–"
+
     rows = [
-        ("factual precision (cloze)", _fmt(fp["lmlm"]), _fmt(fp.get("lmlm_paper"))),
-        ("people added to the KB after training", _fmt(ak["lmlm"]), _fmt(ak.get("lmlm_paper"))),
-        ("forget set, after delete", _fmt(u["forget_after"]), _fmt(u.get("forget_after_paper"))),
+        ("factual precision (cloze)", _fmt(fp["lmlm"]), _fmt(fp.get("lmlm_paper")),
+         _fmt(fp.get("lmlm_name_copy_bias"))),
+        ("people added to the KB after training", _fmt(ak["lmlm"]), _fmt(ak.get("lmlm_paper")),
+         _fmt(ak.get("lmlm_name_copy_bias"))),
+        ("forget set, after delete", _fmt(u["forget_after"]), _fmt(u.get("forget_after_paper")),
+         _fmt(u.get("forget_after_biased"))),
         ("retain set, before / after delete", f"{_fmt(u['retain_before'])} / {_fmt(u['retain_after'])}",
-         f"{_fmt(u.get('retain_before_paper'))} / {_fmt(u.get('retain_after_paper'))}"),
-        ("`wrong_entity.deleted`: keys of deleted people looked up", _ratio(d), _ratio(d.get("paper"))),
-        ("... their cloze lookups after the delete", _ratio(d["generated"], "lookups"),
-         _ratio(d.get("paper", {}).get("generated"), "lookups")),
-        ("`wrong_entity.absent`: keys of people never in the KB", _ratio(a), _ratio(a.get("paper"))),
-        ("... their cloze lookups", _ratio(a["generated"], "lookups"), _ratio(a.get("paper", {}).get("generated"), "lookups")),
-        ("`wrong_entity.cloze`: cloze lookups answered from another entity", f"{_ratio(c, 'lookups')} ({_fmt(c['share'])})",
-         f"{_ratio(c.get('paper'), 'lookups')} ({_fmt(c.get('paper', {}).get('share'))})"),
+         f"{_fmt(u.get('retain_before_paper'))} / {_fmt(u.get('retain_after_paper'))}",
+         f"{_fmt(u.get('retain_before_biased'))} / {_fmt(u.get('retain_after_biased'))}"),
+        ("`wrong_entity.deleted`: keys of deleted people looked up", _ratio(d), _ratio(d.get("paper")), _ratio(db)),
+        ("... their cloze lookups after the delete", lookups(d["generated"]),
+         lookups(d.get("paper", {}).get("generated")), lookups((db or {}).get("generated"))),
+        ("`wrong_entity.absent`: keys of people never in the KB", _ratio(a), _ratio(a.get("paper")), _ratio(ab)),
+        ("... their cloze lookups", lookups(a["generated"]), lookups(a.get("paper", {}).get("generated")),
+         lookups((ab or {}).get("generated"))),
+        ("`wrong_entity.cloze`: cloze lookups answered from another entity", share(c), share(c.get("paper")),
+         share(cb)),
     ]
     misses = ", ".join(f"{k} {v}" for k, v in sorted(c["misses"]["by_reason"].items())) or "none"
     return ["## Lookups answered for someone else", "",
             "Entity-aware matching (the default: the entity first, by exact name, alias, the names in the text "
             "so far, then a fuzzy match with a margin; then the relation among its keys) beside the paper's "
-            "single-key cosine (0.6) on the same model and KB.", "",
-            "| what | entity-aware | paper's single-key match |", "|---|---:|---:|",
-            *[f"| {a_} | {b} | {c_} |" for a_, b, c_ in rows], "",
+            "single-key cosine (0.6) on the same model and KB, and entity-aware matching decoded with both biases "
+            f"(`--name-bias {fp.get('name_bias') or 0:g} --copy-bias {ak.get('copy_bias') or 0:g}`; the key rows "
+            "look up the same keys, without decoding).", "",
+            "| what | entity-aware | paper's single-key match | entity-aware, both biases |", "|---|---:|---:|---:|",
+            *[f"| {' | '.join(r)} |" for r in rows], "",
             f"Why the entity-aware cloze lookups missed: {misses}.", ""]
 
 

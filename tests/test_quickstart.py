@@ -35,9 +35,10 @@ def test_report_contract(run):
     assert _unit(report["added_knowledge"]["lmlm"]) and _unit(report["edits"]["lmlm"])
     for k in ("lmlm_copy_bias", "lmlm_name_bias", "lmlm_name_copy_bias"):  # the same items, biased decoding
         assert _unit(report["added_knowledge"][k])
-    assert _unit(fp["lmlm_name_bias"]) and fp["name_bias"] > 0
+    assert _unit(fp["lmlm_name_bias"]) and fp["name_bias"] > 0 and _unit(fp["lmlm_name_copy_bias"])
     u = report["unlearning"]
-    for k in ("forget_before", "forget_after", "retain_before", "retain_after"):
+    for k in ("forget_before", "forget_after", "retain_before", "retain_after", "forget_after_biased",
+              "retain_before_biased", "retain_after_biased"):
         assert _unit(u[k])
     assert u["seconds"] > 0 and u["facts_deleted"] == 6 * u["people"]
     p = report["perplexity"]
@@ -84,6 +85,7 @@ def test_precision_split_by_stated_and_kb_only_facts(run):
     assert stated == world.stats()["triples"]["facts_stated"]
     md = (out / "report.md").read_text()
     assert "KB only" in md and "stated in training text" in md and "added people" in md
+    assert "| entity-aware | paper's single-key match | entity-aware, both biases |" in md
 
 
 def test_knowledge_lives_in_the_kb(run):
@@ -102,7 +104,11 @@ def test_knowledge_lives_in_the_kb(run):
     # generated text about them: only where the model itself wrote another person's exact name
     for g in (w["deleted"], w["absent"]):
         assert g["generated"]["wrong"] < g["paper"]["generated"]["wrong"]
-        assert all(query == matched for _, query, matched in g["generated"]["examples"])
+        # decoded with both biases (name and copy) as well
+        assert max(g["generated"]["wrong"], g["biased"]["generated"]["wrong"]) < g["paper"]["generated"]["wrong"]
+        for row in (g, g["biased"]):
+            assert all(query == matched for _, query, matched in row["generated"]["examples"])
+    assert u["forget_after_biased"] <= 0.05 and w["deleted"]["biased"]["wrong"] == 0
     assert w["deleted"]["paper"]["wrong"] == w["deleted"]["paper"]["n"] > 0
     assert w["cloze"]["share"] <= w["cloze"]["paper"]["share"]
     # the deletes are in the KB's log and unreachable by exact lookup
