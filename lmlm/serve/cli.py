@@ -31,8 +31,10 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
           threads: Optional[int] = typer.Option(None, min=1,
                                                 help="torch CPU threads (default: one less than the cores)"),
           log_level: str = typer.Option("info", help="uvicorn's: warning hides the access log"),
-          copy_bias: float = typer.Option(0.0, min=0.0, help="as lmlm generate --copy-bias, for every request"),
-          name_bias: float = typer.Option(0.0, min=0.0, help="as lmlm generate --name-bias, for every request"),
+          copy_bias: float = typer.Option(5.0, min=0.0, help="as lmlm generate --copy-bias, for every request "
+                                          "(0: the paper's decoding)"),
+          name_bias: float = typer.Option(10.0, min=0.0, help="as lmlm generate --name-bias, for every request "
+                                          "(0: the paper's decoding)"),
           demo: Optional[Path] = typer.Option(None, help="train a tiny demo model and KB in this folder and serve "
                                                          "them (seconds on a CPU)")):
     """Serve generation with lookup traces, KB endpoints and a web page (API docs at /docs)."""
