@@ -140,8 +140,7 @@ class RowGrammar:
             ids = self.trie.next_tokens(row)
             if ids is not None:  # the tree ends every path, so no field needs cutting
                 ids, in_tree = ids.to(logits.device), True
-                keep = logits[ids]
-                logits = logits.fill_(_NEG_INF).index_copy_(0, ids, keep)
+                logits = torch.full_like(logits, _NEG_INF).index_copy_(0, ids, logits[ids])
         done = output_ids[:self.seen]  # the request's prompt ends with the call or value the biases are about
         if self.copy_bias and self.kind == 4 and self.pos == n - 1 and len(done) < len(self.copy) \
                 and done == self.copy[:len(done)] and len(done) <= 2 * self.max_field_tokens:
