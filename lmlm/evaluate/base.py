@@ -17,7 +17,8 @@ from typing import Any
 
 from ..lookup import PAPER_TOKENS, LookupTokens
 
-__all__ = ["Protocol", "mean", "output_text", "outputs_of", "read_json_records", "trace_dicts", "write_results"]
+__all__ = ["Protocol", "mean", "output_text", "outputs_of", "read_json_records", "trace_dicts", "write_results",
+           "same_entity", "lookup_metrics"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,31 @@ def outputs_of(generator, results) -> list[str]:
 def trace_dicts(result) -> list[dict]:
     """The lookups of a generation result as plain dicts (``GenerationResult.trace``)."""
     return [t.to_dict() if hasattr(t, "to_dict") else dict(vars(t)) for t in getattr(result, "trace", [])]
+
+
+def same_entity(a: str | None, b: str | None) -> bool:
+    """Whether two entity names are the same after case folding and whitespace (``"ada  Lind"`` = ``"Ada Lind"``)."""
+    return a is not None and b is not None and " ".join(a.casefold().split()) == " ".join(b.casefold().split())
+
+
+def lookup_metrics(protocol: Protocol, results, subjects) -> dict[str, float]:
+    """How the lookups of ``results`` (one per item about ``subjects[i]``) were answered.
+
+    ``lookup_found``: share of items with a lookup the KB answered with a fact about the item's
+    subject (the matched entity, or the query's entity that the KB resolved, is the subject; any
+    answer where an item names no subject); ``lookup_answered``: with any answer;
+    ``lookup_wrong_entity``: items whose answers were all about someone else.
+    """
+    found, answered, wrong = [], [], 0
+    for r, subject in zip(results, subjects):
+        got = [t for t in getattr(r, "trace", []) if getattr(t, "found", False)]
+        right = any(not subject or same_entity(getattr(t, "matched_entity", None), subject)
+                    or same_entity(t.query_entity, subject) for t in got)
+        found.append(right)
+        answered.append(bool(got))
+        wrong += bool(got) and not right
+    return {protocol.key("lookup_found"): mean(found), protocol.key("lookup_answered"): mean(answered),
+            protocol.key("lookup_wrong_entity"): float(wrong)}
 
 
 def write_results(path: str | Path, protocol: Protocol, metrics: Mapping[str, float],

@@ -25,6 +25,7 @@ import numpy as np
 from ..lookup import Lookup, Segment
 from ..scoring import token_logprobs
 from ..tokens import CALL, ORG, ROLE_NAMES, VALUE, Encoded, LookupTokenizer
+from .base import same_entity
 
 __all__ = ["static_perplexity", "dynamic_perplexity", "standard_perplexity", "role_losses",
            "same_entity"]
@@ -101,11 +102,6 @@ def standard_perplexity(model, tok: LookupTokenizer, texts: Sequence[str], batch
     if groups is not None:
         out["by_group"] = _by_group(agg, perplexity="org_nll")
     return out
-
-
-def same_entity(a: str | None, b: str | None) -> bool:
-    """Whether two entity names are the same after case folding and whitespace (``"ada  Lind"`` = ``"Ada Lind"``)."""
-    return a is not None and b is not None and " ".join(a.casefold().split()) == " ".join(b.casefold().split())
 
 
 def dynamic_perplexity(generator, documents: Sequence[Sequence[Segment]], batch_size: int = 16,

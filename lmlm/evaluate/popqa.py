@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import Protocol, mean, outputs_of, read_json_records, trace_dicts
+from .base import Protocol, lookup_metrics, mean, outputs_of, read_json_records, trace_dicts
 
 __all__ = [
     "COMPLETIONS",
@@ -224,15 +224,15 @@ def popqa_eval(generator, items: Sequence[QAItem], *, force_lookup: bool = False
 
     Returns:
         ``popqa_accuracy`` (any gold answer in the lookup-stripped output), ``popqa_n``,
-        ``popqa_lookup_found`` and per-relation accuracy.
+        ``popqa_lookup_found`` (a KB fact about the item's subject; ``popqa_lookup_answered``: any,
+        ``popqa_lookup_wrong_entity``: items answered only about someone else) and per-relation accuracy.
     """
     results = generator.generate([it.prompt for it in items], max_new_tokens=max_new_tokens,
                                  batch_size=batch_size, force_lookup=force_lookup)
     outputs = outputs_of(generator, results)
     hits = [answer_in_output(o, it.answers) for o, it in zip(outputs, items)]
-    found = [any(getattr(t, "found", False) for t in getattr(r, "trace", [])) for r in results]
     out = {POPQA.key("accuracy"): mean(hits), POPQA.key("n"): float(len(items)),
-           POPQA.key("lookup_found"): mean(found)}
+           **lookup_metrics(POPQA, results, [it.subject for it in items])}
     if by_relation:
         for rel in sorted({it.relation for it in items if it.relation}):
             key = POPQA.key("accuracy_" + rel.replace(" ", "_"))

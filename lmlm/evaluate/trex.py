@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Protocol, mean, outputs_of, trace_dicts
+from .base import Protocol, lookup_metrics, mean, outputs_of, trace_dicts
 from .cloze import match_first_content_words
 
 __all__ = ["MASK", "TREX", "TrexItem", "cloze_prompt", "read_trex", "score_trex", "trex_eval"]
@@ -148,17 +148,17 @@ def trex_eval(generator, items: Sequence[TrexItem], *, force_lookup: bool = True
 
     Returns:
         ``trex_exact_match``, ``trex_precision_at_1``, ``trex_n``, ``trex_lookup_found`` (share of
-        items whose output used a KB fact) and per-relation exact match.
+        items whose output used a KB fact about the item's subject; ``trex_lookup_answered``: any
+        fact, ``trex_lookup_wrong_entity``: items answered only about someone else) and per-relation
+        exact match.
     """
     results = generator.generate([it.prompt for it in items], max_new_tokens=max_new_tokens,
                                  batch_size=batch_size, force_lookup=force_lookup)
     outputs = outputs_of(generator, results)
     scores = score_trex(outputs, items, n_words)
-    found = [any(getattr(t, "found", False) for t in getattr(r, "trace", [])) for r in results]
     out = {TREX.key("exact_match"): mean(s["exact_match"] for s in scores),
            TREX.key("precision_at_1"): mean(s["precision_at_1"] for s in scores),
-           TREX.key("n"): float(len(items)),
-           TREX.key("lookup_found"): mean(found)}
+           TREX.key("n"): float(len(items)), **lookup_metrics(TREX, results, [it.subject for it in items])}
     if by_relation:
         for rel in sorted({it.relation for it in items if it.relation}):
             out[TREX.key(f"exact_match_{rel}")] = mean(s["exact_match"] for s, it in zip(scores, items)

@@ -48,7 +48,8 @@ class ScriptedGenerator:
             segs = parse(self.outputs.get(p, "")).segments
             res.append(SimpleNamespace(prompt=p, text=self.outputs.get(p, ""), clean_text=strip(segs), segments=segs,
                                        trace=[SimpleNamespace(found=True, value=s.value, query_entity=s.entity,
-                                                              query_relation=s.relation) for s in segs
+                                                              query_relation=s.relation, matched_entity=s.entity)
+                                              for s in segs
                                               if isinstance(s, Lookup)]))
         return res
 

@@ -90,6 +90,12 @@ def test_trex_eval_metrics_by_hand(tmp_path):
     assert m["trex_exact_match"] == pytest.approx(2 / 3)   # Paris, actor (3rd content word)
     assert m["trex_precision_at_1"] == pytest.approx(1 / 3)  # Paris only
     assert m["trex_n"] == 3.0 and m["trex_lookup_found"] == pytest.approx(2 / 3)
+    assert m["trex_lookup_answered"] == pytest.approx(2 / 3) and m["trex_lookup_wrong_entity"] == 0
+    # a lookup answered about someone else is an answer, not a find
+    gen.outputs["Bram Moss was born in"] = "[dblookup('Ada Lind', 'Birth City') -> Paris] Paris."
+    m = trex_eval(gen, items)
+    assert m["trex_lookup_found"] == pytest.approx(1 / 3) and m["trex_lookup_answered"] == pytest.approx(2 / 3)
+    assert m["trex_lookup_wrong_entity"] == 1
     assert m["trex_exact_match_P19"] == 0.5 and m["trex_exact_match_P106"] == 1.0
     assert all(k.startswith("trex_") for k in m)
     assert records[0]["output"] == "Paris." and records[0]["lookups"]  # lookups stripped, kept in the record
