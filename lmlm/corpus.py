@@ -155,8 +155,8 @@ def document_from_record(row: Any, where: str, fallback_id: str) -> Document:
 
 def _open_text(path: Path):
     if path.suffix.lower() == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8-sig")
+    return open(path, encoding="utf-8-sig")  # a byte-order mark (Excel's "CSV UTF-8", Notepad) is no text
 
 
 def _records(path: Path) -> Iterator[tuple[str, Any]]:
@@ -228,8 +228,8 @@ def csv_rows(path: str | Path) -> Iterator[tuple[str, dict]]:
     tsv = [x.lower() for x in path.suffixes if x.lower() != ".gz"][-1:] == [".tsv"]
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # a document is one field: often over 128 KB
     try:
-        with (gzip.open(path, "rt", encoding="utf-8", newline="") if path.suffix.lower() == ".gz"
-              else open(path, encoding="utf-8", newline="")) as f:
+        with (gzip.open(path, "rt", encoding="utf-8-sig", newline="") if path.suffix.lower() == ".gz"
+              else open(path, encoding="utf-8-sig", newline="")) as f:
             rows = csv.DictReader(f, delimiter="\t" if tsv else ",")
             for row in rows:
                 yield f"{path}:{rows.line_num}", row

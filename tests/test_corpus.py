@@ -87,6 +87,10 @@ def test_csv_and_tsv_rows_are_documents(tmp_path):
     assert (doc.id, doc.text, doc.split) == ("1", PLAIN, "heldout")  # no id: its row number
     (tmp_path / "EXPORT.CSV").write_text(f"text\n{PLAIN}\n", encoding="utf-8")  # a suffix in capitals
     assert [d.text for d in read_documents(tmp_path / "EXPORT.CSV")] == [PLAIN]
+    for name, body in (("bom.csv", f"text,title\r\n{PLAIN},A\r\n"), ("bom.jsonl", json.dumps({"text": PLAIN})),
+                       ("bom.txt", PLAIN + "\n")):  # Excel's "CSV UTF-8" and Notepad begin with a byte-order mark
+        (tmp_path / name).write_text("\ufeff" + body, encoding="utf-8")
+        assert [d.text for d in read_documents(tmp_path / name)] == [PLAIN], name
     (tmp_path / "wide.csv").write_text("id,text\na,one,two\n")
     with pytest.raises(CorpusError, match="wide.csv:2: 3 cells under a header of 2 columns"):
         read_documents(tmp_path / "wide.csv")

@@ -80,7 +80,7 @@ def detect_format(path: str | Path) -> str:
         return "csv" if "entity" in _csv_header(path) else "corpus"
     if path.is_file():
         try:
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8-sig") as f:
                 for line in f:
                     if line.strip():
                         try:
@@ -178,7 +178,7 @@ def _csv_header(path: Path) -> list[str]:
     import csv
 
     try:
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8-sig", newline="") as f:
             return [c.strip() for c in next(csv.reader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ","),
                                             [])]
     except (UnicodeDecodeError, OSError, csv.Error):
@@ -308,7 +308,7 @@ def read_aliases(path: str | Path) -> list[tuple[str, str]]:
     if not path.is_file():
         raise FileNotFoundError(f"no alias file at {path}")
     out = []
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -81,7 +81,8 @@ def test_csv_and_tsv_triples_and_corpora(tmp_path, encoder):
     (tmp_path / "t.csv").write_text('entity,relation,value,source,position\n'
                                     '"Lovelace, Ada",Birth City,London,bio-ada,16\n'
                                     'Alan Turing,Occupation,"mathematician,\nlogician",,\n', encoding="utf-8")
-    (tmp_path / "t.tsv").write_text("entity\trelation\tvalue\nGrace Hopper\tEmployer\tUS Navy\n", encoding="utf-8")
+    (tmp_path / "t.tsv").write_text("\ufeffentity\trelation\tvalue\nGrace Hopper\tEmployer\tUS Navy\n",
+                                    encoding="utf-8")  # with the byte-order mark spreadsheets write
     assert (detect_format(tmp_path / "t.csv"), detect_format(tmp_path / "t.tsv")) == ("csv", "csv")
     kb = KnowledgeBase.create(tmp_path / "kb", encoder=encoder)
     kb.import_file(tmp_path / "t.csv")
