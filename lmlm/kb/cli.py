@@ -86,22 +86,59 @@ def kb_edit(path: Path, entity: str, relation: str, value: str, who: str = typer
     console.print(f"version {_kb_call(kb.edit, entity, relation, value, who=who, why=why)}")
 
 
-def _read_forget_set(path: Path) -> list:
+def _read_forget_set(path: Path) -> list[tuple[int, object]]:
+    """``(line, item)`` of each item of a JSONL forget set; ValueError names a line that is no item."""
+    from .store_deletes import forget_item
+
     items = []
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     for lineno, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                items.append(json.loads(line))
+                item = json.loads(line)
             except ValueError as e:
                 raise ValueError(f"{path}:{lineno}: not a JSON line: {e}") from None
+            try:
+                forget_item(item, lineno)
+            except (ValueError, TypeError):
+                raise ValueError(f"{path}:{lineno}: not a forget item ({{\"id\"}}, {{\"source\"}}, {{\"entity\"}} "
+                                 f"or {{\"entity\", \"relation\"[, \"value\"]}}): {line.strip()[:80]}") from None
+            items.append((lineno, item))
     if not items:
         raise ValueError(f"{path}: the forget set is empty (one {{id}}, {{source}}, {{entity}} or "
                          f"{{entity, relation}} per line)")
     return items
+
+
+def _never_held(kb, item) -> str | None:
+    """What a forget item names that no version of ``kb`` held (None: it held it, deleted or not)."""
+    from .keys import normalize_value
+    from .store_deletes import forget_item
+
+    kind, _ = forget_item(item, 0)
+    if kind == "id":
+        tid = int(item if not isinstance(item, dict) else item.get("id", item.get("triple_id")))
+        return None if _held_id(kb, tid) else f"no triple with id {tid}"
+    if kind == "source":
+        return f"never held the source {item['source']!r}" if kb.never_held(source=str(item["source"])) else None
+    fields = item if isinstance(item, dict) else dict(zip(("entity", "relation", "value"), item))
+    entity, relation, value = fields.get("entity"), fields.get("relation"), fields.get("value")
+    if kb.never_held(entity=entity):
+        found = kb.explain(entity, relation or "-")
+        cands = [found.entity] if found.entity else [c for c, _ in getattr(found, "candidates", ())][:3]
+        return f"never held the entity {entity!r}" + (f" (closest: {', '.join(map(repr, cands))})" if cands else "")
+    if relation is None:
+        return None
+    history = kb.history(entity, relation)
+    if not history:
+        return f"never held the key ({entity!r}, {relation!r})"
+    if value is not None and all(normalize_value(r.value) != normalize_value(str(value)) for r in history):
+        held = ", ".join(repr(r.value) for r in history[:3])
+        return f"never held ({entity!r}, {relation!r}) = {value!r} (it held {held})"
+    return None
 
 
 @app.command("delete")
@@ -119,7 +156,14 @@ def kb_delete(path: Path, triple_id: List[int] = typer.Option(None, "--id"), ent
     if forget:
         if not forget.is_file():
             _fail(f"no forget set at {forget}")
-        n = _kb_call(lambda: kb.forget(_read_forget_set(forget), who=who, why=why))
+        items = _kb_call(_read_forget_set, forget)
+        never = [f"{forget}:{line}: {why_not}" for line, item in items if (why_not := _never_held(kb, item))]
+        if never:  # a typo deletes nothing and says so; the set is applied whole or not at all
+            _fail(f"{len(never)} of {len(items)} forget items name what {path} never held, so nothing was deleted: "
+                  + "; ".join(never[:5]) + ("; ..." if len(never) > 5 else ""))
+        n = _kb_call(lambda: kb.forget([item for _, item in items], who=who, why=why))
+        if n == 0:
+            err.print("no active fact matched: they were deleted before (`lmlm kb log` says when)", highlight=False)
     else:
         n = _kb_call(kb.delete, triple_ids=triple_id or None, entity=entity, relation=relation, source=source,
                      who=who, why=why)
@@ -144,6 +188,26 @@ def _nothing_deleted(kb, path: Path, triple_ids, entity, relation, source) -> No
             close = f" (closest: {', '.join(map(repr, cands))})" if cands else ""
         _fail(f"{path} never held " + " or ".join(f"the {k} {names[k]!r}" for k in never) + close
               + "; `lmlm kb search` finds what it holds")
+    given = [k for k in names if names[k] is not None] + (["id"] if triple_ids else [])
+    if len(given) > 1:  # each name held, but maybe never together: a fact with all of them, deleted or not?
+        from .keys import normalize_text as norm
+
+        def fits(r) -> bool:
+            return ((entity is None or norm(r.entity) == norm(entity)) and (source is None or any(
+                d == source for d, _ in r.sources)) and (relation is None or norm(r.relation) == norm(relation)))
+        if triple_ids:
+            records = [kb.get(i) for i in triple_ids]
+        elif entity is not None and relation is not None:
+            records = kb.history(entity, relation)
+        else:
+            records = None  # no cheap way to look: say both possibilities
+        if records is not None and not any(fits(r) for r in records):
+            _fail(f"no fact of {path}, active or deleted, has all of " + ", ".join(
+                f"--{k} {names.get(k) if k != 'id' else ','.join(map(str, triple_ids))!s}" for k in given))
+        if records is None:
+            err.print("no active fact matched these filters together: deleted before, or none ever had them all "
+                      "(`lmlm kb log` says what was deleted)", highlight=False)
+            return
     err.print("no active fact matched: they were deleted before (`lmlm kb log` says when)", highlight=False)
 
 

@@ -108,6 +108,24 @@ def test_a_forget_set_deletes_a_whole_entity_and_a_delete_of_nothing_says_why(tm
         res = runner.invoke(app, [str(a) for a in ["kb", "delete", kb, *args]])
         assert res.exit_code == 2 and msg in " ".join(res.output.split()), res.output
     assert json.loads(_ok(["kb", "stats", kb]))["triples"] == 1
+    # names each held, never together: not "deleted before"
+    res = runner.invoke(app, [str(a) for a in ["kb", "delete", kb, "--id", "3", "--entity", "Ada Lovelace"]])
+    assert res.exit_code == 2 and "no fact of" in res.output and "has all of" in res.output, res.output
+    # a forget set with lines naming what the KB never held deletes nothing and names each line
+    (tmp_path / "typos.jsonl").write_text('{"entity": "Alan Turing", "relation": "Birth City", "value": "Paris"}\n'
+                                          '{"entity": "Alan Turin"}\n{"id": 99}\n{"source": "bio-x"}\n'
+                                          '{"entity": "Alan Turing", "relation": "Birth City"}\n')
+    res = runner.invoke(app, [str(a) for a in ["kb", "delete", kb, "--forget", tmp_path / "typos.jsonl"]])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 2 and "4 of 5 forget items" in out, out
+    for line, msg in ((1, "= 'Paris' (it held 'London')"), (2, "never held the entity 'Alan Turin' (closest: "
+                                                               "'Alan Turing')"), (3, "no triple with id 99"),
+                      (4, "never held the source 'bio-x'")):
+        assert f"typos.jsonl:{line}: " in out and msg in out, (line, out)
+    assert json.loads(_ok(["kb", "stats", kb]))["triples"] == 1  # nothing deleted, the good line included
+    (tmp_path / "bad.jsonl").write_text('{"entity": "Alan Turing", "relation": "Birth City"}\n{"foo": 1}\n')
+    res = runner.invoke(app, [str(a) for a in ["kb", "delete", kb, "--forget", tmp_path / "bad.jsonl"]])
+    assert res.exit_code == 2 and "bad.jsonl:2: not a forget item" in " ".join(res.output.split()), res.output
 
 
 @pytest.mark.slow
