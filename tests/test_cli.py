@@ -76,6 +76,11 @@ def test_world_and_kb_commands(tmp_path):
     assert res.exit_code == 0 and "deleted 1 aliases" in res.output
     assert runner.invoke(app, ["kb", "alias", "delete", str(kb), "The Subject"]).exit_code == 2
     assert runner.invoke(app, ["kb", "alias", "add", str(kb), "only-one"]).exit_code == 2
+    # the name of another entity with facts is no alias: once that entity is deleted, it would answer for it
+    other = next(json.loads(x)["entity"] for x in (world / "triples.jsonl").read_text().splitlines()
+                 if json.loads(x)["entity"] != row["entity"])
+    res = runner.invoke(app, ["kb", "alias", "add", str(kb), other, row["entity"]])
+    assert res.exit_code == 2 and "is the name of an entity with facts" in " ".join(res.output.split()), res.output
     res = runner.invoke(app, ["kb", "delete", str(kb), "--entity", row["entity"], "--why", "test"])
     assert res.exit_code == 0 and "deleted" in res.output
     res = runner.invoke(app, ["kb", "lookup", str(kb), row["entity"], row["relation"]])

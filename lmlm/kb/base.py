@@ -411,17 +411,19 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
             return version
 
     # -- aliases (their lookups: lmlm.kb.resolve) -----------------------------------------------------------------------------------
-    def add_aliases(self, pairs: Iterable[tuple[str, str]], who: str = "lmlm", why: str = "") -> int:
+    def add_aliases(self, pairs: Iterable[tuple[str, str]], who: str = "lmlm", why: str = "",
+                    strict: bool = False) -> int:
         """Record other names of entities, ``(alias, entity)`` pairs, as one version; returns it.
 
         An alias is another way the text may name an entity: a short name, ``"Lovelace, Ada"``, a
         Wikipedia redirect. An alias of an entity with no facts is kept and used once it has some;
-        deleting an entity's last fact deletes its aliases.
+        deleting an entity's last fact deletes its aliases. ``strict``: refuse (ValueError) an alias that
+        is the name of another entity with facts, which would answer for it once that entity is deleted.
         """
         _check_who(who, why)
         pairs = [(clean_field(str(a), "alias"), clean_field(str(e), "entity")) for a, e in pairs]
         with self._lock:
-            version, n = self.store.add_aliases(pairs, who, why)
+            version, n = self.store.add_aliases(pairs, who, why, strict=strict)
             if n:
                 self._after_write(adds_keys=False)
             return version

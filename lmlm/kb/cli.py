@@ -257,7 +257,7 @@ def kb_alias_add(path: Path, alias: Optional[str] = typer.Argument(None, help="a
     pairs = _kb_call(read_aliases, file) if file is not None else [(alias, entity)]
     kb = _open_kb(path)
     before = kb.stats()["aliases"]
-    version = _kb_call(kb.add_aliases, pairs, who=who, why=why)
+    version = _kb_call(kb.add_aliases, pairs, who=who, why=why, strict=True)
     console.print(f"{kb.stats()['aliases'] - before} aliases added; version {version}")
     unknown = sorted(e for e in {e for _, e in pairs} if kb.never_held(e))  # one query an entity
     if unknown:  # kept: an alias of an entity without facts is used once it has some

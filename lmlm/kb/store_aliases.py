@@ -42,9 +42,11 @@ class StoredAliases:
                 "   WHERE ka.entity_id = e.id AND a.deleted_version IS NULL))", (v, v))
 
     # -- aliases -----------------------------------------------------------------------------------
-    def add_aliases(self, pairs: Sequence[tuple[str, str]], who: str, why: str) -> tuple[int, int]:
+    def add_aliases(self, pairs: Sequence[tuple[str, str]], who: str, why: str,
+                    strict: bool = False) -> tuple[int, int]:
         """Record ``(alias, entity)`` pairs as one version (op ``alias``); pairs already active change
-        nothing. Returns (version, number added)."""
+        nothing. Returns (version, number added). ``strict``: ValueError for an alias that is the name of
+        another entity with facts (a bulk import of redirects keeps them: the entity's own name wins)."""
         rows = {}
         for alias, entity in pairs:
             an, en = normalize_text(alias), normalize_text(entity)
@@ -58,6 +60,12 @@ class StoredAliases:
                 active.update(self._x(f"SELECT alias_norm, entity_norm FROM aliases WHERE deleted_version IS NULL"
                                       f" AND alias_norm IN ({_marks(len(ch))})", list(ch)).fetchall())
             new = [r for k, r in rows.items() if k not in active]
+            for r in new if strict else ():  # an alias names one entity, not another one with facts
+                if self._x("SELECT 1 FROM entities e JOIN keys k ON k.entity_id = e.id"
+                           " JOIN triples t ON t.key_id = k.id WHERE e.name_norm = ? AND t.deleted_version IS NULL"
+                           " LIMIT 1", (r[1],)).fetchone():
+                    raise ValueError(f"{r[0]!r} is the name of an entity with facts: it cannot also name {r[2]!r} "
+                                     f"(delete its facts first, or choose another alias)")
             if not new:
                 return self.version(), 0
             v = self._new_version("alias", who, why)
