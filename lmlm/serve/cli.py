@@ -19,7 +19,7 @@ err = Console(stderr=True)
 
 def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint folder"),
           kb: Optional[Path] = typer.Option(None, help="knowledge base folder (default: the checkpoint's)"),
-          host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
+          host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000, min=0, max=65535),
           token: Optional[str] = typer.Option(None, envvar="LMLM_SERVE_TOKEN",
                                               help="bearer token for KB writes (default: a random one, printed)"),
           read_only: bool = typer.Option(False, help="refuse every KB write"),
@@ -43,6 +43,8 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
     from ..cli_errors import check_device
 
     check_device(device)
+    if log_level.lower() not in ("critical", "error", "warning", "info", "debug", "trace"):
+        _fail(f"--log-level must be critical, error, warning, info, debug or trace, got {log_level!r}")
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         _fail(f"--threshold must be a similarity between 0 and 1, got {threshold}")
     try:
@@ -67,7 +69,19 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
         limits = ServeLimits(max_new_tokens=max_new_tokens, max_concurrent=max_concurrent, max_batch=max_batch)
     except ValueError as e:
         _fail(str(e))
+    import socket
+
+    from ..cli_errors import user_errors
+    from ..kb import KBError
+
+    try:  # a port taken, or a host that is no address here, before the model is loaded
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
     err.print(f"serving on http://{host}:{port}/  (API docs: http://{host}:{port}/docs)")
     threads = threads or max(1, (os.cpu_count() or 2) - 1)  # a core for the HTTP side
-    run(model, kb, host=host, port=port, token=None if read_only else token, limits=limits, device=device,
-        threshold=threshold, threads=threads, log_level=log_level, copy_bias=copy_bias, name_bias=name_bias)
+    with user_errors(KBError, ValueError):
+        run(model, kb, host=host, port=port, token=None if read_only else token, limits=limits, device=device,
+            threshold=threshold, threads=threads, log_level=log_level.lower(), copy_bias=copy_bias,
+            name_bias=name_bias)

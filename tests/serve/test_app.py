@@ -313,3 +313,24 @@ def test_the_server_decodes_with_the_biases_it_was_started_with(make_client, aut
     before = _generate(plain, prompt, force_lookup=True)["trace"][0]
     after = _generate(named, prompt, force_lookup=True)["trace"][0]
     assert before["query_entity"] != "Zed Quill" and after["query_entity"] == "Zed Quill"
+
+
+def test_serve_refuses_bad_startup_options_in_one_line(demo, tmp_path):
+    """A KB that is not there or not a KB, a port taken, a log level uvicorn lacks: one line, exit 2."""
+    import socket
+
+    from typer.testing import CliRunner
+
+    from lmlm.cli import app
+
+    (tmp_path / "facts.jsonl").write_text('{"entity": "A", "relation": "B", "value": "C"}\n')
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        for extra, message in ((["--kb", str(tmp_path / "none")], "no knowledge base at"),
+                               (["--kb", str(tmp_path / "facts.jsonl")], "is not a knowledge base"),
+                               (["--port", str(port)], f"cannot listen on 127.0.0.1:{port}"),
+                               (["--log-level", "loud"], "--log-level must be")):
+            res = CliRunner().invoke(app, ["serve", "--model", str(demo.model_dir), *extra])
+            out = " ".join(res.output.split())
+            assert res.exit_code == 2 and "error: " in out and message in out, res.output
+            assert "Traceback" not in res.output
