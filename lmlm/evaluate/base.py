@@ -115,7 +115,7 @@ def write_results(path: str | Path, protocol: Protocol, metrics: Mapping[str, fl
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"protocol": asdict(protocol), "metrics": dict(metrics), "config": dict(config or {}),
            "records": records or []}
-    path.write_text(json.dumps(doc, indent=2, default=str, allow_nan=True) + "\n")
+    path.write_text(json.dumps(_no_nan(doc), indent=2, default=str, allow_nan=False) + "\n")
     return path
 
 
@@ -137,3 +137,14 @@ def read_json_records(path: str | Path) -> list[dict]:
     if not stripped:
         return []
     raise ValueError(f"{path}: neither JSON nor JSON lines")
+
+
+def _no_nan(x):
+    """``x`` with every float NaN or infinity as None: strict JSON, as the metrics line prints them."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _no_nan(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_no_nan(v) for v in x]
+    return x

@@ -19,7 +19,14 @@ eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a checkpoint: perple
 MODEL = typer.Option(..., "--model", help="checkpoint folder (written by lmlm train / quickstart)")
 KB = typer.Option(None, "--kb", help="KB folder (default: the checkpoint's KB; ignored for Standard models)")
 DATA = typer.Option(..., "--data", help="the benchmark file, in its official format")
-OUT = typer.Option(None, "--out", help="results JSON (default: eval-<protocol>.json)")
+def _check_out(out: Path | None) -> Path | None:
+    """``--out`` is a file to write, checked before the evaluation runs."""
+    if out is not None and out.is_dir():
+        raise typer.BadParameter(f"{out} is a folder: give a file to write, e.g. {out / 'results.json'}")
+    return out
+
+
+OUT = typer.Option(None, "--out", help="results JSON (default: eval-<protocol>.json)", callback=_check_out)
 LIMIT = typer.Option(None, "--limit", min=1, help="evaluate the first N items only")
 BATCH = typer.Option(16, "--batch-size", min=1, help="rows per batch")
 NO_DB = typer.Option(False, "--no-db", help="ablation: no database, lookup tokens banned")

@@ -108,3 +108,20 @@ def test_rag_command(world, run_dir, tmp_path):
     res = runner.invoke(eval_app, ["rag", "--model", str(run_dir / "standard"), "--corpus", str(run_dir / "docs.jsonl"),
                                    "--data", str(data), "--task", "nope"])
     assert res.exit_code == 2 and "--task" in res.output
+
+
+def test_results_files_are_strict_json_and_out_is_a_file(tmp_path):
+    """A metric with no items (NaN) is null in the results file, as on the metrics line, so any JSON
+    reader takes it; ``--out`` naming a folder is refused before anything is evaluated."""
+    import math
+
+    from lmlm.evaluate.base import Protocol, write_results
+
+    path = write_results(tmp_path / "r.json", Protocol("x", "x_a"), {"x_a": math.nan, "x_b": 0.5},
+                         [{"precision": math.nan, "n": [1.0, math.inf]}])
+    doc = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in strict JSON"))
+    assert doc["metrics"] == {"x_a": None, "x_b": 0.5} and doc["records"] == [{"precision": None, "n": [1.0, None]}]
+    (tmp_path / "results").mkdir()
+    res = CliRunner().invoke(eval_app, ["trex", "--model", str(tmp_path / "none"), "--data", str(tmp_path / "d.jsonl"),
+                                        "--out", str(tmp_path / "results")])
+    assert res.exit_code == 2 and "Invalid value for '--out'" in res.output and "folder" in res.output, res.output
