@@ -69,9 +69,32 @@ def _assign_splits(docs: list[Document], heldout: float, seed: int, has_facts) -
             for d in docs]
 
 
+def _fingerprint(src: Path) -> dict:
+    """The corpus file's size and, up to 512 MB, its SHA-256: a corpus edited in place is another corpus."""
+    import hashlib
+
+    if not src.is_file():
+        return {}
+    size = src.stat().st_size
+    if size > 512 << 20:
+        return {"bytes": size}
+    digest = hashlib.sha256()
+    with open(src, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": size, "sha256": digest.hexdigest()}
+
+
 def stage_corpus(recipe: Recipe, out: Path) -> dict:
     folder = out / "corpus"
     if (info := _done(folder)) is not None:
+        src = Path(info.get("path", ""))
+        was = info.get("fingerprint")
+        now = _fingerprint(src) if was else None
+        if was and now and any(was.get(k) != now.get(k) for k in was):
+            change = f"{was['bytes']} -> {now['bytes']} bytes" if was["bytes"] != now["bytes"] else "its contents"
+            raise RecipeError(f"{src} changed since {out} read it ({change}): rerun with --fresh to start over "
+                              f"on it, or give another --out")
         return info
     t = time.time()
     if not recipe.corpus.path:
@@ -81,7 +104,7 @@ def stage_corpus(recipe: Recipe, out: Path) -> dict:
         raise FileNotFoundError(f"no corpus at {src}")
     methods = recipe.annotate.methods
     limit = recipe.corpus.limit or None
-    info: dict[str, Any] = {"path": str(src)}
+    info: dict[str, Any] = {"path": str(src), "fingerprint": _fingerprint(src)}
     if _is_dump(src):
         if "given" in methods:
             raise RecipeError(f"annotate.methods: 'given' needs an annotated document file, and {src} is a dump")
@@ -93,6 +116,10 @@ def stage_corpus(recipe: Recipe, out: Path) -> dict:
         if "infobox" in methods:
             raise RecipeError(f"annotate.methods: 'infobox' needs a Wikipedia dump (.xml/.xml.bz2), not {src}")
         annotated = read_documents(src)[:limit]
+        if methods == ["given"] and not any(d.num_calls for d in annotated):
+            raise RecipeError(f"annotate.methods = ['given'] takes the calls the documents carry, and none of the "
+                              f"{len(annotated)} documents of {src} has one: annotate them first (lmlm annotate), "
+                              f"or add another method")
     annotated = _assign_splits(annotated, recipe.corpus.heldout, recipe.seed, lambda d: d.num_calls > 0)
     plain = [Document(d.id, d.text, d.text, d.source, d.split, d.meta) for d in annotated]
     write_documents(folder / "documents.jsonl", plain)
@@ -250,15 +277,16 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
     if not _done(folder):
         docs = read_documents(out / "annotate" / "documents.jsonl")
         chunks = _chunks(docs, recipe.train.chunk_chars)
-        write_documents(folder / "train.jsonl", [d for d in chunks if d.split != "heldout"])
-        held = [d for d in chunks if d.split == "heldout"]
+        # only 'train' is trained on: a corpus's own 'test' or 'validation' documents are held out too
+        write_documents(folder / "train.jsonl", [d for d in chunks if d.split == "train"])
+        held = [d for d in chunks if d.split != "train"]
         if held:
             write_documents(folder / "heldout.jsonl", held)
         tokenizer = None
         if not recipe.train.init_from and recipe.train.tokenizer.startswith("bpe:"):
             from ..tokens import LookupTokenizer, train_bpe
 
-            tok = LookupTokenizer(train_bpe((d.text for d in docs if d.split != "heldout"),
+            tok = LookupTokenizer(train_bpe((d.text for d in docs if d.split == "train"),
                                             vocab_size=int(recipe.train.tokenizer[4:])))
             tok.save(folder / "tokenizer")
             tokenizer = str(folder / "tokenizer")

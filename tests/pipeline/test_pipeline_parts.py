@@ -232,3 +232,32 @@ def test_short_documents_are_seeded_and_an_annotator_that_cannot_be_checked_is_n
     assert layers["llm_distilled"] == {} and not (folder / "annotator" / "annotator.json").exists()
     assert sum(len(v) for v in layers["llm_seed"].values()) == 8 and any("too few" in m for m in logs)
     assert _done(folder / "annotator")["skipped"] == report["distill"]["skipped"]  # a rerun finds it decided
+
+
+def test_a_users_corpus_splits_calls_and_edits_at_the_pipelines_joints(tmp_path):
+    """``lmlm pipeline`` on a user's annotated file: only its ``train`` documents are trained on (their
+    ``validation`` and ``test`` ones are held out); text without one call under ``methods = ["given"]``
+    stops in one line; the corpus file edited in place after a run is refused, not silently reused."""
+    people = [("Ada Lovelace", "London", "train"), ("Marta Kowalska", "Gdansk", "validation"),
+              ("Bruno Keller", "Zurich", "test"), ("Chiara Russo", "Naples", "train")]
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": n, "split": s, "annotated": f"{n} was born in "
+                                          f"[dblookup('{n}', 'Birth City') -> {c}] {c}. {n} liked it."}) + "\n"
+                              for n, c, s in people))
+    run = ["pipeline", "wiki-cpu", "--corpus", str(corpus), "--out", str(tmp_path / "P"), "--no-progress",
+           "--set", 'annotate.methods=["given"]', "--set", "train.max_steps=1", "--set", "train.batch_size=1",
+           "--set", "train.seq_len=32"]
+    res = CliRunner().invoke(app, run)
+    assert res.exit_code == 0, res.output
+    splits = {f: sorted(json.loads(x)["split"] for x in (tmp_path / "P" / "data" / f).read_text().splitlines())
+              for f in ("train.jsonl", "heldout.jsonl")}
+    assert splits == {"train.jsonl": ["train", "train"], "heldout.jsonl": ["test", "validation"]}
+    with corpus.open("a") as f:  # the user adds a document to the same file
+        f.write(json.dumps({"annotated": "Isaac Newton was born in [dblookup('Isaac Newton', 'Birth City') -> "
+                                         "Woolsthorpe] Woolsthorpe."}) + "\n")
+    res = CliRunner().invoke(app, run)
+    assert res.exit_code == 2 and "changed since" in res.output and "--fresh" in res.output, res.output
+    (tmp_path / "plain.txt").write_text("Ada Lovelace was born in London.\nMarta Kowalska was born in Gdansk.\n")
+    res = CliRunner().invoke(app, [*run[:2], "--corpus", str(tmp_path / "plain.txt"), "--out", str(tmp_path / "Q"),
+                                   "--set", 'annotate.methods=["given"]'])
+    assert res.exit_code == 2 and "none of the 2 documents" in " ".join(res.output.split()), res.output
