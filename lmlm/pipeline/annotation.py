@@ -219,7 +219,7 @@ def _seed_choice(passages: list[Document], n: int, covered: set[str] = frozenset
     documents the infoboxes left without a call (``covered`` are the others) come first at each rank.
     Passages of ``min_chars`` or more first; shorter ones (a corpus of short documents) fill the rest."""
     train = [p for p in sorted(passages, key=lambda p: str(p.meta["doc"]) in covered)  # stable: corpus order kept
-             if p.split == "train" and p.text.strip()]
+             if p.split in (None, "train") and p.text.strip()]
     chosen: list[Document] = []
     for tier in ([p for p in train if len(p.text) >= min_chars], [p for p in train if len(p.text) < min_chars]):
         by_doc: dict[str, list[Document]] = {}

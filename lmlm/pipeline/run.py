@@ -278,15 +278,15 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
         docs = read_documents(out / "annotate" / "documents.jsonl")
         chunks = _chunks(docs, recipe.train.chunk_chars)
         # only 'train' is trained on: a corpus's own 'test' or 'validation' documents are held out too
-        write_documents(folder / "train.jsonl", [d for d in chunks if d.split == "train"])
-        held = [d for d in chunks if d.split != "train"]
+        write_documents(folder / "train.jsonl", [d for d in chunks if d.split in (None, "train")])
+        held = [d for d in chunks if d.split not in (None, "train")]
         if held:
             write_documents(folder / "heldout.jsonl", held)
         tokenizer = None
         if not recipe.train.init_from and recipe.train.tokenizer.startswith("bpe:"):
             from ..tokens import LookupTokenizer, train_bpe
 
-            tok = LookupTokenizer(train_bpe((d.text for d in docs if d.split == "train"),
+            tok = LookupTokenizer(train_bpe((d.text for d in docs if d.split in (None, "train")),
                                             vocab_size=int(recipe.train.tokenizer[4:])))
             tok.save(folder / "tokenizer")
             tokenizer = str(folder / "tokenizer")
