@@ -45,7 +45,9 @@ def token_logprobs(model, sequences: Sequence[Sequence[int]], batch_size: int = 
     """Log-probability of every token given its prefix; entry ``t`` scores ``ids[t + 1]``.
 
     Args:
-        sequences: token ids; longer than ``max_length`` (default: the model's context) are cut to it.
+        sequences: token ids; one longer than ``max_length`` (default: the model's context) is scored
+            in windows of that length, each half a window after the last, so every token is scored
+            once, after at least half a window of the text before it.
         batch_size: rows per forward pass (longest first, right padded with an attention mask, so
             every real token's score is exact).
         banned: token ids removed from the distribution first (their logits set to -inf), e.g. the
@@ -56,15 +58,27 @@ def token_logprobs(model, sequences: Sequence[Sequence[int]], batch_size: int = 
         One ``float32`` array of ``len(ids) - 1`` scores per sequence, in input order; with
         ``greedy``, ``(scores, is_argmax)`` pairs.
     """
+    import numpy as np
+
     model.eval()
     ctx = max_length or max_positions(model)
     device = next(model.parameters()).device
     ban = torch.tensor(sorted(set(banned)), dtype=torch.long, device=device)
-    out: list = [None] * len(sequences)
-    order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
+    windows = []  # (sequence, first score of the window's own, window start, ids)
+    for i, seq in enumerate(sequences):
+        seq, done, start = list(seq), 0, 0
+        while True:
+            w = seq[start:start + ctx]
+            windows.append((i, done - start, start, w))
+            done = start + len(w) - 1
+            if start + ctx >= len(seq):
+                break
+            start += max(ctx // 2, 1)
+    parts: list[list] = [[] for _ in sequences]
+    order = sorted(range(len(windows)), key=lambda k: -len(windows[k][3]))
     for b in range(0, len(order), batch_size):
         idx = order[b:b + batch_size]
-        seqs = [list(sequences[i])[:ctx] for i in idx]
+        seqs = [windows[k][3] for k in idx]
         width = max(len(s) for s in seqs)
         ids = torch.zeros(len(seqs), width, dtype=torch.long)
         mask = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -77,7 +91,13 @@ def token_logprobs(model, sequences: Sequence[Sequence[int]], batch_size: int = 
             logits[..., ban] = -torch.inf
         lp = target_logprobs(logits, ids[:, 1:]).cpu().numpy()
         hit = (logits.argmax(-1) == ids[:, 1:]).cpu().numpy() if greedy else None
-        for r, (i, s) in enumerate(zip(idx, seqs)):
+        for r, (k, s) in enumerate(zip(idx, seqs)):
+            i, own, start, _ = windows[k]
             n = len(s) - 1
-            out[i] = (lp[r, :n], hit[r, :n]) if greedy else lp[r, :n]
+            parts[i].append((start, lp[r, own:n], hit[r, own:n] if greedy else None))
+    out: list = []
+    for ps in parts:
+        ps.sort(key=lambda x: x[0])
+        scores = np.concatenate([p[1] for p in ps]) if ps else np.zeros(0, np.float32)
+        out.append((scores, np.concatenate([p[2] for p in ps])) if greedy else scores)
     return out

@@ -11,6 +11,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
+from ..models import max_positions
 from ..tokens import LookupTokenizer
 from .answers import Answerer, query_key
 from .loop import LOOP_KWARGS, decode
@@ -218,7 +219,8 @@ class LookupGenerator:
         order = batch_order(prefixes)
         for k in range(0, len(order), batch_size):
             batch = order[k:k + batch_size]
-            rows = [list(prefixes[i]) for i in batch]
+            room = max_positions(self.model) - limit  # a prefix past the context: its last part, as in scoring
+            rows = [list(prefixes[i])[-room:] for i in batch]
             proc = self.processor(count_from=max(map(len, rows)) - 1, query_only=True)
             gen = self._run(rows, LogitsProcessorList([proc]), limit, [self.tok.retrieve_id], do_sample=False)
             for i, g in zip(batch, gen):

@@ -60,3 +60,20 @@ def test_a_namesakes_answer_is_not_a_found_lookup(world):
     assert 0 < right["lookup_found_rate"] <= right["lookup_matched_rate"]
     assert right["lookup_wrong_entity"] == round(right["lookups"] * (right["lookup_matched_rate"] - right["lookup_found_rate"]))
     assert sum(g["lookups"] for g in right["by_group"].values()) == right["lookups"]
+
+
+def test_a_document_longer_than_the_context_is_scored_whole(world):
+    """A document of many biographies, past the model's 128 positions: static and dynamic perplexity
+    score every text token (in windows), where they used to score the first window or stop."""
+    from lmlm.models import max_positions
+
+    segments = [seg for d in _docs(world, world.people[:12]) for seg in (*d, Text(" "))]
+    n_tokens = len(world.tok.encode(segments).input_ids)
+    assert n_tokens > 2 * max_positions(world.model)
+    st = static_perplexity(world.model, world.tok, [segments])
+    short = static_perplexity(world.model, world.tok, _docs(world, world.people[:12]))
+    assert st["org_tokens"] >= short["org_tokens"] and math.isfinite(st["static"])
+    dyn = dynamic_perplexity(LookupGenerator(world.model, world.tok, DictKB(world.facts)), [segments])
+    assert dyn["org_tokens"] == st["org_tokens"] and dyn["lookups"] == 24
+    sp = standard_perplexity(world.model, world.tok, [strip(segments)])
+    assert sp["org_tokens"] >= 0.9 * st["org_tokens"]
