@@ -30,7 +30,7 @@ def annotate_wikipedia(dump: Path = typer.Argument(..., help="MediaWiki XML dump
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     console.print_json(json.dumps({k: v for k, v in report.items() if k != "top_relations"}))
-    console.print(f"next: lmlm kb build KB --triples {out / 'triples.jsonl'}")
+    console.print(f"next: lmlm kb build KB --triples {out / 'triples.jsonl'} --aliases {out / 'aliases.jsonl'}")
 
 
 def _annotate_call(fn, *args, **kwargs):

@@ -303,16 +303,22 @@ def _show(text) -> str:
 def kb_search(path: Path, entity: str, relation: str, k: int = typer.Option(5, "-k", "--k", min=1),
               at: Optional[int] = typer.Option(None, help="read the KB as it was at this version"),
               as_json: bool = typer.Option(False, "--json")):
-    """Top-k candidate keys with their cosine scores (why did a lookup match, or not?)."""
+    """Top-k candidate keys with their cosine scores (why did a lookup match, or not?): ✓ marks the fact a
+    lookup answers, = a key equal to the query's; a miss says why."""
     kb = _open_kb(path, at)
     hits = _kb_call(kb.search, entity, relation, k=k)
     if as_json:
         print(json.dumps([m.__dict__ for m in hits], default=str, indent=2))
         return
+    answer = kb.lookup(entity, relation)  # what a lookup answers: entity-aware unless the KB uses the paper's match
     for m in hits:
-        mark = "=" if m.exact else ("✓" if m.score >= kb.threshold else " ")
+        mark = "✓" if answer is not None and m.triple_id == answer.triple_id else ("=" if m.exact else " ")
         console.print(f"{m.score:.3f} {mark} {_show(m.entity)} · {_show(m.relation)} → {_show(m.value)}  "
                       f"(triple {m.triple_id}, seen {m.support}x, {m.alternatives} other values)", highlight=False)
+    if answer is None:
+        miss = kb.explain(entity, relation)
+        console.print(f"a lookup misses: {getattr(miss, 'reason', '')} {getattr(miss, 'detail', '')}".rstrip(),
+                      highlight=False)
 
 
 @app.command("stats")
@@ -322,7 +328,8 @@ def kb_stats(path: Path, at: Optional[int] = typer.Option(None, help="counts as 
 
 
 @app.command("log")
-def kb_log(path: Path, limit: int = 20, as_json: bool = typer.Option(False, "--json")):
+def kb_log(path: Path, limit: int = typer.Option(20, min=1, help="the latest versions shown"),
+           as_json: bool = typer.Option(False, "--json")):
     """The latest versions: who changed what and why."""
     log = _open_kb(path).log(limit)
     if as_json:

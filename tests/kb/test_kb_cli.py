@@ -37,7 +37,9 @@ def test_kb_commands_end_to_end(tmp_path, encoder):
     assert found["alternatives"] == 1 and {v["value"] for v in found["values"]} == {"London", "Paris"}
     hits = json.loads(_ok(["kb", "search", kb, "Alan Turing", "job", "-k", "2", "--json"]))
     assert hits[0]["entity"] == "Alan Turing" and hits[0]["score"] >= hits[1]["score"]
-    assert "Alan Turing · Occupation" in _ok(["kb", "search", kb, "Alan Turing", "job"])
+    assert "✓ Alan Turing · Occupation" in _ok(["kb", "search", kb, "Alan Turing", "job"])  # what a lookup answers
+    near = _ok(["kb", "search", kb, "Alan Turin", "Birth City"])  # a key the KB lacks: no ✓, and why
+    assert "✓" not in near and "a lookup misses: no_relation" in near
     forget = tmp_path / "forget.jsonl"
     forget.write_text('{"source": "bio-t"}\n{"entity": "Ada Lovelace", "relation": "Birth City", "value": "Paris"}\n')
     assert "deleted 2 facts; version 5" in _ok(["kb", "delete", kb, "--forget", forget, "--why", "request"])
