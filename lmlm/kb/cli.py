@@ -60,11 +60,35 @@ def kb_build(path: Path = typer.Argument(..., help="KB folder: created, or resum
     from ..kb.formats import read_aliases
 
     pairs = _kb_call(read_aliases, aliases) if aliases is not None else None
-    kb = _kb_call(build, path, triples, format=format, chunk_size=chunk_size, who=who, why=why, embed=embed,
-                  append=append)
+    fresh = not path.exists()
+    try:
+        kb = _kb_call(build, path, triples, format=format, chunk_size=chunk_size, who=who, why=why, embed=embed,
+                      append=append)
+    except typer.Exit:
+        if fresh and _empty_kb(path):  # bad input before any fact: no empty KB left behind to look built
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+        raise
     if pairs:
         _kb_call(kb.add_aliases, pairs, who=who, why=f"{why}: aliases from {aliases.name}")
     console.print_json(json.dumps(kb.stats(), default=str))
+
+
+def _empty_kb(path: Path) -> bool:
+    """Whether ``path`` is a KB folder at version 0 (created, nothing stored)."""
+    from ..kb import KnowledgeBase
+
+    if not (path / "kb.sqlite").exists():
+        return path.is_dir() and not any(path.iterdir())
+    try:
+        kb = KnowledgeBase.open(path)
+    except Exception:  # a KB that cannot be opened is not ours to remove
+        return False
+    try:
+        return kb.version == 0
+    finally:
+        kb.close()
 
 
 @app.command("add")

@@ -251,3 +251,16 @@ def test_bench_kb_reuses_a_kb_kept_as_built_and_measures_it_alike(tmp_path):
     assert stale.exit_code == 2 and "at version 2" in stale.output and "--no-forget" in stale.output
     other = runner.invoke(app, ["bench", "kb", "--triples", "3000", "--reuse", "--work", str(tmp_path / "none")])
     assert other.exit_code == 2 and "no KB in" in other.output
+
+
+def test_a_build_that_fails_on_its_input_leaves_no_kb(tmp_path):
+    """An empty file or an unknown format stops ``kb build`` in one line, and no empty KB is left behind
+    for ``kb stats`` to report as built; a KB that was there before is kept."""
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "t.jsonl").write_text('{"entity": "Ada Lovelace", "relation": "Birth City", "value": "London"}\n')
+    for args in ((tmp_path / "empty.jsonl",), (tmp_path / "t.jsonl", "--format", "xml")):
+        res = runner.invoke(app, ["kb", "build", str(tmp_path / "kb"), "--triples", *map(str, args)])
+        assert res.exit_code == 2 and "error:" in res.output and not (tmp_path / "kb").exists(), res.output
+    _ok(["kb", "build", tmp_path / "kb", "--triples", tmp_path / "t.jsonl", "--no-embed"])
+    res = runner.invoke(app, ["kb", "build", str(tmp_path / "kb"), "--triples", str(tmp_path / "empty.jsonl")])
+    assert res.exit_code == 2 and json.loads(_ok(["kb", "stats", tmp_path / "kb"]))["triples"] == 1
