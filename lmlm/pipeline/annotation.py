@@ -65,7 +65,8 @@ def _passage_origin(p: Document) -> tuple[str, int]:
 
 
 def merge_layers(documents: list[Document], layers: dict[str, Layer]) -> list[Document]:
-    """``documents`` with the calls of every method inserted; one call per position, by method priority.
+    """``documents`` with the calls of every method inserted; one method's calls per position, by method
+    priority (a method may put several calls at one position: two relations of one value are kept).
 
     Each output document's ``meta`` gets ``call_methods`` (the method of each call, in order) and
     ``calls_by_method``.
@@ -74,14 +75,15 @@ def merge_layers(documents: list[Document], layers: dict[str, Layer]) -> list[Do
 
     out = []
     for d in documents:
-        taken: dict[int, tuple[str, Lookup]] = {}
+        taken: dict[int, tuple[str, list[Lookup]]] = {}
         for method in sorted(layers, key=lambda m: _PRIORITY.index(m) if m in _PRIORITY else len(_PRIORITY)):
             for q, call in layers[method].get(d.id, []):
-                if q not in taken and d.text[q:q + 1].strip():
-                    taken[q] = (method, call)
-        placed = sorted(taken.items())
-        methods = [m for _, (m, _) in placed]
-        segments = insert_calls(d.text, [(q, c) for q, (_, c) in placed])
+                if d.text[q:q + 1].strip() and taken.setdefault(q, (method, []))[0] == method \
+                        and call not in taken[q][1]:
+                    taken[q][1].append(call)
+        placed = [(q, m, c) for q, (m, calls) in sorted(taken.items()) for c in calls]
+        methods = [m for _, m, _ in placed]
+        segments = insert_calls(d.text, [(q, c) for q, _, c in placed])
         meta = {**d.meta, "call_methods": methods, "calls_by_method": dict(Counter(methods))}
         out.append(Document.from_segments(d.id, segments, source=d.source, split=d.split, meta=meta))
         if out[-1].text != d.text:

@@ -115,6 +115,12 @@ def test_merging_methods_keeps_the_text_and_prefers_infobox():
                                                                 ("Mary Todd", "Married In")]
     assert merged.meta["call_methods"] == ["infobox", "llm_seed"]
     assert merged.meta["calls_by_method"] == {"infobox": 1, "llm_seed": 1}
+    # a user's own calls: two relations of one value at one position are both kept
+    both = Document.from_annotated("d1", LINCOLN[:born] + "[dblookup('Abraham Lincoln', 'Birth Date') -> February 12, "
+                                   "1809][dblookup('Abraham Lincoln', 'Date') -> February 12, 1809] " + LINCOLN[born:])
+    merged, = merge_layers([doc], {"given": call_layer([both]), "llm_distilled": call_layer([rival])})
+    assert [c.relation for c in merged.lookups] == ["Birth Date", "Date"] and merged.text == LINCOLN
+    assert merged.meta["call_methods"] == ["given", "given"]
 
 
 def test_llm_calls_are_vetted_against_the_reference_facts():
