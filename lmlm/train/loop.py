@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..report import write_json
 from ..scoring import target_logprobs
 from ..tokens import IGNORE_INDEX, ROLE_NAMES, LookupTokenizer
 from .config import TrainConfig, TrainConfigError
@@ -223,8 +224,9 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
                 "init_from": inputs.model_info.get("init_from"), "train_config": resolved, "stats": stats}
         save_checkpoint(Path(config.out_dir) / CHECKPOINT_DIR, model, tokenizer, meta, state_dict=state_dict)
         (Path(config.out_dir) / "train_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-        _write_summary(Path(config.out_dir), {**inputs.summary, "trained_tokens_seen": stats["trained_tokens"],
-                                              "tokens_seen": stats["tokens"], "steps": stats["steps"]})
+        write_json(Path(config.out_dir) / SUMMARY_FILE, {**inputs.summary, "steps": stats["steps"],
+                                                          "trained_tokens_seen": stats["trained_tokens"],
+                                                          "tokens_seen": stats["tokens"]})
     accelerator.wait_for_everyone()
     return TrainResult(model, stats, tokenizer)
 
@@ -367,18 +369,15 @@ def _open_run_folder(accelerator, config: TrainConfig, resolved: dict[str, Any],
         out_dir.mkdir(parents=True, exist_ok=True)
         if resuming:
             _check_resume(out_dir / CONFIG_FILE, resolved)
+            saved = json.loads((out_dir / STATE_DIR / "trainer_state.json").read_text())["step"]
+            if (log := out_dir / LOG_FILE).exists():  # the steps after the saved state run again: logged once
+                log.write_text("".join(x for x in log.read_text().splitlines(True) if json.loads(x)["step"] <= saved))
         elif (out_dir / LOG_FILE).exists():
             (out_dir / LOG_FILE).unlink()
         (out_dir / CONFIG_FILE).write_text(json.dumps(resolved, indent=2) + "\n")
-        _write_summary(out_dir, summary)
+        write_json(out_dir / SUMMARY_FILE, summary)  # atomically, as every summary
     accelerator.wait_for_everyone()
     return resuming
-
-
-def _write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
-    tmp = out_dir / (SUMMARY_FILE + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, out_dir / SUMMARY_FILE)
 
 
 # -- helpers of the loop ---------------------------------------------------------------------------
