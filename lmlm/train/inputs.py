@@ -64,6 +64,9 @@ def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: Look
         from ..lookup import LookupTokens
 
         manifest = read_manifest(data)
+        if config.tokenizer and config.tokenizer.startswith("bpe:"):
+            raise TrainConfigError(f"tokenizer {config.tokenizer!r}: {data} holds token shards, tokenized once with "
+                                   f"their own tokenizer; train a new BPE on documents, or drop the tokenizer option")
         shards_tok = load_tokenizer(Path(data) / "tokenizer", LookupTokens(*manifest["lookup_tokens"]))
         if tokenizer is not None and tokenizer_hash(tokenizer) != manifest["tokenizer_hash"]:
             raise TrainConfigError(f"{data}: the shards were made with another tokenizer than the one given")

@@ -17,6 +17,7 @@ from lmlm.data.shards import MANIFEST, ShardBlocks, ShardError, prepare_shards, 
 from lmlm.lookup import parse, strip
 from lmlm.tokens import LookupTokenizer, load_tokenizer, train_bpe
 from lmlm.train import TrainConfig, encode_documents, pack, train
+from lmlm.train.config import TrainConfigError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -124,6 +125,9 @@ def test_training_from_shards_matches_the_in_memory_path(tmp_path, corpus):
     torch.testing.assert_close(torch.tensor(losses("shards")), torch.tensor(losses("mem")), rtol=1e-6, atol=0)
     summary = json.loads((tmp_path / "shards" / "summary.json").read_text())
     assert summary["lookup_calls"] > 0 and summary["documents"] == len(texts)
+    # shards are tokenized once: a new BPE asked for beside them is refused, not silently ignored
+    with pytest.raises(TrainConfigError, match="holds token shards"):
+        train(TrainConfig(**base, data=str(tmp_path / "s"), tokenizer="bpe:400", out_dir=str(tmp_path / "bpe")))
 
 
 def test_prepare_command_writes_shards_and_refuses_a_missing_corpus(tmp_path, corpus):
