@@ -8,6 +8,7 @@ under another name adds nothing.
 
 from __future__ import annotations
 
+import json
 import time
 from itertools import islice
 from pathlib import Path
@@ -42,6 +43,25 @@ def fingerprint(path: str | Path) -> str:
     return h.hexdigest()[:32]
 
 
+def _head_sha256(path: Path, size: int) -> str:
+    """SHA-256 of the first ``size`` bytes of ``path``."""
+    import hashlib
+
+    h, left = hashlib.sha256(), size
+    with open(path, "rb") as f:
+        while left > 0 and (block := f.read(min(left, 1 << 22))):
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
+def _grew(path: Path, before: dict) -> bool:
+    """Whether ``path`` is the file imported whole before (``before``: its size, hash, facts) with bytes
+    added at its end: the facts it held then are in, and only the lines after them are new."""
+    return (path.is_file() and path.stat().st_size > before["bytes"]
+            and _head_sha256(path, before["bytes"]) == before["sha256"])
+
+
 def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int = 100_000,
              who: str = "lmlm", why: str = "build", progress: bool | None = None, batch_size: int = 1000) -> int:
     """Add the facts of ``source`` to ``kb`` (a :class:`~lmlm.kb.base.KnowledgeBase`) by chunks, resumably; returns how many facts the file holds.
@@ -60,8 +80,11 @@ def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int 
 
     source = Path(source)
     facts, total = formats.read(source, format)
-    mark = f"build:{fingerprint(source)}"
-    done = int(kb.store.meta().get(mark, 0))
+    mark, here = f"build:{fingerprint(source)}", f"import:{source.resolve()}"
+    meta = kb.store.meta()
+    done = int(meta.get(mark, 0))
+    if not done and here in meta and _grew(source, json.loads(meta[here])):
+        done = json.loads(meta[here])["facts"]  # lines added at the end of a file imported whole: only they
     show = (total or 0) >= PROGRESS_MIN if progress is None else progress
     it = islice(facts, done, None)  # a resumed build reads past what is already in
     chunks, longest = 0, 0.0
@@ -78,6 +101,9 @@ def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int 
             bar.set_postfix(lock_s=f"{longest:.2f}")
     kb.last_import = {"source": str(source), "facts": done, "chunks": chunks,
                       "longest_lock_seconds": round(longest, 3)}
+    if source.is_file() and done:  # what this path held when whole, to tell a file grown by appends
+        size = source.stat().st_size
+        kb.store.set_meta({here: json.dumps({"bytes": size, "sha256": _head_sha256(source, size), "facts": done})})
     if done == 0:
         if (format or formats.detect_format(source)) == "corpus":
             raise ValueError(f"{source}: its documents hold no lookup call, so no fact to build a KB from: "

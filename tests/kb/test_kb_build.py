@@ -53,8 +53,12 @@ def test_import_is_chunked_resumable_and_idempotent(tmp_path, encoder):
     assert kb.import_file(copy, embed=False) == 3  # the same content under another name
     assert len(kb) == 1200 and {t.count for t in kb.triples()} == {1}
     src.write_text(src.read_text() + json.dumps({"entity": "P 0", "relation": "Birth City", "value": "C 0"}) + "\n")
-    assert kb.import_file(src, embed=False) == 4  # changed content is a new import: its facts count again
-    assert kb.lookup("P 0", "Birth City", fuzzy=False).support == 3  # (facts without sources cannot be told apart)
+    assert kb.import_file(src, embed=False) == 4  # a line added at the end: only it is new
+    assert kb.last_import["facts"] == 1201 and kb.last_import["chunks"] == 1
+    assert kb.lookup("P 0", "Birth City", fuzzy=False).support == 2 and kb.lookup("P 1", "Birth City").support == 1
+    src.write_text(src.read_text().replace('"C 5"', '"C 5b"'))  # an edit inside: another file, counted again
+    assert kb.import_file(src, embed=False) == 5
+    assert kb.lookup("P 1", "Birth City", fuzzy=False).support == 2  # (facts without sources cannot be told apart)
     kb.close()
 
 
