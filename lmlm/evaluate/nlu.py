@@ -81,7 +81,10 @@ def read_bigbench_mc(path: str | Path, *, template: str = DEFAULT_TEMPLATE, limi
     The gold choice is the one with the highest target score (the first, on ties); the context is
     ``template`` filled with the example's stripped input.
     """
-    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a BIG-bench JSON task file ({e}); a .jsonl is read by other protocols") from None
     examples = doc.get("examples") if isinstance(doc, dict) else None
     if not isinstance(examples, list):
         raise ValueError(f"{path}: a BIG-bench task needs an 'examples' list")

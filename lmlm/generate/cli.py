@@ -69,10 +69,13 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
     llm = _vllm_options(backend, vllm_option or [], stream=stream, num_beams=num_beams, stop=bool(stop),
                         device=device)
     check_device(device)
+    try:
+        bias = tuple(float(b) for b in logit_bias.split(","))
+    except ValueError:
+        _fail(f"--logit-bias takes four numbers (start, sep, retrieve, end), got {logit_bias!r}")
     try:  # the engine on the device asked for (default: cuda when available); vLLM places its own weights
         m, tok, meta = load_model(model, tokens=tokens, weights=llm is None,
                                   device=default_device(device) if llm is None else None)
-        bias = tuple(float(b) for b in logit_bias.split(","))
         kb_path = kb or kb_of(meta, model)
         if not no_db and kb_path is None:
             _fail("no knowledge base: pass --kb or --no-db")

@@ -123,7 +123,10 @@ def count_items(path: str | Path, format: str | None = None) -> int | None:
     """How many facts (or documents, for a corpus) ``path`` holds, cheaply; None when unknown."""
     path, format = _check(path, format, reading=True)
     if format == "parquet":
-        return _pyarrow().parquet.ParquetFile(path).metadata.num_rows
+        try:
+            return _pyarrow().parquet.ParquetFile(path).metadata.num_rows
+        except Exception:  # a broken file: its reader names the problem
+            return None
     if format in ("jsonl", "corpus") and path.is_file():
         with open(path, "rb") as f:
             return sum(1 for line in f if line.strip())
@@ -171,7 +174,7 @@ def _read_jsonl(path: Path) -> Iterator[Fact]:
             try:
                 yield _fact_from_dict(json.loads(line))
             except (ValueError, TypeError, KeyError, IndexError) as e:
-                raise ValueError(f"{path}:{lineno}: not a triple: {e}") from None
+                raise ValueError(f"{path}:{lineno}: not a triple: {_why(e)}") from None
 
 
 def _csv_header(path: Path) -> list[str]:
@@ -197,7 +200,7 @@ def _read_csv(path: Path) -> Iterator[Fact]:
                 d["position"] = int(d["position"])
             yield _fact_from_dict(d)
         except (ValueError, TypeError, KeyError) as e:
-            raise ValueError(f"{where}: not a triple: {e}") from None
+            raise ValueError(f"{where}: not a triple: {_why(e)}") from None
 
 
 def _write_jsonl(records: Iterable[TripleRecord], path: Path) -> int:
@@ -244,9 +247,17 @@ def _write_parquet(records: Iterable[TripleRecord], path: Path) -> int:
     return n
 
 
+def _why(e: Exception) -> str:
+    """A reader's error as a user reads it: a missing field is named as one."""
+    return f"no {e.args[0]!r} field (a triple has entity, relation and value)" if isinstance(e, KeyError) else str(e)
+
+
 def _read_parquet(path: Path) -> Iterator[Fact]:
     pa = _pyarrow()
-    pf = pa.parquet.ParquetFile(path)
+    try:
+        pf = pa.parquet.ParquetFile(path)
+    except Exception as e:  # pyarrow raises its own error types for broken files
+        raise ValueError(f"{path}: not a Parquet file: {e}") from None
     missing = {"entity", "relation", "value"} - set(pf.schema_arrow.names)
     if missing:
         raise ValueError(f"{path} has no column(s) {', '.join(sorted(missing))}: not a table of triples")
@@ -259,7 +270,7 @@ def _read_parquet(path: Path) -> Iterator[Fact]:
                     d["sources"] = [(s["doc_id"], s["position"]) for s in d["sources"]]
                 yield _fact_from_dict(d)
             except (ValueError, TypeError, KeyError) as e:
-                raise ValueError(f"{path}: row {row}: not a triple: {e}") from None
+                raise ValueError(f"{path}: row {row}: not a triple: {_why(e)}") from None
 
 
 # -- annotated corpus ------------------------------------------------------------------------------

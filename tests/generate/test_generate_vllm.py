@@ -253,6 +253,7 @@ def test_generate_backend_options_fail_in_one_line(tmp_path):
                             "--stream, --num-beams not with --backend vllm"),
                            (["--backend", "vllm", "--device", "cpu"], "--device not with --backend vllm"),
                            (["--device", "tpu"], "--device 'tpu' is not a device: use cpu, cuda or cuda:N"),
+                           (["--logit-bias", "a,b,c,d"], "--logit-bias takes four numbers"),
                            *([(["--device", "cuda"], "--device cuda: no CUDA device is visible here")]
                              if not torch.cuda.is_available() else [])):
         res = runner.invoke(app, base + extra)

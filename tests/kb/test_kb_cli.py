@@ -258,9 +258,15 @@ def test_a_build_that_fails_on_its_input_leaves_no_kb(tmp_path):
     for ``kb stats`` to report as built; a KB that was there before is kept."""
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "t.jsonl").write_text('{"entity": "Ada Lovelace", "relation": "Birth City", "value": "London"}\n')
-    for args in ((tmp_path / "empty.jsonl",), (tmp_path / "t.jsonl", "--format", "xml")):
+    (tmp_path / "novalue.csv").write_text("entity,relation\nAda Lovelace,Birth City\n")
+    (tmp_path / "broken.parquet").write_text("not parquet")
+    for args, msg in (((tmp_path / "empty.jsonl",), "no facts in it"), ((tmp_path / "t.jsonl", "--format", "xml"),
+                                                                          "unknown input format 'xml'"),
+                      ((tmp_path / "novalue.csv",), "novalue.csv:2: not a triple: no 'value' field"),
+                      ((tmp_path / "broken.parquet",), "broken.parquet: not a Parquet file")):
         res = runner.invoke(app, ["kb", "build", str(tmp_path / "kb"), "--triples", *map(str, args)])
-        assert res.exit_code == 2 and "error:" in res.output and not (tmp_path / "kb").exists(), res.output
+        out = " ".join(res.output.split())
+        assert res.exit_code == 2 and msg in out and not (tmp_path / "kb").exists(), res.output
     _ok(["kb", "build", tmp_path / "kb", "--triples", tmp_path / "t.jsonl", "--no-embed"])
     res = runner.invoke(app, ["kb", "build", str(tmp_path / "kb"), "--triples", str(tmp_path / "empty.jsonl")])
     assert res.exit_code == 2 and json.loads(_ok(["kb", "stats", tmp_path / "kb"]))["triples"] == 1
