@@ -397,8 +397,19 @@ def kb_checkout(path: Path, version: int, out: Optional[Path] = typer.Option(Non
 def kb_export(path: Path, out: Path, format: Optional[str] = typer.Option(None, help="jsonl, parquet or corpus "
                                                                                    "(default: from OUT's suffix)"),
               at: Optional[int] = typer.Option(None, help="export the KB as it was at this version")):
-    """Write the active triples with their counts and sources."""
-    console.print(f"{_kb_call(_open_kb(path, at).export, out, format)} triples written to {out}")
+    """Write the active triples with their counts and sources, and the aliases beside them
+    (OUT's name with .aliases.jsonl, for `kb build --aliases`)."""
+    kb = _open_kb(path, at)
+    console.print(f"{_kb_call(kb.export, out, format)} triples written to {out}")
+    rows = kb.aliases() if at is None else []  # aliases have no past versions to read back
+    if rows:
+        side = out.with_name(out.name.split(".")[0] + ".aliases.jsonl")
+        tmp = side.with_name(side.name + ".tmp")
+        tmp.write_text("".join(json.dumps({"alias": r.alias, "entity": r.entity}, ensure_ascii=False) + "\n"
+                               for r in rows), encoding="utf-8")
+        tmp.replace(side)
+        console.print(f"{len(rows)} aliases written to {side} (lmlm kb build KB --triples {out} --aliases {side})",
+                      highlight=False)
 
 
 @app.command("import")

@@ -270,3 +270,15 @@ def test_a_build_that_fails_on_its_input_leaves_no_kb(tmp_path):
     _ok(["kb", "build", tmp_path / "kb", "--triples", tmp_path / "t.jsonl", "--no-embed"])
     res = runner.invoke(app, ["kb", "build", str(tmp_path / "kb"), "--triples", str(tmp_path / "empty.jsonl")])
     assert res.exit_code == 2 and json.loads(_ok(["kb", "stats", tmp_path / "kb"]))["triples"] == 1
+
+
+def test_export_then_build_keeps_the_aliases(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"entity": "Ada Lovelace", "relation": "Birth City", "value": "London"}\n')
+    _ok(["kb", "build", tmp_path / "kb", "--triples", tmp_path / "t.jsonl", "--no-embed"])
+    _ok(["kb", "alias", "add", tmp_path / "kb", "Lovelace, Ada", "Ada Lovelace"])
+    out = _ok(["kb", "export", tmp_path / "kb", tmp_path / "out.jsonl"])
+    assert "1 aliases written to" in out and (tmp_path / "out.aliases.jsonl").exists()
+    _ok(["kb", "build", tmp_path / "kb2", "--triples", tmp_path / "out.jsonl", "--aliases", tmp_path / "out.aliases.jsonl",
+         "--no-embed"])
+    found = json.loads(_ok(["kb", "lookup", tmp_path / "kb2", "Lovelace, Ada", "Birth City"]))
+    assert found["value"] == "London" and found["via"] == "alias"
