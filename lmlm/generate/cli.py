@@ -51,7 +51,8 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
              device: Optional[str] = typer.Option(None, help="where the engine runs: cpu, cuda, cuda:1, ... "
                                                   "(default: cuda when available)"),
              backend: str = typer.Option("hf", help="'hf': the engine (transformers, CPU or GPU); 'vllm': vLLM on a "
-                                         "GPU (pip install 'lmlm\\[vllm]'; no --stream, --num-beams, --stop or --device)"),
+                                         "GPU (pip install 'lmlm\\[vllm]'; no --stream, --num-beams, --stop or "
+                                         "--device)"),
              vllm_option: List[str] = typer.Option(None, help="with --backend vllm: KEY=VALUE passed to vllm.LLM, "
                                                    "VALUE read as JSON where it parses (e.g. "
                                                    "gpu_memory_utilization=0.5)")):

@@ -74,7 +74,7 @@ def detect_format(path: str | Path) -> str:
         return "corpus" if "entity" not in names and names & {"annotated", "text"} else "parquet"
     if path.suffix.lower() == ".json":
         return "authors"
-    if ".txt" in [s.lower() for s in path.suffixes[-2:]]:  # plain text, one document a line (its calls in the dblookup form)
+    if ".txt" in [s.lower() for s in path.suffixes[-2:]]:  # plain text, one document a line (calls as dblookup)
         return "corpus"
     if path.suffix.lower() in (".csv", ".tsv"):
         return "csv" if "entity" in _csv_header(path) else "corpus"

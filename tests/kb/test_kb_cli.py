@@ -278,7 +278,7 @@ def test_export_then_build_keeps_the_aliases(tmp_path):
     _ok(["kb", "alias", "add", tmp_path / "kb", "Lovelace, Ada", "Ada Lovelace"])
     out = _ok(["kb", "export", tmp_path / "kb", tmp_path / "out.jsonl"])
     assert "1 aliases written to" in out and (tmp_path / "out.aliases.jsonl").exists()
-    _ok(["kb", "build", tmp_path / "kb2", "--triples", tmp_path / "out.jsonl", "--aliases", tmp_path / "out.aliases.jsonl",
-         "--no-embed"])
+    _ok(["kb", "build", tmp_path / "kb2", "--triples", tmp_path / "out.jsonl",
+         "--aliases", tmp_path / "out.aliases.jsonl", "--no-embed"])
     found = json.loads(_ok(["kb", "lookup", tmp_path / "kb2", "Lovelace, Ada", "Birth City"]))
     assert found["value"] == "London" and found["via"] == "alias"
