@@ -30,11 +30,17 @@ def test_token_logprobs_match_the_models_own_loss_whatever_the_batch():
             assert -lp.mean() == pytest.approx(hf, abs=1e-5)
 
 
-def test_sequences_past_the_context_are_cut_to_it():
+def test_sequences_past_the_context_are_scored_in_windows():
+    """80 tokens, context 64: the first window scores 63 tokens, the next (half a context on) the other 16,
+    each after at least 31 tokens of the text before it; every token once, as a direct forward gives it."""
     model = _model()
-    long = list(range(40)) * 2  # 80 tokens, context 64
+    long = list(range(40)) * 2
     lp, = token_logprobs(model, [long])
-    assert lp.shape == (63,)
+    assert lp.shape == (79,)
+    first, = token_logprobs(model, [long[:64]])
+    window, = token_logprobs(model, [long[32:]])
+    np.testing.assert_allclose(lp[:63], first, atol=1e-5)
+    np.testing.assert_allclose(lp[63:], window[31:], atol=1e-5)
 
 
 def test_banned_tokens_leave_the_distribution_and_greedy_flags_the_argmax():
