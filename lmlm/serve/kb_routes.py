@@ -125,8 +125,20 @@ def router(state, require_token) -> APIRouter:
         def run():
             n = kb.delete(triple_ids=body.triple_ids, entity=body.entity, relation=body.relation,
                           source=body.source, who=body.who, why=body.why)
+            if n == 0:  # a typo is a 404 naming it; what was deleted before is a change of nothing
+                never_held(body.triple_ids, [body.entity], [body.source], body.relation)
             return kb.version, n
         return await write(run)
+
+    def never_held(ids, entities, sources, relation=None) -> None:
+        """KBError (a 404) naming the ids, entities, relation or sources the KB never held, in any version."""
+        missing = [f"triple id {i}" for i in ids or () if kb.store.get(i) is None]
+        missing += [f"{kind} {name!r}" for kind, names in (("entity", entities), ("source", sources))
+                    for name in names if name is not None
+                    for _ in kb.never_held(**{kind: name})]
+        missing += [f"relation {relation!r}"] if relation is not None and kb.never_held(relation=relation) else []
+        if missing:
+            raise KBError(f"the KB never held the {', the '.join(missing)}; nothing was deleted")
 
     @api.post("/forget", response_model=WriteResponse, summary="Delete a forget set (entities, sources, ids) "
               "as one version", **writes)
@@ -139,6 +151,7 @@ def router(state, require_token) -> APIRouter:
                 for rec in kb.triples():
                     if normalize_text(rec.entity) in entities or any(s in sources for s, _ in rec.sources):
                         ids.add(rec.id)
+            never_held(body.triple_ids, body.entities, body.sources)  # a typo anywhere: nothing deleted
             n = kb.delete(triple_ids=sorted(ids), who=body.who, why=body.why) if ids else 0
             return kb.version, n
         return await write(run)

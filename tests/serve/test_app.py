@@ -210,8 +210,11 @@ def test_write_errors_are_4xx(client, auth):
     escape = client.post("/api/kb/triples", headers=auth,
                          json={"triples": [{"entity": "Eve\u001b[2J", "relation": "Birth City", "value": "Oslo"}]})
     assert escape.status_code == 422 and "control character U+001B" in escape.text  # refused at the door
-    r = client.post("/api/kb/delete", headers=auth, json={"entity": "Nobody At All"})
-    assert r.json() == {"version": 1, "changed": 0}
+    for path, body in (("/api/kb/delete", {"entity": "Nobody At All"}), ("/api/kb/delete", {"triple_ids": [99999]}),
+                       ("/api/kb/forget", {"entities": ["Nobody At All"]}), ("/api/kb/forget", {"sources": ["zzz"]})):
+        r = client.post(path, headers=auth, json=body)  # a name the KB never held: a typo, said, nothing deleted
+        assert r.status_code == 404 and "never held" in r.json()["detail"], (path, body, r.text)
+    assert client.get("/api/kb/version").json()["version"] == 1
 
 
 def test_forget_set_is_one_version(client, demo, auth):
