@@ -283,3 +283,33 @@ def test_every_train_preset_loads_and_an_unknown_one_is_named():
         TrainConfig.from_name("nope")
     with pytest.raises(TrainConfigError, match="lr"):
         TrainConfig.from_name("demo", lr=-1.0)
+
+
+def test_ctrl_c_stops_after_the_step_with_the_state_saved_and_resume_goes_on(tmp_path, tok):
+    """``lmlm train`` interrupted by Ctrl-C: the step under way ends, the state is saved, exit 130 with
+    the command to go on; ``--resume`` then finishes the run from there."""
+    import signal
+    import time
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in biographies(240)))
+    tok.save(tmp_path / "tok")
+    args = [sys.executable, "-m", "lmlm.cli", "train", "--data", str(data), "--tokenizer", str(tmp_path / "tok"),
+            "--model", "gpt2-tiny", "--seq-len", "64", "--batch-size", "8", "--max-steps", "400",
+            "--log-every", "1", "--threads", "1", "--no-progress", "--out", str(tmp_path / "run")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "run" / "train_log.jsonl"
+    deadline = time.time() + 120
+    while not (log.exists() and log.read_text().count("\n") >= 3) and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "the state is saved" in err and "--resume" in err and "Traceback" not in err
+    saved = json.loads((tmp_path / "run" / "state" / "trainer_state.json").read_text())["step"]
+    assert saved >= 3 and json.loads(out.strip().splitlines()[-1])["steps"] == saved
+    assert saved < 400, "the run ended before it was interrupted"
+    done = subprocess.run(args + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["steps"] == 400

@@ -113,16 +113,33 @@ def train_command(
 
 
 def _run(cfg) -> dict:
+    import signal
+    import sys
+
     import torch
     from accelerate import PartialState
 
-    from .loop import train
+    from .loop import STOP, train
+
+    def stop(signum, frame):  # the first Ctrl-C ends the run after the step under way, its state saved
+        if STOP.is_set():
+            raise KeyboardInterrupt
+        STOP.set()
+        print("stopping after this step and saving the state (Ctrl-C again to quit at once)", file=sys.stderr)
 
     state = PartialState(cpu=cfg.cpu or not torch.cuda.is_available())
-    result = train(cfg)
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        result = train(cfg)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     if state.is_main_process:
         print(json.dumps(result.stats))
     state.destroy_process_group()
+    if STOP.is_set() and not result.stats.get("completed"):
+        print(f"interrupted at step {result.stats['steps']}: the state is saved in {cfg.out_dir}; the same command "
+              f"with --resume goes on", file=sys.stderr)
+        raise SystemExit(130)
     return result.stats
 
 

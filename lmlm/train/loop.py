@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import shutil
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from tqdm.auto import tqdm
 
 from ..report import write_json
 from ..scoring import target_logprobs
@@ -38,6 +40,8 @@ CONFIG_FILE = "train_config.json"
 SUMMARY_FILE = "summary.json"
 STATE_DIR = "state"
 CHECKPOINT_DIR = "checkpoint"
+
+STOP = threading.Event()  # set (lmlm train's Ctrl-C): stop after the step under way, the state saved as at the end
 
 # Fields that may change when a run is resumed: they do not change which batches are seen or how.
 _RESUMABLE_FIELDS = {"resume", "max_seconds", "stop_step", "eval_every", "save_every", "log_every", "progress",
@@ -285,7 +289,8 @@ def run_steps(accelerator, model, optimizer, config: TrainConfig, data: Packed, 
     flops = flops_per_token(accelerator.unwrap_model(model), config.seq_len)
     peak = peak_flops(accelerator.device, accelerator.mixed_precision)
     stop_at = min(config.max_steps, config.stop_step or config.max_steps)
-    bar = _progress(accelerator.is_main_process and config.progress, config.max_steps, start["step"])
+    bar = tqdm(total=config.max_steps, initial=start["step"], desc="train", unit="step", dynamic_ncols=True,
+               disable=not (accelerator.is_main_process and config.progress))
     progress = dict(start, tokens_per_second=0.0, mfu=None, compile=compile_)
     tokens_per_step = config.batch_size * config.seq_len
     t0 = time.perf_counter()
@@ -299,9 +304,8 @@ def run_steps(accelerator, model, optimizer, config: TrainConfig, data: Packed, 
         speed = (step - window[1]) * tokens_per_step / max(now - window[0], 1e-9)
         progress.update(step=step, trained_tokens=progress["trained_tokens"] + count, loss=loss,
                         seconds=start["seconds"] + now - t0, tokens_per_second=speed, mfu=mfu(speed, flops, peak))
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{speed:,.0f}", refresh=False)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{speed:,.0f}", refresh=False)
         if step % config.log_every == 0 or step == stop_at:
             record = {"step": step, "loss": loss, "lr": lr, "tokens": step * tokens_per_step}
             record.update({k: progress[k] for k in ("trained_tokens", "seconds", "tokens_per_second", "mfu")})
@@ -316,10 +320,10 @@ def run_steps(accelerator, model, optimizer, config: TrainConfig, data: Packed, 
             on_step(step, loss)
         if state_dir is not None and config.save_every and step % config.save_every == 0 and step < stop_at:
             _save_state(accelerator, state_dir, progress)
-        if config.max_seconds and _any_process(accelerator, now - t0 >= config.max_seconds):
+        if (config.max_seconds or STOP.is_set()) and _any_process(
+                accelerator, STOP.is_set() or now - t0 >= config.max_seconds):
             break
-    if bar is not None:
-        bar.close()
+    bar.close()
     progress["tokens_per_second"] = (progress["step"] - start["step"]) * tokens_per_step / max(
         time.perf_counter() - t0, 1e-9)
     progress["mfu"] = mfu(progress["tokens_per_second"], flops, peak)
@@ -420,14 +424,6 @@ def resolve_precision(precision: str, cpu: bool) -> str:
 
 def _local_world_size() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-
-
-def _progress(enabled: bool, total: int, initial: int):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
 
 
 def _append(path: Path, record: dict[str, Any]) -> None:
