@@ -377,7 +377,8 @@ class EntityIndex:
             # "John Frazier" or "Lisa Hoàng" in a text about Joshua Frazier or James Hoàng, deleted
             return Resolved(reason="no_entity", candidates=((named, 1.0),), context_free=False, deleted=True,
                             detail=f"{entity!r} shares a name with {named!r}, named in the text and deleted")
-        if res.entity is not None and res.via == "fuzzy" and res.score < 1.0 and set(qt) <= set(words):
+        if res.entity is not None and res.via == "fuzzy" and res.score < 1.0 and set(qt) <= set(words) and not any(
+                {t for t in n if len(t) > 1} == {t for t in qt if len(t) > 1} for n in self._entity_tokens(res.entity)):
             name = self.display[res.entity]  # the text spells the query's name: a near name is someone else
             return Resolved(reason="no_entity", candidates=((name, round(res.score, 3)),), context_free=False,
                             detail=f"the text spells {entity!r} as the query does; {name!r} is another name")

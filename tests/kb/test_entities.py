@@ -130,6 +130,9 @@ def test_a_text_that_spells_the_query_answers_no_near_name():
     assert miss.entity is None and miss.reason == "no_entity" and "'Jasen Smith' is another name" in miss.detail
     assert idx.resolve("Jason Smith").entity == "jasen smith"  # no text: a typo's fuzzy match stands
     assert idx.resolve("Jasne Smith", context="Jasen Smith was born in").entity == "jasen smith"
+    # a name that differs only by an initial is the same name: "Ada Lovelace" in the text, "Ada M. Lovelace" in the KB
+    idx = _index(["Ada M. Lovelace"])
+    assert idx.resolve("Ada Lovelace", context="Ada Lovelace was born in").entity == "ada m. lovelace"
 
 
 def _typo(name: str, rng: random.Random) -> str:
