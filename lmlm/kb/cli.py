@@ -137,34 +137,6 @@ def _read_forget_set(path: Path) -> list[tuple[int, object]]:
     return items
 
 
-def _never_held(kb, item) -> str | None:
-    """What a forget item names that no version of ``kb`` held (None: it held it, deleted or not)."""
-    from .keys import normalize_value
-    from .store_deletes import forget_item
-
-    kind, _ = forget_item(item, 0)
-    if kind == "id":
-        tid = int(item if not isinstance(item, dict) else item.get("id", item.get("triple_id")))
-        return None if _held_id(kb, tid) else f"no triple with id {tid}"
-    if kind == "source":
-        return f"never held the source {item['source']!r}" if kb.never_held(source=str(item["source"])) else None
-    fields = item if isinstance(item, dict) else dict(zip(("entity", "relation", "value"), item))
-    entity, relation, value = fields.get("entity"), fields.get("relation"), fields.get("value")
-    if kb.never_held(entity=entity):
-        found = kb.explain(entity, relation or "-")
-        cands = [found.entity] if found.entity else [c for c, _ in getattr(found, "candidates", ())][:3]
-        return f"never held the entity {entity!r}" + (f" (closest: {', '.join(map(repr, cands))})" if cands else "")
-    if relation is None:
-        return None
-    history = kb.history(entity, relation)
-    if not history:
-        return f"never held the key ({entity!r}, {relation!r})"
-    if value is not None and all(normalize_value(r.value) != normalize_value(str(value)) for r in history):
-        held = ", ".join(repr(r.value) for r in history[:3])
-        return f"never held ({entity!r}, {relation!r}) = {value!r} (it held {held})"
-    return None
-
-
 @app.command("delete")
 def kb_delete(path: Path, triple_id: List[int] = typer.Option(None, "--id"), entity: Optional[str] = None,
               relation: Optional[str] = None, source: Optional[str] = None,
@@ -181,7 +153,9 @@ def kb_delete(path: Path, triple_id: List[int] = typer.Option(None, "--id"), ent
         if not forget.is_file():
             _fail(f"no forget set at {forget}")
         items = _kb_call(_read_forget_set, forget)
-        never = [f"{forget}:{line}: {why_not}" for line, item in items if (why_not := _never_held(kb, item))]
+        from .store_deletes import never_held_item
+
+        never = [f"{forget}:{line}: {why_not}" for line, item in items if (why_not := never_held_item(kb, item))]
         if never:  # a typo deletes nothing and says so; the set is applied whole or not at all
             _fail(f"{len(never)} of {len(items)} forget items name what {path} never held, so nothing was deleted: "
                   + "; ".join(never[:5]) + ("; ..." if len(never) > 5 else ""))

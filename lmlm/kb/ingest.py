@@ -17,7 +17,7 @@ from . import formats
 from .indexing import PROGRESS_MIN
 from .records import check_who, gc_paused
 
-__all__ = ["add_file", "fingerprint"]
+__all__ = ["add_file", "fingerprint", "head_sha256"]
 
 _PROBE = 1 << 20
 
@@ -43,7 +43,7 @@ def fingerprint(path: str | Path) -> str:
     return h.hexdigest()[:32]
 
 
-def _head_sha256(path: Path, size: int) -> str:
+def head_sha256(path: Path, size: int) -> str:
     """SHA-256 of the first ``size`` bytes of ``path``."""
     import hashlib
 
@@ -59,7 +59,7 @@ def _grew(path: Path, before: dict) -> bool:
     """Whether ``path`` is the file imported whole before (``before``: its size, hash, facts) with bytes
     added at its end: the facts it held then are in, and only the lines after them are new."""
     return (path.is_file() and path.stat().st_size > before["bytes"]
-            and _head_sha256(path, before["bytes"]) == before["sha256"])
+            and head_sha256(path, before["bytes"]) == before["sha256"])
 
 
 def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int = 100_000,
@@ -82,9 +82,9 @@ def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int 
     facts, total = formats.read(source, format)
     mark, here = f"build:{fingerprint(source)}", f"import:{source.resolve()}"
     meta = kb.store.meta()
-    done = int(meta.get(mark, 0))
-    if not done and here in meta and _grew(source, json.loads(meta[here])):
-        done = json.loads(meta[here])["facts"]  # lines added at the end of a file imported whole: only they
+    done, before = int(meta.get(mark, 0)), json.loads(meta.get(here, "null"))
+    if not done and before and _grew(source, before):
+        done = before["facts"]  # lines added at the end of a file imported whole: only they are new
     show = (total or 0) >= PROGRESS_MIN if progress is None else progress
     it = islice(facts, done, None)  # a resumed build reads past what is already in
     chunks, longest = 0, 0.0
@@ -103,7 +103,7 @@ def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int 
                       "longest_lock_seconds": round(longest, 3)}
     if source.is_file() and done:  # what this path held when whole, to tell a file grown by appends
         size = source.stat().st_size
-        kb.store.set_meta({here: json.dumps({"bytes": size, "sha256": _head_sha256(source, size), "facts": done})})
+        kb.store.set_meta({here: json.dumps({"bytes": size, "sha256": head_sha256(source, size), "facts": done})})
     if done == 0:
         if (format or formats.detect_format(source)) == "corpus":
             raise ValueError(f"{source}: its documents hold no lookup call, so no fact to build a KB from: "

@@ -15,7 +15,7 @@ from .keys import KEY_SEP, normalize_text, normalize_value
 from .records import Triple, required
 from .schema import NoChange as _NoChange, chunks as _chunks, marks as _marks
 
-__all__ = ["StoredDeletes", "forget_item"]
+__all__ = ["StoredDeletes", "forget_item", "never_held_item"]
 
 
 class StoredDeletes:
@@ -138,3 +138,29 @@ def forget_item(item, n: int) -> tuple[str, object]:
         return ("key", kn) if len(item) == 2 else ("fact", (kn, normalize_value(item[2])))
     raise ValueError(f"forget item {n} is not a triple id, (entity, relation[, value]), Triple or dict "
                      f"with id, source, entity or entity+relation: {item!r}")
+
+
+def never_held_item(kb, item) -> str | None:
+    """What forget item ``item`` names that no version of ``kb`` held, said for a user (None: it held it,
+    deleted or not): an unknown id or source, an entity (with the closest the KB holds), a key, or a value."""
+    kind, _ = forget_item(item, 0)
+    if kind == "id":
+        tid = int(item if not isinstance(item, dict) else item.get("id", item.get("triple_id")))
+        return None if kb.store.get(tid) is not None else f"no triple with id {tid}"
+    if kind == "source":
+        return f"never held the source {item['source']!r}" if kb.never_held(source=str(item["source"])) else None
+    fields = item if isinstance(item, dict) else dict(zip(("entity", "relation", "value"), item))
+    entity, relation, value = fields.get("entity"), fields.get("relation"), fields.get("value")
+    if kb.never_held(entity=entity):
+        found = kb.explain(entity, relation or "-")
+        cands = [found.entity] if found.entity else [c for c, _ in getattr(found, "candidates", ())][:3]
+        return f"never held the entity {entity!r}" + (f" (closest: {', '.join(map(repr, cands))})" if cands else "")
+    if relation is None:
+        return None
+    history = kb.history(entity, relation)
+    if not history:
+        return f"never held the key ({entity!r}, {relation!r})"
+    if value is not None and all(normalize_value(r.value) != normalize_value(str(value)) for r in history):
+        held = ", ".join(repr(r.value) for r in history[:3])
+        return f"never held ({entity!r}, {relation!r}) = {value!r} (it held {held})"
+    return None

@@ -71,18 +71,12 @@ def _assign_splits(docs: list[Document], heldout: float, seed: int, has_facts) -
 
 def _fingerprint(src: Path) -> dict:
     """The corpus file's size and, up to 512 MB, its SHA-256: a corpus edited in place is another corpus."""
-    import hashlib
+    from ..kb.ingest import head_sha256
 
     if not src.is_file():
         return {}
     size = src.stat().st_size
-    if size > 512 << 20:
-        return {"bytes": size}
-    digest = hashlib.sha256()
-    with open(src, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return {"bytes": size, "sha256": digest.hexdigest()}
+    return {"bytes": size} if size > 512 << 20 else {"bytes": size, "sha256": head_sha256(src, size)}
 
 
 def stage_corpus(recipe: Recipe, out: Path) -> dict:

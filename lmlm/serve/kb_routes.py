@@ -132,13 +132,13 @@ def router(state, require_token) -> APIRouter:
 
     def never_held(ids, entities, sources, relation=None) -> None:
         """KBError (a 404) naming the ids, entities, relation or sources the KB never held, in any version."""
-        missing = [f"triple id {i}" for i in ids or () if kb.store.get(i) is None]
-        missing += [f"{kind} {name!r}" for kind, names in (("entity", entities), ("source", sources))
-                    for name in names if name is not None
-                    for _ in kb.never_held(**{kind: name})]
-        missing += [f"relation {relation!r}"] if relation is not None and kb.never_held(relation=relation) else []
+        from ..kb.store_deletes import never_held_item
+
+        items = [*(ids or ()), *({"entity": e} for e in entities if e), *({"source": s} for s in sources if s)]
+        missing = [why for item in items if (why := never_held_item(kb, item))]
+        missing += [f"never held the relation {relation!r}"] if relation and kb.never_held(relation=relation) else []
         if missing:
-            raise KBError(f"the KB never held the {', the '.join(missing)}; nothing was deleted")
+            raise KBError("nothing was deleted, since the KB never held what these name: " + "; ".join(missing))
 
     @api.post("/forget", response_model=WriteResponse, summary="Delete a forget set (entities, sources, ids) "
               "as one version", **writes)
