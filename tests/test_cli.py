@@ -25,6 +25,30 @@ def test_help(cmd):
     assert "Usage" in result.output
 
 
+def _commands(group, path=()):
+    ctx = type(group).context_class(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        yield path + (name,), cmd
+        if hasattr(cmd, "list_commands"):
+            yield from _commands(cmd, path + (name,))
+
+
+def test_every_flag_reads_as_english():
+    """A switch named for its negative ('--no-db') is a flag, not '--no-db/--no-no-db'; every
+    option of every command is spelled as a user would type it."""
+    import typer
+
+    seen = 0
+    for path, cmd in _commands(typer.main.get_command(app)):
+        for param in cmd.params:
+            names = list(getattr(param, "opts", [])) + list(getattr(param, "secondary_opts", []))
+            seen += len(names)
+            assert not [n for n in names if n.startswith("--no-no-")], (" ".join(path), names)
+            assert all(n == n.lower() and "_" not in n for n in names if n.startswith("--")), (" ".join(path), names)
+    assert seen > 200
+
+
 def test_help_loads_neither_torch_nor_transformers():
     """``lmlm --help`` and each group's help answer in well under a second: the heavy libraries load
     when a command runs, not when the CLI is read (in a fresh interpreter: this one has them)."""

@@ -80,7 +80,7 @@ def annotate_seed(corpus: Path = typer.Argument(..., help="documents (.jsonl/.js
                   k: int = typer.Option(2, min=0, help="few-shot examples"),
                   limit: Optional[int] = typer.Option(None, min=1, help="the first N documents only"),
                   cache: Optional[Path] = typer.Option(None, help="response cache (SQLite; default ~/.cache/lmlm)"),
-                  no_cache: bool = typer.Option(False, help="ask the backend every time"),
+                  no_cache: bool = typer.Option(False, "--no-cache", help="ask the backend every time"),
                   batch_size: int = typer.Option(8, min=1, help="documents per backend call"),
                   style: str = typer.Option("inline", help="inline (the LLM rewrites the passage with calls) or "
                                             "facts (it lists Entity | Relation | Value lines, placed in the text "

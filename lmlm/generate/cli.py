@@ -25,7 +25,7 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
              tokens: Optional[str] = typer.Option(None, help="lookup tokens: 'paper' or 'released' "
                                                   "(default: the checkpoint's)"),
              max_new_tokens: int = typer.Option(64, min=1),
-             no_db: bool = typer.Option(False, help="ablation: no database, lookup tokens banned"),
+             no_db: bool = typer.Option(False, "--no-db", help="ablation: no database, lookup tokens banned"),
              force_lookup: bool = typer.Option(False, help="open a lookup at the end of the prompt"),
              constrained: bool = typer.Option(False, help="write only queries the KB holds (prefix tree of its keys)"),
              matching: str = typer.Option("entity", help="KB lookup: 'entity' (entity first, then relation) or "
