@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from ..cli_errors import fail as _fail
+from .formats import UNSOURCED_DOC
 
 app = typer.Typer(no_args_is_help=True, help="Build, query and edit a knowledge base.")
 alias_app = typer.Typer(no_args_is_help=True, help="Other names of entities (short names, redirects, 'Last, First').")
@@ -368,8 +369,10 @@ def kb_checkout(path: Path, version: int, out: Optional[Path] = typer.Option(Non
 
 
 @app.command("export")
-def kb_export(path: Path, out: Path, format: Optional[str] = typer.Option(None, help="jsonl, parquet or corpus "
-                                                                                   "(default: from OUT's suffix)"),
+def kb_export(path: Path, out: Path, format: Optional[str] = typer.Option(
+                  None, help="jsonl or parquet (an exact copy: counts, sources), or corpus (annotated documents, one "
+                             "per source, to read or train on: a fact's count is not kept, and unsourced facts go "
+                             f"to '{UNSOURCED_DOC}'); default: from OUT's suffix"),
               at: Optional[int] = typer.Option(None, help="export the KB as it was at this version")):
     """Write the active triples with their counts and sources, and the aliases beside them
     (OUT's name with .aliases.jsonl, for `kb build --aliases`)."""
