@@ -45,6 +45,7 @@ __all__ = [
     "render_lookup",
     "strip",
     "plain_text",
+    "plain_pieces",
     "lookups",
     "convert",
 ]
@@ -213,22 +214,34 @@ def plain_text(segments: Iterable[Segment]) -> tuple[str, list[int]]:
     A call is written *before* the word it looks up, separated by one space
     (``born [dblookup(...) -> 1990] 1990``); that space belongs to the call and goes with it.
     """
-    parts: list[str] = []
     positions: list[int] = []
     n = 0
-    after_call = False
-    for seg in segments:
+    segments = list(segments)
+    pieces = plain_pieces(segments)
+    for seg, text in zip(segments, pieces):
         if isinstance(seg, Lookup):
             positions.append(n)
+        n += len(text)
+    return "".join(pieces), positions
+
+
+def plain_pieces(segments: Iterable[Segment]) -> list[str]:
+    """What each segment adds to :func:`plain_text`'s text: a text its own text, less the space before
+    it when a call took that space; a lookup ``""``."""
+    pieces: list[str] = []
+    last, n, after_call = "", 0, False
+    for seg in segments:
+        if isinstance(seg, Lookup):
+            pieces.append("")
             after_call = True
             continue
         text = seg.text
-        if after_call and text.startswith(" ") and (n == 0 or parts[-1][-1:].isspace()):
+        if after_call and text.startswith(" ") and (n == 0 or last[-1:].isspace()):
             text = text[1:]
         after_call = False
-        parts.append(text)
-        n += len(text)
-    return "".join(parts), positions
+        pieces.append(text)
+        last, n = text, n + len(text)
+    return pieces
 
 
 def strip(segments: Iterable[Segment]) -> str:

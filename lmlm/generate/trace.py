@@ -156,14 +156,16 @@ def build_result(prompt: str, ids: list[int], tok: LookupTokenizer, answers: Ans
     :class:`lmlm.generate.trie.KeyTrie`), when decoding followed one, exempts the queries on it.
     ``prefix``: the prompt's ids before ``ids`` (each call's answer was looked up in that context).
     """
-    segments = tok.decode_segments(ids)
+    tail = open_call(ids, tok)  # a call the token limit cut: in the text, not among the segments, as in clean_text
+    segments = tok.decode_segments(ids[:len(ids) - len(tail)])
     spans, stray = call_spans(ids, tok)
     trace = [_trace_entry(ids, sp, tok, answers, max_field_tokens, tree, prefix) for sp in spans]
     names = dict(zip(tok.call_ids, tok.tokens.as_list()))
     found = [(t.token_start, msg) for t in trace for msg in (t.problem.split("; ") if t.problem else [])]
     found += [(i, f"{names[ids[i]]} outside a call at token {i}") for i in stray]
-    clean = _after_prompt(prompt, segments) if not open_call(ids, tok) else continuation_text(prompt, ids, tok)
-    return GenerationResult(prompt=prompt, text=render(segments), clean_text=clean, segments=segments,
+    clean = _after_prompt(prompt, segments)
+    return GenerationResult(prompt=prompt, text=render(tok.decode_segments(ids) if tail else segments),
+                            clean_text=clean, segments=segments,
                             trace=trace, token_ids=ids, problems=[m for _, m in sorted(found, key=lambda x: x[0])])
 
 

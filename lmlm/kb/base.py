@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 
 from .encoder import DEFAULT_MODEL, Encoder, get_encoder
-from .formats import Fact, fact_from
+from .formats import Fact, fact_from, fact_of
 from .index import AnnConfig, VectorKeyIndex, read_header
 from .indexing import INDEX_FILENAME, PROGRESS_MIN, KeyIndexing
 from .keymap import MAP_LIMIT, MemoryMap, StoreMap
@@ -238,7 +238,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
 
     # -- changes ---------------------------------------------------------------------------------
     def add(self, triples: Iterable[Triple], who: str = "lmlm", why: str = "", batch_size: int = 1000,
-            progress: bool | None = None, embed: bool = True) -> int:
+            progress: bool | None = None, embed: bool = True, once: bool = False) -> int:
         """Add facts as one new version and return it (the current version if nothing changed).
 
         A fact whose key and value are already active gains support (``count`` + 1 and the new
@@ -254,9 +254,16 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
             progress (bool, optional): show progress bars (default: for ``PROGRESS_MIN`` items or more).
             embed (bool, default True): embed new keys now; False leaves it to :meth:`embed` or the
                 first fuzzy lookup (exact lookups never need it).
+            once (bool, default False): a fact without a source that is already active changes
+                nothing instead of gaining support, so a request sent again (a retry) counts once;
+                the server's add and ``lmlm kb add`` use it.
         """
         total = len(triples) if hasattr(triples, "__len__") else None
         facts = (fact_from(t) for t in triples)
+        if once:
+            facts = (f for f in facts if f.sources or not any(
+                r.active and normalize_value(r.value) == normalize_value(f.value)
+                for r in self.store.history(f.entity, f.relation)))
         return self._write(facts, "add", who, why, batch_size, progress, total, embed=embed)
 
     def import_file(self, path: str | Path, format: str | None = None, who: str = "lmlm", why: str = "",
@@ -295,7 +302,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
 
     def _write(self, facts: Iterable[Fact], op: str, who: str, why: str, batch_size: int,
                progress: bool | None, total: int | None, embed: bool = True, meta: dict | None = None) -> int:
-        _check_who(who, why)
+        who, why = _check_who(who, why)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         from tqdm.auto import tqdm
@@ -318,11 +325,12 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
         if triple_ids is None and entity is None and relation is None and source is None:
             raise ValueError("delete needs at least one of triple_ids, entity, relation, source "
                              "(refusing to delete everything)")
-        _check_who(who, why)
+        who, why = _check_who(who, why)
         ids = None if triple_ids is None else [triple_ids] if isinstance(triple_ids, numbers.Integral) \
             else [int(i) for i in triple_ids]
         en = None if entity is None else _required(normalize_text(entity), "entity", entity)
         rn = None if relation is None else _required(normalize_text(relation), "relation", relation)
+        source = None if source is None else _required(clean_field(source, "source"), "source", source)
         with self._lock:
             _, n = self.store.delete(who, why, triple_ids=ids, entity_norm=en, relation_norm=rn, source=source)
             if n:
@@ -340,7 +348,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
 
         Like :meth:`delete`, the facts are unreachable by any lookup when this returns.
         """
-        _check_who(who, why)
+        who, why = _check_who(who, why)
         ids, keys, facts, sources, entities = [], [], [], [], []
         lists = {"id": ids, "key": keys, "fact": facts, "source": sources, "entity": entities}
         for n, item in enumerate(items):
@@ -398,15 +406,16 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
             self._index_version = version
 
     def edit(self, entity: str, relation: str, new_value: str, who: str = "lmlm", why: str = "") -> int:
-        """Make ``new_value`` the only active value of ``(entity, relation)``; returns the new version.
+        """Make ``new_value`` the only active value of ``(entity, relation)``; returns the new version
+        (the current one when it already was).
 
         The replaced values stay in history (``deleted_version`` set, op ``edit`` in :meth:`changes`).
         Raises KBError when the key has no active value.
         """
-        t = Triple(entity.strip(), relation.strip(), new_value.strip())  # validates
-        _check_who(who, why)
+        f = fact_of(Triple(entity, relation, new_value))  # validated, and cleaned as an add stores it
+        who, why = _check_who(who, why)
         with self._lock:
-            version = self.store.edit(t.entity, t.relation, t.value, who, why)
+            version = self.store.edit(f.entity, f.relation, f.value, who, why)
             self._after_write(adds_keys=False)
             return version
 
@@ -420,7 +429,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
         deleting an entity's last fact deletes its aliases. ``strict``: refuse (ValueError) an alias that
         is the name of another entity with facts, which would answer for it once that entity is deleted.
         """
-        _check_who(who, why)
+        who, why = _check_who(who, why)
         pairs = [(clean_field(str(a), "alias"), clean_field(str(e), "entity")) for a, e in pairs]
         with self._lock:
             version, n = self.store.add_aliases(pairs, who, why, strict=strict)
@@ -430,7 +439,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
 
     def delete_alias(self, alias: str, entity: str | None = None, who: str = "lmlm", why: str = "") -> int:
         """Delete the alias ``alias`` (of ``entity`` only, if given) as one version; returns how many."""
-        _check_who(who, why)
+        who, why = _check_who(who, why)
         an = _required(normalize_text(alias), "alias", alias)
         en = None if entity is None else _required(normalize_text(entity), "entity", entity)
         with self._lock:

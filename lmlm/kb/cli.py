@@ -95,12 +95,17 @@ def _empty_kb(path: Path) -> bool:
 @app.command("add")
 def kb_add(path: Path, entity: str, relation: str, value: str, source: Optional[str] = typer.Option(None),
            who: str = typer.Option("lmlm"), why: str = typer.Option("")):
-    """Add one fact (a fact already there gains support)."""
+    """Add one fact (one already there gains support from a new --source; without one, adding it again
+    changes nothing)."""
     from ..kb import Triple
 
     kb = _open_kb(path)
-    version = _kb_call(lambda: kb.add([Triple(entity, relation, value, source=source)], who=who, why=why))
-    console.print(f"version {version}")
+    before = kb.version
+    version = _kb_call(lambda: kb.add([Triple(entity, relation, value, source=source)], who=who, why=why,
+                                      once=True))
+    console.print(f"version {version}" if version != before else
+                  f"version {version}: nothing changed (the fact is active already"
+                  + (f" with the source {source!r})" if source else ")"), highlight=False)
 
 
 @app.command("edit")
@@ -108,7 +113,10 @@ def kb_edit(path: Path, entity: str, relation: str, value: str, who: str = typer
             why: str = typer.Option("")):
     """Give a fact a new value (the old one stays in the history)."""
     kb = _open_kb(path)
-    console.print(f"version {_kb_call(kb.edit, entity, relation, value, who=who, why=why)}")
+    before = kb.version
+    version = _kb_call(kb.edit, entity, relation, value, who=who, why=why)
+    console.print(f"version {version}" if version != before else
+                  f"version {version}: nothing changed ({value!r} is already the only active value)", highlight=False)
 
 
 def _read_forget_set(path: Path) -> list[tuple[int, object]]:

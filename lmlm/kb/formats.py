@@ -54,7 +54,7 @@ def fact_from(item) -> Fact:
 
 
 def _fact(e: str, r: str, v: str, source: str | None, position: int | None) -> Fact:
-    sources = ((source, position),) if source is not None else ()
+    sources = ((clean_field(source, "source"), position),) if source is not None else ()
     if is_plain(e + r + v):  # clean_field's fast path, for the three at once
         return Fact(e.strip(), r.strip(), v.strip(), 1, sources)
     return Fact(clean_field(e, "entity"), clean_field(r, "relation"), clean_field(v, "value"), 1, sources)
@@ -154,7 +154,7 @@ def write(records: Iterable[TripleRecord], path: str | Path, format: str | None 
 # -- JSON lines ------------------------------------------------------------------------------------
 def _fact_from_dict(d: dict) -> Fact:
     t = Triple(d["entity"], d["relation"], d["value"], d.get("source"), d.get("position"))
-    sources = [(str(s[0]), None if s[1] is None else int(s[1])) for s in d.get("sources") or []]
+    sources = [(clean_field(str(s[0]), "source"), None if s[1] is None else int(s[1])) for s in d.get("sources") or []]
     count = int(d.get("count", 1))
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")

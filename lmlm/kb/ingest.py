@@ -75,7 +75,7 @@ def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int 
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    check_who(who, why)
+    who, why = check_who(who, why)
     from tqdm.auto import tqdm
 
     source = Path(source)

@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from . import formats
-from .keys import KEY_SEP, key_text, normalize_key, normalize_text
+from .keys import KEY_SEP, clean_field, key_text, normalize_key, normalize_text
 from .records import Change, DiffEntry, Match, TripleRecord, VersionRecord
 from .resolve import EntityLookup
 from .store import Best
@@ -197,7 +197,8 @@ class KnowledgeBaseReader(EntityLookup):
         or ``"source"`` (a document id). A delete that matched nothing asks it: a typo, or done already?"""
         with self._lock:
             return self.store.never_held(None if entity is None else normalize_text(entity),
-                                         None if relation is None else normalize_text(relation), source)
+                                         None if relation is None else normalize_text(relation),
+                                         None if source is None else clean_field(source, "source"))
 
     def history(self, entity: str, relation: str) -> list[TripleRecord]:
         """Every triple ever stored under the key, deleted ones included, oldest first."""

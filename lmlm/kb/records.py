@@ -47,10 +47,13 @@ def check_triple(entity, relation, value, source=None, position=None) -> None:
         raise ValueError(f"Triple.entity is empty (after normalisation): {e!r}")
     if not normalize_text(r):
         raise ValueError(f"Triple.relation is empty (after normalisation): {r!r}")
-    if not v.strip():
+    if not (v.strip() if is_plain(v) else clean_field(v, "Triple.value")):  # "\u200b" is blank too
         raise ValueError(f"Triple.value is blank for ({e!r}, {r!r})")
-    if source is not None and not isinstance(source, str):
-        raise TypeError(f"Triple.source must be str or None, got {type(source).__name__}")
+    if source is not None:
+        if not isinstance(source, str):
+            raise TypeError(f"Triple.source must be str or None, got {type(source).__name__}")
+        if not (source.strip() if is_plain(source) else clean_field(source, "Triple.source")):
+            raise ValueError(f"Triple.source is blank for ({e!r}, {r!r}): give a document id or none")
     if position is not None and (isinstance(position, bool) or not isinstance(position, int)):
         raise TypeError(f"Triple.position must be int or None, got {type(position).__name__}")
 
@@ -287,9 +290,12 @@ def required(norm: str, name: str, raw: str) -> str:
     return norm
 
 
-def check_who(who: str, why: str) -> None:
-    """Every write says who made it (a non-empty string) and why (a string)."""
-    if not isinstance(who, str) or not who.strip():
-        raise ValueError(f"who must be a non-empty string, got {who!r}")
+def check_who(who: str, why: str) -> tuple[str, str]:
+    """Every write says who made it (a non-empty string) and why (a string); both as the audit log
+    stores them (:func:`~lmlm.kb.keys.clean_field`: a control character is refused, a line break is
+    a space)."""
     if not isinstance(why, str):
         raise TypeError(f"why must be a string, got {type(why).__name__}")
+    if not isinstance(who, str) or not clean_field(who, "who"):
+        raise ValueError(f"who must be a non-empty string, got {who!r}")
+    return clean_field(who, "who"), clean_field(why, "why")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numbers
 from typing import Iterable, Sequence
 
-from .keys import KEY_SEP, normalize_text, normalize_value
+from .keys import KEY_SEP, clean_field, normalize_text, normalize_value
 from .records import Triple, required
 from .schema import NoChange as _NoChange, chunks as _chunks, marks as _marks
 
@@ -124,7 +124,7 @@ def forget_item(item, n: int) -> tuple[str, object]:
         if "id" in item or "triple_id" in item:
             return "id", int(item.get("id", item.get("triple_id")))
         if "source" in item:
-            return "source", str(item["source"])
+            return "source", clean_field(str(item["source"]), "source")  # as an add stores it
         if set(item) & {"entity", "relation", "value"} == {"entity"} and isinstance(item["entity"], str):
             return "entity", required(normalize_text(item["entity"]), "entity", item["entity"])
         item = tuple(item[f] for f in ("entity", "relation", "value") if f in item)
@@ -143,12 +143,12 @@ def forget_item(item, n: int) -> tuple[str, object]:
 def never_held_item(kb, item) -> str | None:
     """What forget item ``item`` names that no version of ``kb`` held, said for a user (None: it held it,
     deleted or not): an unknown id or source, an entity (with the closest the KB holds), a key, or a value."""
-    kind, _ = forget_item(item, 0)
+    kind, what = forget_item(item, 0)
     if kind == "id":
         tid = int(item if not isinstance(item, dict) else item.get("id", item.get("triple_id")))
         return None if kb.store.get(tid) is not None else f"no triple with id {tid}"
     if kind == "source":
-        return f"never held the source {item['source']!r}" if kb.never_held(source=str(item["source"])) else None
+        return f"never held the source {what!r}" if kb.never_held(source=what) else None
     fields = item if isinstance(item, dict) else dict(zip(("entity", "relation", "value"), item))
     entity, relation, value = fields.get("entity"), fields.get("relation"), fields.get("value")
     if kb.never_held(entity=entity):

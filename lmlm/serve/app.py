@@ -10,7 +10,7 @@ import asyncio
 import json
 import secrets
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request, Security
@@ -39,7 +39,8 @@ class ServeState:
         token: the bearer token of the write endpoints; ``None`` disables writes.
         limits: see :class:`ServeLimits`.
         device: where the model runs (default: CUDA when available, else CPU).
-        threshold: the KB's fuzzy-match threshold (default: the KB's, 0.6 as in the paper).
+        threshold: the lookups' minimum similarity: of the relation under entity-aware matching (default
+            the KB's, 0.5), of the whole key under the paper's key match (0.6).
         threads: torch's CPU threads, for the whole process (default: torch's). On a busy CPU
             fewer threads than cores leave room for the HTTP side; small models run fastest on one.
     """
@@ -75,11 +76,18 @@ class ServeState:
         if threshold is not None:
             if not 0 <= threshold <= 1:
                 raise ValueError(f"threshold must be in [0, 1], got {threshold}")
-            self.kb.threshold = float(threshold)
+            if self.kb.matching == "key":  # the threshold of the matching in effect, as `lmlm kb lookup --threshold`
+                self.kb.threshold = float(threshold)
+            else:
+                self.kb.relation_threshold = float(threshold)
         self.model_name = _model_name(Path(model_dir))
         self.model_info = {"name": self.model_name, "type": model.config.model_type, "device": str(model.device),
                            "threads": torch.get_num_threads(),
                            "parameters": sum(p.numel() for p in model.parameters()), "context": _context(model)}
+        context = self.model_info["context"]
+        if context is not None and context > 2:  # a prompt of one token (after the separator) and the rest new
+            self.limits = replace(self.limits, max_new_tokens=min(self.limits.max_new_tokens, context - 2),
+                                  max_prompt_tokens=min(self.limits.max_prompt_tokens, context - 2))
         self.tok = tok
         generators = {True: LookupGenerator(model, tok, self.kb, copy_bias=copy_bias, name_bias=name_bias),
                       False: LookupGenerator(model, tok, None, use_db=False)}
@@ -109,7 +117,8 @@ class ServeState:
 
     def check_token(self, credentials: str | None) -> None:
         if self.token is None:
-            raise HTTPException(403, "writes are disabled: the server was started without a token")
+            raise HTTPException(403, "writes are disabled: the server was started read-only "
+                                     "(lmlm serve --read-only, or no token)")
         if not credentials or not secrets.compare_digest(credentials.encode(), self.token.encode()):
             raise HTTPException(401, "this endpoint changes the KB: send 'Authorization: Bearer <token>'",
                                 headers={"WWW-Authenticate": "Bearer"})
@@ -202,7 +211,7 @@ def create_app(model_dir: str | Path, kb_path: str | Path | None = None, *, toke
         token: bearer token required by the KB write endpoints; ``None`` disables them (403).
         limits: request limits (:class:`ServeLimits`).
         device: where the model runs (default: CUDA when available, else CPU).
-        threshold: the KB's fuzzy-match threshold (default: the KB's own, 0.6).
+        threshold: the lookups' minimum similarity (see :class:`ServeState`).
         threads: torch's CPU threads for the process (default: torch's own).
         copy_bias, name_bias: decoding biases of every request with the KB (see
             :class:`lmlm.generate.LookupGenerator`; 0: the model's own choices).
@@ -248,7 +257,9 @@ def create_app(model_dir: str | Path, kb_path: str | Path | None = None, *, toke
     async def info() -> dict:
         version = await state.read(lambda: state.kb.version)
         return {"model": state.model_info, "kb": {"name": Path(state.kb.path).name, "version": version,
-                                                 "threshold": state.kb.threshold},
+                                                 "matching": state.kb.matching,
+                                                 "threshold": state.kb.threshold if state.kb.matching == "key"
+                                                 else state.kb.relation_threshold},
                 "limits": asdict(state.limits), "writes_enabled": state.token is not None,
                 "lookup_tokens": state.tok.tokens.as_list(), "batching": dict(state.worker.stats),
                 "in_flight": state.in_flight}
@@ -277,5 +288,11 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
-        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
+        errors = []
+        for e in exc.errors():
+            # a union's members name themselves in the location ("function-after[partial(<...>)]"): not the user's
+            loc = [x for x in e.get("loc", ()) if not (isinstance(x, str) and ("[" in x or "(" in x))]
+            error = {"loc": loc, "msg": e.get("msg"), "type": e.get("type")}
+            if error not in errors:
+                errors.append(error)
         return JSONResponse(body(request, 422, errors), 422)

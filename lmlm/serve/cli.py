@@ -23,7 +23,8 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
           token: Optional[str] = typer.Option(None, envvar="LMLM_SERVE_TOKEN",
                                               help="bearer token for KB writes (default: a random one, printed)"),
           read_only: bool = typer.Option(False, help="refuse every KB write"),
-          threshold: Optional[float] = typer.Option(None, help="fuzzy-match threshold (default: the KB's, 0.6)"),
+          threshold: Optional[float] = typer.Option(None, help="a lookup's minimum relation similarity "
+                                                  "(entity-aware matching; default: the KB's, 0.5)"),
           max_new_tokens: int = typer.Option(256, min=1, help="most tokens one request may generate"),
           max_concurrent: int = typer.Option(64, min=1, help="generation requests in flight; more get 429"),
           max_batch: int = typer.Option(32, min=1, help="most prompts decoded together"),

@@ -14,7 +14,7 @@ from typing import AsyncIterator
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import StreamingResponse
 
-from ..lookup import Lookup
+from ..lookup import Lookup, Text, plain_pieces
 from .schemas import CompletionResponse, GenerateResponse, request_models
 from .worker import Finished, GenParams
 
@@ -38,9 +38,10 @@ def result_json(r) -> dict:
     """Text, segments (each lookup pointing at its trace entry) and the trace of a ``GenerationResult``."""
     trace = [trace_json(t) for t in r.trace]
     segments, k = [], 0
-    for seg in r.segments:
+    # each text as clean_text has it (the space before a call goes with it): the texts join to clean_text
+    for seg, text in zip(r.segments, plain_pieces([Text(r.prompt), *r.segments])[1:]):
         if not isinstance(seg, Lookup):
-            segments.append({"type": "text", "text": seg.text})
+            segments.append({"type": "text", "text": text})
             continue
         # the trace lists every answered call in token order; a finished call is also a segment
         while k < len(trace) and (trace[k]["query_entity"], trace[k]["query_relation"]) != (seg.entity, seg.relation):

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 
-from ..kb import KBError, Triple, normalize_text
+from ..kb import KBError, Triple
 from .schemas import (MAX_ID, KBVersion, LogResponse, LookupResponse, SearchResponse, TripleOut, VersionDetail,
                       WriteResponse, _utf8, request_models)
 
@@ -106,7 +106,7 @@ def router(state, require_token) -> APIRouter:
         def run():
             before = kb.version
             v = kb.add([Triple(t.entity, t.relation, t.value, source=t.source) for t in body.triples],
-                       who=body.who, why=body.why)
+                       who=body.who, why=body.why, once=True)  # a retried request counts once
             return v, (kb.log(1)[0].n_changed if v > before else 0)
         return await write(run)
 
@@ -115,8 +115,9 @@ def router(state, require_token) -> APIRouter:
               responses={**writes["responses"], 404: {"description": "no active fact to edit"}})
     async def edit(body: R.EditRequest):
         def run():
+            before = kb.version
             v = kb.edit(body.entity, body.relation, body.value, who=body.who, why=body.why)
-            return v, kb.log(1)[0].n_changed
+            return v, (kb.log(1)[0].n_changed if v > before else 0)
         return await write(run)
 
     @api.post("/delete", response_model=WriteResponse, summary="Delete the active facts matching every filter",
@@ -144,15 +145,9 @@ def router(state, require_token) -> APIRouter:
               "as one version", **writes)
     async def forget(body: R.ForgetRequest):
         def run():
-            entities = {normalize_text(e) for e in body.entities} - {""}
-            sources = set(body.sources)
-            ids = set(body.triple_ids)
-            if entities or sources:  # one pass over the active triples
-                for rec in kb.triples():
-                    if normalize_text(rec.entity) in entities or any(s in sources for s, _ in rec.sources):
-                        ids.add(rec.id)
             never_held(body.triple_ids, body.entities, body.sources)  # a typo anywhere: nothing deleted
-            n = kb.delete(triple_ids=sorted(ids), who=body.who, why=body.why) if ids else 0
+            items = [{"entity": e} for e in body.entities] + [{"source": s} for s in body.sources] + body.triple_ids
+            n = kb.forget(items, who=body.who, why=body.why)  # as `lmlm kb delete --forget`: one version
             return kb.version, n
         return await write(run)
 

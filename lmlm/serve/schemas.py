@@ -32,7 +32,7 @@ Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "5" is no int, "yes" no bool: a 422
 
 
 def request_models(limits: ServeLimits) -> SimpleNamespace:
@@ -67,7 +67,7 @@ def request_models(limits: ServeLimits) -> SimpleNamespace:
     class CompletionRequest(BaseModel):
         """OpenAI's legacy completions request; unknown OpenAI fields are accepted and ignored."""
 
-        model_config = ConfigDict(extra="ignore")
+        model_config = ConfigDict(extra="ignore", strict=True)
         model: Optional[Annotated[Utf8, Field(max_length=L.max_field_chars)]] = None
         prompt: Union[Prompt, Annotated[list[Prompt], Field(min_length=1, max_length=L.max_prompts)]]
         max_tokens: int = Field(16, ge=1, le=L.max_new_tokens)

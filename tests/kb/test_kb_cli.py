@@ -130,6 +130,35 @@ def test_a_forget_set_deletes_a_whole_entity_and_a_delete_of_nothing_says_why(tm
     assert res.exit_code == 2 and "bad.jsonl:2: not a forget item" in " ".join(res.output.split()), res.output
 
 
+def test_add_and_edit_again_change_nothing_and_every_string_is_stored_clean(tmp_path):
+    """A command sent twice (a retry) counts once and says so; what enters the KB (values, sources,
+    who and why) is stored as the README says, and a source is found in any Unicode form."""
+    kb = tmp_path / "kb"
+    (tmp_path / "t.jsonl").write_text(json.dumps({"entity": "Ada Lovelace", "relation": "Birth City",
+                                                  "value": "London"}) + "\n")
+    _ok(["kb", "build", kb, "--triples", tmp_path / "t.jsonl", "--no-embed"])
+    assert _ok(["kb", "add", kb, "Alan Turing", "Occupation", "mathematician"]).strip() == "version 2"
+    again = _ok(["kb", "add", kb, "Alan Turing", "Occupation", "mathematician"])
+    assert "version 2: nothing changed" in again
+    assert "nothing changed" in _ok(["kb", "edit", kb, "Ada Lovelace", "Birth City", "Lon\u200bdon\u202e"])
+    assert _ok(["kb", "edit", kb, "Ada Lovelace", "Birth City", "Pa\u200bris"]).strip() == "version 3"
+    assert "version 3: nothing changed" in _ok(["kb", "edit", kb, "Ada Lovelace", "Birth City", "Paris"])
+    rows = [json.loads(x) for x in _ok(["kb", "export", kb, tmp_path / "out.jsonl"]) and
+            (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert {(r["entity"], r["value"], r["count"]) for r in rows} == {("Ada Lovelace", "Paris", 1),
+                                                                     ("Alan Turing", "mathematician", 1)}
+    for args in (["kb", "edit", kb, "Ada Lovelace", "Birth City", "\u200b"],
+                 ["kb", "add", kb, "Grace Hopper", "Employer", "\u200b"],
+                 ["kb", "add", kb, "Grace Hopper", "Employer", "Navy", "--who", "me\x1b[31m"],
+                 ["kb", "add", kb, "Grace Hopper", "Employer", "Navy", "--source", "d\x1b"],
+                 ["kb", "add", kb, "Grace Hopper", "Employer", "Navy", "--source", "\u200b"]):
+        res = runner.invoke(app, [str(a) for a in args])
+        assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, (args, res.output)
+    _ok(["kb", "add", kb, "Grace Hopper", "Employer", "Navy", "--source", "doc-\u00e9t\u00e9", "--why", "a\nb"])
+    assert json.loads(_ok(["kb", "log", kb, "--json"]))[0]["why"] == "a b"  # newest first
+    assert "deleted 1 fact" in _ok(["kb", "delete", kb, "--source", "doc-e\u0301te\u0301"])  # the same id, NFD
+
+
 @pytest.mark.slow
 def test_bench_kb_prints_its_json_last(tmp_path, encoder):
     res = runner.invoke(app, [str(a) for a in ["bench", "kb", "--triples", 400, "--embed-keys", 60, "--ann-queries",

@@ -217,6 +217,58 @@ def test_write_errors_are_4xx(client, auth):
     assert client.get("/api/kb/version").json()["version"] == 1
 
 
+def test_writes_store_clean_strings_and_a_retry_changes_nothing(client, demo, auth):
+    name, city, _ = demo.people[2]
+    edit = {"entity": name, "relation": "Birth City", "value": "Acme\u200b\u202e Town"}
+    assert client.post("/api/kb/edit", headers=auth, json=edit).json() == {"version": 2, "changed": 2}  # old, new
+    assert client.post("/api/kb/edit", headers=auth, json=edit).json() == {"version": 2, "changed": 0}
+    m = client.get("/api/kb/lookup", params={"entity": name, "relation": "Birth City"}).json()["match"]
+    assert m["value"] == "Acme Town"  # stored as an add would store it: no zero-width or bidi characters
+    for value in ("\u200b", "  "):
+        r = client.post("/api/kb/edit", headers=auth, json={**edit, "value": value})
+        assert r.status_code == 422 and "blank" in r.json()["detail"], value
+        r = client.post("/api/kb/triples", headers=auth, json={"triples": [{**edit, "value": value}]})
+        assert r.status_code == 422 and "blank" in r.json()["detail"], value
+    new = {"triples": [{"entity": "Retry Person", "relation": "Major", "value": "Physics"}]}
+    assert client.post("/api/kb/triples", headers=auth, json=new).json() == {"version": 3, "changed": 1}
+    assert client.post("/api/kb/triples", headers=auth, json=new).json() == {"version": 3, "changed": 0}
+    tid = client.get("/api/kb/lookup", params={"entity": "Retry Person", "relation": "Major"}).json()["match"]
+    assert client.get(f"/api/kb/triples/{tid['triple_id']}").json()["count"] == 1  # a retry counts once
+    nfc = {"entity": "Nfd Person", "relation": "Major", "value": "Art", "source": "doc-\u00e9t\u00e9"}
+    assert client.post("/api/kb/triples", headers=auth, json={"triples": [nfc]}).status_code == 200
+    r = client.post("/api/kb/forget", headers=auth, json={"sources": ["doc-e\u0301te\u0301"]})  # the same id, NFD
+    assert r.status_code == 200 and r.json()["changed"] == 1, r.text
+    for bad in ({"who": "me\u001b[31m"}, {"why": "x\u0007"}):
+        r = client.post("/api/kb/triples", headers=auth, json={**new, **bad})
+        assert r.status_code == 422 and "control character" in r.json()["detail"], bad
+    client.post("/api/kb/triples", headers=auth, json={"triples": [{**nfc, "source": "d2"}], "why": "one\ntwo"})
+    assert client.get("/api/kb/log", params={"limit": 1}).json()["versions"][0]["why"] == "one two"
+
+
+def test_requests_are_typed_and_errors_speak_of_fields(client, auth):
+    for body in ({"prompt": "Ada", "max_new_tokens": "5"}, {"prompt": "Ada", "max_new_tokens": True},
+                 {"prompt": "Ada", "force_lookup": "yes"}):
+        assert client.post("/api/generate", json=body).status_code == 422, body
+    assert client.post("/api/kb/delete", headers=auth, json={"triple_ids": ["5"]}).status_code == 422
+    assert client.post("/api/generate", json={"prompt": "Ada", "temperature": 1}).status_code == 200
+    for prompt in (5, []):
+        r = client.post("/v1/completions", json={"prompt": prompt})
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 422 and msg.startswith("prompt") and "function" not in msg and "0x" not in msg, msg
+
+
+def test_segments_join_to_clean_text(client, demo):
+    """The texts of a result's segments join to its clean_text, with a call the token limit cut too."""
+    for prompt in demo.prompts[:6]:
+        for n in (5, 9, 24):
+            r = _generate(client, prompt, max_new_tokens=n)
+            texts = [s["text"] for s in r["segments"] if s["type"] == "text"]
+            assert "".join(texts) == r["clean_text"], (prompt, n, r["segments"], r["clean_text"])
+            assert not any("<|db_" in t for t in texts)
+    info = client.get("/api/info").json()
+    assert info["limits"]["max_new_tokens"] <= info["model"]["context"] - 2  # what the model can take
+
+
 def test_forget_set_is_one_version(client, demo, auth):
     a, b = demo.people[0][0], demo.people[1][0]
     r = client.post("/api/kb/forget", headers=auth,

@@ -105,10 +105,12 @@ function render(res) {
   p.className = "prompt";
   p.textContent = res.prompt;
   out.append(p);
-  for (const seg of res.segments) {
+  let last = res.prompt;
+  res.segments.forEach((seg, i) => {
     if (seg.type === "text") {
       out.append(...withMarkers(seg.text));
-      continue;
+      if (seg.text) last = seg.text;
+      return;
     }
     const t = seg.trace !== null ? res.trace[seg.trace] : null;
     const span = document.createElement("span");
@@ -123,8 +125,13 @@ function render(res) {
     span.addEventListener("mouseenter", () => showTip(span, t));
     span.addEventListener("mouseleave", () => ($("#tip").hidden = true));
     span.addEventListener("click", () => select(seg.trace, span));
-    out.append(" ", span, " ");
-  }
+    // the texts join to clean_text; a fact stands apart from the words on either side by one space
+    const next = res.segments[i + 1];
+    if (last && !/\s$/.test(last)) out.append(" ");
+    out.append(span);
+    if (!(next && next.type === "text" && /^\s/.test(next.text))) out.append(" ");
+    last = " ";
+  });
   $("#clean").replaceChildren(...withMarkers(res.clean_text));
   const found = res.trace.filter((t) => t.found).length;
   const n = res.trace.length;
