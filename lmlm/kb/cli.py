@@ -343,26 +343,35 @@ def kb_log(path: Path, limit: int = typer.Option(20, min=1, help="the latest ver
         print(json.dumps([v.__dict__ for v in log], indent=2))
         return
     for v in log:
-        console.print(f"v{v.version:<5} {v.time}  {v.op:<7} {v.n_changed:>8} triples  {_show(v.who)}: {_show(v.why)}",
+        what = "aliases" if v.op in ("alias", "unalias") else "triples"
+        console.print(f"v{v.version:<5} {v.time}  {v.op:<7} {v.n_changed:>8} {what}  {_show(v.who)}: {_show(v.why)}",
                       highlight=False)
 
 
 @app.command("diff")
 def kb_diff(path: Path, v1: int, v2: int, as_json: bool = typer.Option(False, "--json"),
             limit: int = typer.Option(50, min=1, help="lines to print (all with --json)")):
-    """What changed between two versions: added, removed and re-supported triples."""
-    entries = _kb_call(_open_kb(path).diff, v1, v2)
+    """What changed between two versions: added, removed and re-supported triples, and aliases."""
+    kb = _open_kb(path)
+    entries = _kb_call(kb.diff, v1, v2)
+    added, removed = kb.alias_diff(v1, v2)
+    names = [("added", r) for r in added] + [("removed", r) for r in removed]
     if as_json:
-        print(json.dumps([e.to_dict() for e in entries], indent=2, ensure_ascii=False))
+        print(json.dumps([e.to_dict() for e in entries] + [{"op": op, "alias": r.alias, "entity": r.entity}
+                                                          for op, r in names], indent=2, ensure_ascii=False))
         return
     sign = {"added": "[green]+[/]", "removed": "[red]-[/]", "support": "[yellow]~[/]"}
     for e in entries[:limit]:
         counts = f"{e.count_before} → {e.count_after}" if e.op == "support" else e.count_before or e.count_after
         console.print(f"{sign[e.op]} {_show(e.entity)} · {_show(e.relation)} → {_show(e.value)}  "
                       f"(triple {e.triple_id}, count {counts})", highlight=False)
+    for op, r in names[:max(0, limit - len(entries))]:
+        console.print(f"{sign[op]} alias {_show(r.alias)} → {_show(r.entity)}", highlight=False)
     ops = {op: sum(e.op == op for e in entries) for op in sign}
+    shown = len(entries) + len(names)
     console.print(f"v{v1} → v{v2}: {ops['added']} added, {ops['removed']} removed, {ops['support']} re-supported"
-                  + (f" ({len(entries) - limit} more not shown)" if len(entries) > limit else ""))
+                  + (f"; aliases {len(added)} added, {len(removed)} removed" if names else "")
+                  + (f" ({shown - limit} more not shown)" if shown > limit else ""))
 
 
 @app.command("checkout")
@@ -374,6 +383,21 @@ def kb_checkout(path: Path, version: int, out: Optional[Path] = typer.Option(Non
         n = _kb_call(view.export, out, format)
         err.print(f"{n} triples of version {version} written to {out}")
     console.print_json(json.dumps(view.stats(), default=str))
+
+
+@app.command("restore")
+def kb_restore(path: Path, version: int, who: str = typer.Option("lmlm"), why: str = typer.Option("")):
+    """Make the active facts and aliases those of a past version, as new versions (history is kept;
+    facts written back get new ids, with their counts and sources then); again after a crash: the rest."""
+    from .restore import restore_version
+
+    kb = _open_kb(path)
+    r = _kb_call(restore_version, kb, version, who=who, why=why)
+    console.print(f"version {r.version}: as at version {version}: {r.removed} facts deleted, {r.added} written back"
+                  + (f", aliases {r.aliases_added} added and {r.aliases_removed} deleted"
+                     if r.aliases_added or r.aliases_removed else "")
+                  if r.changed else f"version {r.version}: nothing to restore (the KB holds what version "
+                                    f"{version} held)", highlight=False)
 
 
 @app.command("export")

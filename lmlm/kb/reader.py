@@ -20,6 +20,7 @@ import numpy as np
 from . import formats
 from .keys import KEY_SEP, clean_field, key_text, normalize_key, normalize_text
 from .records import Change, DiffEntry, Match, TripleRecord, VersionRecord
+from .store_aliases import AliasRow
 from .resolve import EntityLookup
 from .store import Best
 
@@ -219,6 +220,16 @@ class KnowledgeBaseReader(EntityLookup):
         """The triples that differ between versions ``a`` and ``b`` (see :class:`DiffEntry`)."""
         with self._lock:
             return self.store.diff(a, b)
+
+    def alias_diff(self, a: int, b: int) -> tuple[list[AliasRow], list[AliasRow]]:
+        """The aliases active at version ``b`` and not at ``a`` (added), and the reverse (removed)."""
+        with self._lock:
+            a, b = self.store.check_version(a), self.store.check_version(b)
+            at_a, at_b = self.store.aliases(at=a), self.store.aliases(at=b)
+        in_a = {(r.alias_norm, r.entity_norm) for r in at_a}
+        in_b = {(r.alias_norm, r.entity_norm) for r in at_b}
+        return ([r for r in at_b if (r.alias_norm, r.entity_norm) not in in_a],
+                [r for r in at_a if (r.alias_norm, r.entity_norm) not in in_b])
 
     def triples(self) -> Iterator[TripleRecord]:
         """The active triples in id order, streamed from a snapshot."""

@@ -27,7 +27,7 @@ from .worker import ModelWorker
 __all__ = ["create_app", "ServeState", "STATIC_DIR"]
 
 STATIC_DIR = Path(__file__).parent / "static"
-WRITE_PATHS = frozenset({"/api/kb/triples", "/api/kb/edit", "/api/kb/delete", "/api/kb/forget"})
+WRITE_PATHS = frozenset({"/api/kb/triples", "/api/kb/edit", "/api/kb/delete", "/api/kb/forget", "/api/kb/restore"})
 
 
 class ServeState:

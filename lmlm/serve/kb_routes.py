@@ -77,7 +77,8 @@ def router(state, require_token) -> APIRouter:
     async def log(limit: Annotated[int, Query(ge=1, le=L.max_log)] = 20):
         return await state.read(lambda: {"versions": [asdict(v) for v in kb.log(limit)], "version": kb.version})
 
-    @api.get("/log/{version}", response_model=VersionDetail, summary="One version and what it did to each triple",
+    @api.get("/log/{version}", response_model=VersionDetail,
+             summary="One version and what it did to each triple and alias",
              responses={404: {"description": "no such version"}})
     async def version_detail(version: Annotated[int, Path(ge=1, le=MAX_ID)]):
         def get():
@@ -87,7 +88,10 @@ def router(state, require_token) -> APIRouter:
             found = [v for v in kb.log(current - version + 1) if v.version == version]
             if not found:
                 raise HTTPException(404, f"no version {version} in the log")
-            return {"record": asdict(found[0]), "changes": [asdict(c) for c in kb.changes(version)]}
+            added, removed = kb.alias_diff(version - 1, version)
+            return {"record": asdict(found[0]), "changes": [asdict(c) for c in kb.changes(version)],
+                    "aliases_added": [{"alias": r.alias, "entity": r.entity} for r in added],
+                    "aliases_removed": [{"alias": r.alias, "entity": r.entity} for r in removed]}
         return await state.read(get)
 
     # -- writes -----------------------------------------------------------------------------------
@@ -149,6 +153,17 @@ def router(state, require_token) -> APIRouter:
             items = [{"entity": e} for e in body.entities] + [{"source": s} for s in body.sources] + body.triple_ids
             n = kb.forget(items, who=body.who, why=body.why)  # as `lmlm kb delete --forget`: one version
             return kb.version, n
+        return await write(run)
+
+    @api.post("/restore", response_model=WriteResponse, summary="Make the active facts and aliases those of a "
+              "past version (as new versions; history is kept)", dependencies=writes["dependencies"],
+              responses={**writes["responses"], 404: {"description": "no such version"}})
+    async def restore(body: R.RestoreRequest):
+        from ..kb.restore import restore_version
+
+        def run():
+            r = restore_version(kb, body.version, who=body.who, why=body.why)
+            return r.version, r.changed
         return await write(run)
 
     return api

@@ -128,6 +128,13 @@ def request_models(limits: ServeLimits) -> SimpleNamespace:
                 raise ValueError("say what to delete: triple_ids, entity, relation or source")
             return self
 
+    class RestoreRequest(_Strict):
+        """Make the active facts and aliases those of a past version, as new versions."""
+
+        version: int = Field(ge=0, le=MAX_ID)
+        who: Name = "api"
+        why: Why = ""
+
     class ForgetRequest(_Strict):
         """A forget set: every active fact of these entities, these sources and these ids, deleted as
         one version."""
@@ -146,7 +153,7 @@ def request_models(limits: ServeLimits) -> SimpleNamespace:
 
     return SimpleNamespace(GenerateRequest=GenerateRequest, CompletionRequest=CompletionRequest,
                            AddRequest=AddRequest, EditRequest=EditRequest, DeleteRequest=DeleteRequest,
-                           ForgetRequest=ForgetRequest, Name=Name)
+                           ForgetRequest=ForgetRequest, RestoreRequest=RestoreRequest, Name=Name)
 
 
 # -- responses ------------------------------------------------------------------------------------
@@ -290,9 +297,17 @@ class LogResponse(BaseModel):
     version: int
 
 
+class AliasOut(BaseModel):
+    alias: str
+    entity: str
+
+
 class VersionDetail(BaseModel):
     record: VersionOut
-    changes: list[ChangeOut]
+    changes: list[ChangeOut] = Field(description="what the version did to each triple it touched")
+    aliases_added: list[AliasOut] = Field(default_factory=list, description="other names of entities it added")
+    aliases_removed: list[AliasOut] = Field(default_factory=list, description="and deleted (with an entity's "
+                                                                              "last fact, or by name)")
 
 
 class KBVersion(BaseModel):

@@ -159,6 +159,46 @@ def test_add_and_edit_again_change_nothing_and_every_string_is_stored_clean(tmp_
     assert "deleted 1 fact" in _ok(["kb", "delete", kb, "--source", "doc-e\u0301te\u0301"])  # the same id, NFD
 
 
+def test_restore_brings_back_a_past_version_and_the_audit_trail_shows_aliases(tmp_path):
+    rows = [("Ada Lovelace", "Birth City", "London", "bio-ada"), ("Ada Lovelace", "Employer", "none", "bio-ada"),
+            ("Alan Turing", "Birth City", "London", "bio-t"), ("Alan Turing", "Birth City", "London", "bio-t2")]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(dict(zip(("entity", "relation", "value", "source"), r)))
+                                              + "\n" for r in rows))
+    kb = tmp_path / "kb"
+    _ok(["kb", "build", kb, "--triples", tmp_path / "t.jsonl", "--no-embed"])  # version 1
+    _ok(["kb", "alias", "add", kb, "Lovelace, Ada", "Ada Lovelace"])  # 2
+    _ok(["kb", "add", kb, "Grace Hopper", "Employer", "US Navy"])  # 3
+    _ok(["kb", "edit", kb, "Alan Turing", "Birth City", "Paris"])  # 4
+    _ok(["kb", "delete", kb, "--entity", "Ada Lovelace"])  # 5: her alias goes with her last fact
+    diff = _ok(["kb", "diff", kb, 1, 2])
+    assert "+ alias Lovelace, Ada → Ada Lovelace" in diff and "aliases 1 added, 0 removed" in diff, diff
+    assert any(e.get("alias") == "Lovelace, Ada" and e["op"] == "removed"
+               for e in json.loads(_ok(["kb", "diff", kb, 4, 5, "--json"])))
+    assert "alias   " in _ok(["kb", "log", kb]) and "1 aliases" in _ok(["kb", "log", kb])
+
+    def state():
+        out = tmp_path / "now.jsonl"
+        _ok(["kb", "export", kb, out])
+        facts = {(r["entity"], r["relation"], r["value"], r["count"], tuple(map(tuple, r["sources"])))
+                 for r in map(json.loads, out.read_text().splitlines())}
+        return facts, json.loads(_ok(["kb", "alias", "list", kb, "--json"]))
+
+    _ok(["kb", "checkout", kb, 2, "--out", tmp_path / "v2.jsonl"])
+    want = {(r["entity"], r["relation"], r["value"], r["count"], tuple(map(tuple, r["sources"])))
+            for r in map(json.loads, (tmp_path / "v2.jsonl").read_text().splitlines())}
+    out = _ok(["kb", "restore", kb, 2, "--why", "undo"])
+    assert "as at version 2: 2 facts deleted, 3 written back, aliases 1 added" in " ".join(out.split()), out
+    facts, aliases = state()
+    assert facts == want and ("Alan Turing", "Birth City", "London", 2, (("bio-t", None), ("bio-t2", None))) in facts
+    assert [(a["alias"], a["entity"]) for a in aliases] == [("Lovelace, Ada", "Ada Lovelace")]
+    assert "nothing to restore" in _ok(["kb", "restore", kb, 2])  # again: nothing twice
+    assert json.loads(_ok(["kb", "lookup", kb, "Ada Lovelace", "Employer"]))["value"] == "none"
+    assert "facts deleted, 0 written back" in _ok(["kb", "restore", kb, 0])  # the empty KB
+    assert state() == (set(), [])
+    res = runner.invoke(app, [str(a) for a in ["kb", "restore", kb, 99]])
+    assert res.exit_code == 2 and "no version 99" in res.output
+
+
 @pytest.mark.slow
 def test_bench_kb_prints_its_json_last(tmp_path, encoder):
     res = runner.invoke(app, [str(a) for a in ["bench", "kb", "--triples", 400, "--embed-keys", 60, "--ann-queries",

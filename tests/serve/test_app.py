@@ -18,7 +18,8 @@ TOKEN = "test-token-1234"  # as in conftest.py
 WRITES = {"/api/kb/triples": {"triples": [{"entity": "Zed Quill", "relation": "Birth City", "value": "Oslo"}]},
           "/api/kb/edit": {"entity": "Ada Lind", "relation": "Birth City", "value": "Oslo"},
           "/api/kb/delete": {"entity": "Ada Lind"},
-          "/api/kb/forget": {"entities": ["Ada Lind"]}}
+          "/api/kb/forget": {"entities": ["Ada Lind"]},
+          "/api/kb/restore": {"version": 0}}
 
 
 def _generate(client, prompt: str, **kw) -> dict:
@@ -243,6 +244,13 @@ def test_writes_store_clean_strings_and_a_retry_changes_nothing(client, demo, au
         assert r.status_code == 422 and "control character" in r.json()["detail"], bad
     client.post("/api/kb/triples", headers=auth, json={"triples": [{**nfc, "source": "d2"}], "why": "one\ntwo"})
     assert client.get("/api/kb/log", params={"limit": 1}).json()["versions"][0]["why"] == "one two"
+    # back to version 1, the demo KB as built: this test's facts deleted, the edited value written back
+    r = client.post("/api/kb/restore", headers=auth, json={"version": 1, "why": "undo"})
+    assert r.status_code == 200 and r.json()["changed"] == 4, r.text  # 3 facts deleted, 1 written back
+    m = client.get("/api/kb/lookup", params={"entity": name, "relation": "Birth City"}).json()["match"]
+    assert m["value"] == city and m["sources"]
+    assert client.post("/api/kb/restore", headers=auth, json={"version": 1}).json()["changed"] == 0
+    assert client.post("/api/kb/restore", headers=auth, json={"version": 99}).status_code == 404
 
 
 def test_requests_are_typed_and_errors_speak_of_fields(client, auth):
