@@ -25,7 +25,8 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
              tokens: Optional[str] = typer.Option(None, help="lookup tokens: 'paper' or 'released' "
                                                   "(default: the checkpoint's)"),
              max_new_tokens: int = typer.Option(64, min=1),
-             no_db: bool = typer.Option(False, "--no-db", help="ablation: no database, lookup tokens banned"),
+             no_db: bool = typer.Option(False, "--no-db", help="ablation: no database, lookup tokens banned "
+                                                                "(the server's use_db: false)"),
              force_lookup: bool = typer.Option(False, help="open a lookup at the end of the prompt"),
              constrained: bool = typer.Option(False, help="write only queries the KB holds (prefix tree of its keys)"),
              matching: str = typer.Option("entity", help="KB lookup: 'entity' (entity first, then relation) or "
@@ -41,7 +42,7 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
              name_bias: float = typer.Option(10.0, min=0.0, help="added, inside a call's entity, to the next token "
                                              "of each KB name the text before it gives, so a query stays on the "
                                              "text's names (0: the model's own choice, as in the paper's decoding)"),
-             sample: bool = typer.Option(False, help="sample instead of greedy decoding"),
+             sample: bool = typer.Option(False, help="sample instead of greedy decoding (the server's do_sample)"),
              temperature: float = typer.Option(1.0), top_p: float = typer.Option(1.0), top_k: int = typer.Option(0),
              repetition_penalty: float = typer.Option(1.0), num_beams: int = typer.Option(1, min=1, help="beam search"),
              stop: List[str] = typer.Option(None, help="stop at this text (repeatable)"),

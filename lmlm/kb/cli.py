@@ -147,7 +147,10 @@ def _read_forget_set(path: Path) -> list[tuple[int, object]]:
 
 
 @app.command("delete")
-def kb_delete(path: Path, triple_id: List[int] = typer.Option(None, "--id"), entity: Optional[str] = None,
+def kb_delete(path: Path,
+              triple_id: List[int] = typer.Option(None, "--id", "--triple-id",
+                                                  help="a triple's id (repeatable; the server's 'triple_ids')"),
+              entity: Optional[str] = None,
               relation: Optional[str] = None, source: Optional[str] = None,
               forget: Optional[Path] = typer.Option(None, help="JSONL forget set: one {id}, {source}, {entity} "
                                                               "or {entity, relation[, value]} per line"),
