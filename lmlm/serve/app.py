@@ -293,6 +293,9 @@ def _errors(app: FastAPI) -> None:
             # a union's members name themselves in the location ("function-after[partial(<...>)]"): not the user's
             loc = [x for x in e.get("loc", ()) if not (isinstance(x, str) and ("[" in x or "(" in x))]
             error = {"loc": loc, "msg": e.get("msg"), "type": e.get("type")}
+            if loc == ["body"] and "json" not in request.headers.get("content-type", ""):
+                error["msg"] = (f"{error['msg']}: send the body as JSON with 'content-type: application/json' "
+                                f"(got {request.headers.get('content-type') or 'none'!r})")
             if error not in errors:
                 errors.append(error)
         return JSONResponse(body(request, 422, errors), 422)

@@ -259,6 +259,8 @@ def test_requests_are_typed_and_errors_speak_of_fields(client, auth):
         assert client.post("/api/generate", json=body).status_code == 422, body
     assert client.post("/api/kb/delete", headers=auth, json={"triple_ids": ["5"]}).status_code == 422
     assert client.post("/api/generate", json={"prompt": "Ada", "temperature": 1}).status_code == 200
+    r = client.post("/api/generate", content=json.dumps({"prompt": "Ada"}), headers={"content-type": "text/plain"})
+    assert r.status_code == 422 and "application/json" in r.json()["detail"][0]["msg"], r.text
     for prompt in (5, []):
         r = client.post("/v1/completions", json={"prompt": prompt})
         msg = r.json()["error"]["message"]
