@@ -72,10 +72,31 @@ def _tokens_of(generator) -> LookupTokens | None:
     return getattr(getattr(generator, "tok", None), "tokens", None)
 
 
-def outputs_of(generator, results) -> list[str]:
-    """:func:`output_text` of each result, with the generator's lookup token names."""
+def outputs_of(generator, results, max_text_tokens: int | None = None) -> list[str]:
+    """:func:`output_text` of each result, with the generator's lookup token names; with
+    ``max_text_tokens``, an answer with calls is cut to that many tokens of text (see :func:`answer_budget`)."""
     tokens = _tokens_of(generator)
-    return [output_text(r, tokens) for r in results]
+    outs = [output_text(r, tokens) for r in results]
+    hf = getattr(getattr(generator, "tok", None), "hf", None)
+    if max_text_tokens is None or hf is None:
+        return outs
+    cut = []
+    for o, r in zip(outs, results):
+        ids = hf.encode(o, add_special_tokens=False) if r.trace else ()
+        cut.append(hf.decode(ids[:max_text_tokens]) if len(ids) > max_text_tokens else o)
+    return cut
+
+
+CALL_ROOM = 64  # tokens an answer's calls may take on top of its text (a call is 10-30 tokens)
+
+
+def answer_budget(generator, max_new_tokens: int) -> int:
+    """Tokens to generate for an answer of ``max_new_tokens`` tokens of text: a model that makes calls
+    gets :data:`CALL_ROOM` more, since the protocols strip the calls from what they score, and its
+    answer is then cut to ``max_new_tokens`` tokens of text (:func:`outputs_of`). So an LMLM and a
+    Standard model answer in the same number of text tokens, the calls not taken from the LMLM's."""
+    calls = getattr(generator, "options", {}).get("use_db", False) and getattr(generator, "kb", None) is not None
+    return max_new_tokens + (CALL_ROOM if calls else 0)
 
 
 def trace_dicts(result) -> list[dict]:

@@ -93,7 +93,7 @@ def _finish(protocol, metrics: dict, records: list, out: Path | None, config: di
 @eval_app.command()
 def trex(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path | None = OUT,
          limit: int | None = LIMIT, batch_size: int = BATCH, no_db: bool = NO_DB,
-         max_new_tokens: int = typer.Option(16, min=1, help="generated tokens per fact"),
+         max_new_tokens: int = typer.Option(16, min=1, help="tokens of text per answer (a call's tokens come on top)"),
          all_positions: bool = typer.Option(False, help="keep facts whose [MASK] is not the last word")):
     """T-REx (LAMA) cloze: exact match in the first 5 content words, and precision@1."""
     from .trex import TREX, read_trex, trex_eval
@@ -112,7 +112,7 @@ def trex(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
 @eval_app.command()
 def popqa(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path | None = OUT,
           limit: int | None = LIMIT, batch_size: int = BATCH, no_db: bool = NO_DB,
-          max_new_tokens: int = typer.Option(32, min=1, help="generated tokens per question"),
+          max_new_tokens: int = typer.Option(32, min=1, help="tokens of text per answer (a call's tokens come on top)"),
           max_popularity: float | None = typer.Option(None, help="keep subjects below this popularity "
                                                          "(100: the paper's long-tail subset)"),
           force_lookup: bool = typer.Option(False, help="open a lookup right after the prompt")):

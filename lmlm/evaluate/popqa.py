@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import Protocol, lookup_metrics, mean, outputs_of, read_json_records, trace_dicts
+from .base import Protocol, answer_budget, lookup_metrics, mean, outputs_of, read_json_records, trace_dicts
 
 __all__ = [
     "COMPLETIONS",
@@ -218,7 +218,8 @@ def popqa_eval(generator, items: Sequence[QAItem], *, force_lookup: bool = False
         generator: the model to evaluate (a Standard model: one built with ``use_db=False``).
         items: from :func:`read_popqa` or :func:`read_fanoutqa`.
         force_lookup (bool, default False): open a lookup right after the prompt.
-        max_new_tokens (int, default 32): generated tokens, forced value tokens included.
+        max_new_tokens (int, default 32): tokens of the answer's text; a model's calls take up to
+            :data:`~lmlm.evaluate.base.CALL_ROOM` more (:func:`~lmlm.evaluate.base.answer_budget`).
         by_relation (bool, default True): also report ``popqa_accuracy_<relation>``.
         records (list, optional): appended with one dict per item.
 
@@ -227,9 +228,9 @@ def popqa_eval(generator, items: Sequence[QAItem], *, force_lookup: bool = False
         ``popqa_lookup_found`` (a KB fact about the item's subject; ``popqa_lookup_answered``: any,
         ``popqa_lookup_wrong_entity``: items answered only about someone else) and per-relation accuracy.
     """
-    results = generator.generate([it.prompt for it in items], max_new_tokens=max_new_tokens,
+    results = generator.generate([it.prompt for it in items], max_new_tokens=answer_budget(generator, max_new_tokens),
                                  batch_size=batch_size, force_lookup=force_lookup)
-    outputs = outputs_of(generator, results)
+    outputs = outputs_of(generator, results, max_new_tokens)
     hits = [answer_in_output(o, it.answers) for o, it in zip(outputs, items)]
     out = {POPQA.key("accuracy"): mean(hits), POPQA.key("n"): float(len(items)),
            **lookup_metrics(POPQA, results, [it.subject for it in items])}

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Protocol, lookup_metrics, mean, outputs_of, trace_dicts
+from .base import Protocol, answer_budget, lookup_metrics, mean, outputs_of, trace_dicts
 from .cloze import match_first_content_words
 
 __all__ = ["MASK", "TREX", "TrexItem", "cloze_prompt", "read_trex", "score_trex", "trex_eval"]
@@ -141,7 +141,8 @@ def trex_eval(generator, items: Sequence[TrexItem], *, force_lookup: bool = True
         force_lookup (bool, default True): open a lookup at the masked position (LMLM protocol);
             pass False for a Standard model. The paper lets a missed lookup go on as plain decoding:
             build the generator with ``on_miss="skip"``.
-        max_new_tokens (int, default 16): generated tokens, forced value tokens included.
+        max_new_tokens (int, default 16): tokens of the answer's text; a model's calls take up to
+            :data:`~lmlm.evaluate.base.CALL_ROOM` more (:func:`~lmlm.evaluate.base.answer_budget`).
         n_words (int, default 5): content words searched for the exact match.
         by_relation (bool, default True): also report ``trex_exact_match_<predicate_id>``.
         records (list, optional): appended with one dict per item (prompt, gold, output, verdicts, lookups).
@@ -152,9 +153,9 @@ def trex_eval(generator, items: Sequence[TrexItem], *, force_lookup: bool = True
         fact, ``trex_lookup_wrong_entity``: items answered only about someone else) and per-relation
         exact match.
     """
-    results = generator.generate([it.prompt for it in items], max_new_tokens=max_new_tokens,
+    results = generator.generate([it.prompt for it in items], max_new_tokens=answer_budget(generator, max_new_tokens),
                                  batch_size=batch_size, force_lookup=force_lookup)
-    outputs = outputs_of(generator, results)
+    outputs = outputs_of(generator, results, max_new_tokens)
     scores = score_trex(outputs, items, n_words)
     out = {TREX.key("exact_match"): mean(s["exact_match"] for s in scores),
            TREX.key("precision_at_1"): mean(s["precision_at_1"] for s in scores),

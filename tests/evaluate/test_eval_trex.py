@@ -120,3 +120,17 @@ def test_trex_on_a_tiny_lmlm(world, tmp_path):
     for r in records:
         assert "[dblookup" not in r["output"] and "<|db" not in r["output"]
         assert r["lookups"], "a lookup was forced at the mask"
+
+
+def test_the_answer_budget_is_text_the_calls_come_on_top(world, tmp_path):
+    """An LMLM answers in as many tokens of text as a Standard model: its forced call does not eat
+    the budget (2 tokens of text here, where the call alone takes more)."""
+    lines = [{"uuid": str(k), "obj_label": city, "sub_label": name, "predicate_id": "P19",
+              "masked_sentences": [f"{name} was born in [MASK]."]} for k, (name, city, _) in enumerate(world.people[:8])]
+    items = read_trex(_write(tmp_path, lines))
+    gen = LookupGenerator(world.model, world.tok, DictKB(world.facts), on_miss="skip")
+    records = []
+    m = trex_eval(gen, items, max_new_tokens=2, records=records)
+    assert all(r["lookups"] for r in records)
+    assert all(len(world.tok.hf.encode(r["output"], add_special_tokens=False)) <= 2 for r in records)
+    assert m["trex_exact_match"] > 0 and all(r["output"].strip() for r in records), records
