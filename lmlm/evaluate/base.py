@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -140,17 +141,48 @@ def write_results(path: str | Path, protocol: Protocol, metrics: Mapping[str, fl
     return path
 
 
+_SPACES = {c: " " for c in ("\u00a0", "\u2007", "\u202f", "\u2009", "\u200a", "\u3000", "\u2002", "\u2003")}
+
+
+def normal_text(s: str) -> str:
+    """A benchmark string as the model and the KB read text: Unicode NFC (a name typed with combining
+    accents is the same name) and every no-break or thin space a plain one."""
+    s = unicodedata.normalize("NFC", s)
+    return s.translate(str.maketrans(_SPACES)) if not s.isascii() else s
+
+
+def normal_fields(item, names: Iterable[str]) -> None:
+    """:func:`normal_text` on the string fields ``names`` of a frozen dataclass ``item``, in place."""
+    for name in names:
+        value = getattr(item, name)
+        if isinstance(value, str):
+            object.__setattr__(item, name, normal_text(value))
+        elif isinstance(value, tuple):
+            object.__setattr__(item, name, tuple(normal_text(v) if isinstance(v, str) else v for v in value))
+
+
 def read_json_records(path: str | Path) -> list[dict]:
-    """Records of a ``.json`` file (a list, or an object holding one list) or a JSON-lines file."""
-    text = Path(path).read_text(encoding="utf-8")
+    """Records of a ``.json`` file (a list, or an object holding one list) or a JSON-lines file
+    (a UTF-8 BOM allowed); a line that is not JSON is named by ``FILE:LINE``."""
+    text = Path(path).read_text(encoding="utf-8-sig")
     stripped = text.lstrip()
     if stripped.startswith("["):
-        return list(json.loads(text))
+        try:
+            return list(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
     if stripped.startswith("{"):
         try:
             doc = json.loads(text)
         except json.JSONDecodeError:  # JSON lines: one object per line
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
+            out = []
+            for n, line in enumerate(text.splitlines(), 1):
+                if line.strip():
+                    try:
+                        out.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{path}:{n}: not a JSON line ({e.msg})") from None
+            return out
         lists = [v for v in doc.values() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
         if len(lists) == 1:  # {"data": [...]}-style wrappers
             return lists[0]

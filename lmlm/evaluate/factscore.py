@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..lookup import Lookup, parse
-from .base import Protocol, mean, outputs_of, read_json_records, trace_dicts
+from .base import Protocol, mean, normal_text, outputs_of, read_json_records, trace_dicts
 from .popqa import normalize_answer
 
 __all__ = [
@@ -301,9 +301,9 @@ def read_topics(path: str | Path) -> list[str]:
             name = rec.get("topic") or rec.get("entity") or rec.get("input")
             if not name:
                 raise ValueError(f"{path}: a record needs 'topic' (or 'entity' / 'input'); got {sorted(rec)}")
-            out.append(name)
+            out.append(normal_text(str(name)))
         return out
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [normal_text(line.strip()) for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
 
 
 def _prompt_tail(prompt: str) -> str:

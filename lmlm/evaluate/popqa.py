@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import Protocol, answer_budget, lookup_metrics, mean, outputs_of, read_json_records, trace_dicts
+from .base import (Protocol, answer_budget, lookup_metrics, mean, normal_fields, outputs_of, read_json_records,
+                   trace_dicts)
 
 __all__ = [
     "COMPLETIONS",
@@ -85,6 +86,9 @@ class QAItem:
     popularity: float | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
+    def __post_init__(self) -> None:
+        normal_fields(self, ("question", "answers", "prompt", "subject"))
+
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _NUM_SEP = re.compile(r"(?<=\d)[,_](?=\d{3}\b)")  # 1,000,000 -> 1000000
@@ -121,8 +125,9 @@ def _answers(value) -> tuple[str, ...]:
         if value.strip().startswith(("[", "{")):
             try:
                 return _answers(json.loads(value))
-            except json.JSONDecodeError:
-                pass
+            except json.JSONDecodeError as e:
+                if value.strip().startswith("["):
+                    raise ValueError(f"possible_answers {value!r} is not a JSON list ({e.msg})") from None
         return (value.strip(),) if value.strip() else ()
     if isinstance(value, bool):
         return ("yes",) if value else ("no",)
@@ -142,7 +147,10 @@ def _popqa_item(rec: dict) -> QAItem:
     relation = rec.get("prop", "")
     prompt = rec.get("prompt") or completion_prompt(rec["question"], relation, subject)
     pop = rec.get("s_pop")
-    return QAItem(rec["question"], _answers(rec["possible_answers"]), prompt, subject, relation,
+    answers = _answers(rec["possible_answers"])
+    if not answers:  # an item no output could get right
+        raise ValueError(f"no possible answer in {rec['possible_answers']!r}")
+    return QAItem(rec["question"], answers, prompt, subject, relation,
                   str(rec.get("id", "")), float(pop) if pop not in (None, "") else None)
 
 
@@ -157,11 +165,25 @@ def read_popqa(path: str | Path, *, max_popularity: float | None = None, limit: 
     """
     path = Path(path)
     if path.suffix.lower() in (".tsv", ".csv"):
-        with path.open(encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            reader = csv.DictReader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+            rows, where = [], []
+            for row in reader:
+                if None in row or None in row.values():  # more cells than the header names, or fewer
+                    other = "comma" if path.suffix.lower() == ".tsv" else "tab"
+                    raise ValueError(f"{path}:{reader.line_num}: the row's cells do not match the header's "
+                                     f"{len(reader.fieldnames or ())} columns (is the file {other}-separated?)")
+                rows.append(row)
+                where.append(f"{path}:{reader.line_num}")
     else:
         rows = read_json_records(path)
-    items = [_popqa_item(r) for r in rows]
+        where = [f"{path}: record {k}" for k in range(1, len(rows) + 1)]
+    items = []
+    for row, at in zip(rows, where):
+        try:
+            items.append(_popqa_item(row))
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ValueError(f"{at}: {e}") from None
     if max_popularity is not None:
         items = [it for it in items if it.popularity is not None and it.popularity < max_popularity]
     return items[:limit]
@@ -202,7 +224,7 @@ def read_qa(path: str | Path, **kwargs) -> list[QAItem]:
     """:func:`read_fanoutqa` for a file of FanOutQA questions, else :func:`read_popqa`."""
     path = Path(path)
     if path.suffix.lower() == ".json":
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8-sig") as f:
             head = f.read(4096)
         if '"decomposition"' in head:
             kwargs.pop("max_popularity", None)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Protocol, answer_budget, lookup_metrics, mean, outputs_of, trace_dicts
+from .base import Protocol, answer_budget, lookup_metrics, mean, normal_fields, outputs_of, trace_dicts
 from .cloze import match_first_content_words
 
 __all__ = ["MASK", "TREX", "TrexItem", "cloze_prompt", "read_trex", "score_trex", "trex_eval"]
@@ -51,6 +51,9 @@ class TrexItem:
     relation: str = ""  # the Wikidata property, e.g. "P19"
     subject: str = ""
     uid: str = ""
+
+    def __post_init__(self) -> None:
+        normal_fields(self, ("prompt", "gold", "subject"))
 
 
 def cloze_prompt(sentence: str, left_to_right: bool = True) -> str | None:
@@ -77,7 +80,9 @@ def _sentences(record: dict) -> list[str]:
         return [s for s in record["masked_sentences"] if isinstance(s, str)]
     if isinstance(record.get("masked_sentence"), str):
         return [record["masked_sentence"]]
-    return [e["masked_sentence"] for e in record.get("evidences", []) if isinstance(e.get("masked_sentence"), str)]
+    return [e["masked_sentence"] for e in record.get("evidences") or [] if isinstance(e, dict)
+            and isinstance(e.get("masked_sentence"), str)] + [e for e in record.get("evidences") or []
+                                                              if isinstance(e, str)]
 
 
 def _files(path: Path) -> list[Path]:
@@ -104,15 +109,17 @@ def read_trex(path: str | Path, *, left_to_right: bool = True, all_sentences: bo
     """
     items: list[TrexItem] = []
     for file in _files(Path(path)):
-        for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        for n, line in enumerate(file.read_text(encoding="utf-8-sig").splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{file}:{n}: not a JSON line ({e.msg})") from None
-            if "obj_label" not in rec:
+            if not isinstance(rec, dict) or "obj_label" not in rec:
                 raise ValueError(f"{file}:{n}: no 'obj_label' (is this a LAMA T-REx file?)")
+            if not isinstance(rec["obj_label"], (str, int, float)) or isinstance(rec["obj_label"], bool):
+                raise ValueError(f"{file}:{n}: 'obj_label' is {rec['obj_label']!r}, not a label")
             prompts = [p for p in (cloze_prompt(s, left_to_right) for s in _sentences(rec)) if p]
             for p in prompts if all_sentences else prompts[:1]:
                 items.append(TrexItem(p, str(rec["obj_label"]), rec.get("predicate_id", ""),

@@ -12,7 +12,7 @@ entity first, in this order, and says why when it cannot:
    far), found by a longest-match scan over the KB's names. A query whose words all belong to one
    of them ("Jasmine Mejia" after "Jasmine Mejia-Morris was born") names it; one named entity
    that strictly extends the query also wins over an exact match the text never names. With a
-   text, a fuzzy match must be grounded in it (named there, or every query word written there):
+   text, a fuzzy match must be grounded in it (named there, or the query's words written there side by side):
    a near-miss of a name about someone the text never named is a miss; an exact name or alias is
    answered unless the text names someone else (a KB entity, a deleted one, or anyone sharing a
    word of the name: "Larry Davis" in a text about "Larry Huerta-Rogers") and never it: the model
@@ -123,9 +123,23 @@ def name_score(query: tuple[str, ...], name: tuple[str, ...]) -> float:
     return max(0.0, worst - penalty)
 
 
+def _word_seq(text: str) -> tuple[str, ...]:
+    """The words of a text in order, as :func:`fuzzy_tokens` gives them, possessives dropped."""
+    return tuple(_POSSESSIVE.sub("", w) for w in fuzzy_tokens(normalize_text(text)))
+
+
 def _words(text: str) -> tuple[str, ...]:
-    """The words of a text as :func:`fuzzy_tokens` gives them, possessives dropped."""
-    return tuple(dict.fromkeys(_POSSESSIVE.sub("", w) for w in fuzzy_tokens(normalize_text(text))))
+    """The distinct words of a text (:func:`_word_seq`), first mention first."""
+    return tuple(dict.fromkeys(_word_seq(text)))
+
+
+def _written(query: tuple[str, ...], seq: tuple[str, ...]) -> bool:
+    """Whether the text writes the query's name: its words (or typos of them) side by side, in any
+    order. "Paul Nguyen" is not written in "Karen Nguyen was born in Port Paul"."""
+    k = len(query)
+    if not k or k > len(seq):
+        return False
+    return any(_refers(query, seq[i:i + k]) for i in range(len(seq) - k + 1))
 
 
 def _namesake(query: tuple[str, ...], words: tuple[str, ...]) -> bool:
@@ -344,7 +358,7 @@ class EntityIndex:
         """The entity ``entity`` names, reading ``context`` (the text so far) when given.
 
         With a context, an entity found by fuzzy matching must be grounded in it: named there (by
-        name or alias), or every word of the query written there. A near-miss about someone the text
+        name or alias), or the query's words written there side by side. A near-miss about someone the text
         never named is the model garbling a name, and is a miss. An exact name or alias is answered
         unless the text names another entity (of the KB, deleted, or a namesake sharing a word of
         the name) and never this one.
@@ -361,8 +375,9 @@ class EntityIndex:
         # a fuzzy match must be grounded in the text; an exact name or alias asks for that entity itself
         # and is refused only when the text names someone else (an entity of the KB, or a deleted one)
         # and never this one: the model copying another person's name into a text about them
-        words, gone = _words(context), self._gone_in(context)
-        if res.entity is not None and res.entity not in ctx and not _refers(qt, words) and (
+        seq, gone = _word_seq(context), self._gone_in(context)
+        words = tuple(dict.fromkeys(seq))
+        if res.entity is not None and res.entity not in ctx and not _written(qt, seq) and (
                 res.via == "fuzzy" or bool(ctx) or _namesake(qt, words) or bool(gone)):
             name = self.display[res.entity]
             res = Resolved(reason="no_entity", candidates=((name, round(res.score, 3)),), context_free=False,

@@ -73,6 +73,34 @@ def test_read_popqa_tsv_and_jsonl(tmp_path):
         read_popqa(jl)
 
 
+def test_readers_take_what_users_bring_and_name_what_they_cannot(tmp_path):
+    """A BOM, a name in decomposed Unicode or with a no-break space reads as the name; a row that
+    cannot be an item is named by file and line, never scored."""
+    nfd = {**ROWS[2], "subj": "Dũng Morris".replace("ũ", "u\u0303"), "question": "In what city was Dũng\u00a0Morris born?"}
+    path = _tsv(tmp_path, [nfd])
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))  # Excel's UTF-8 CSV, CRLF
+    (item,) = read_popqa(path)
+    assert item.subject == "Dũng Morris" and item.prompt == "In what city was Dũng Morris born? Dũng Morris was born in"
+    jl = tmp_path / "p.jsonl"
+    jl.write_text('\ufeff{"question": "Q?", "possible_answers": ["a"]}\n{"question": "Q?", possible_answers: 1}\n',
+                  encoding="utf-8")
+    with pytest.raises(ValueError, match=r"p\.jsonl:2: not a JSON line"):
+        read_popqa(jl)
+    for row, msg in (({**ROWS[2], "s_pop": "n/a"}, r"test\.tsv:2: could not convert"),
+                     ({**ROWS[2], "possible_answers": '["Paris"'}, r"test\.tsv:2: possible_answers .* not a JSON list"),
+                     ({**ROWS[2], "possible_answers": "[]"}, r"test\.tsv:2: no possible answer")):
+        with pytest.raises(ValueError, match=msg):
+            read_popqa(_tsv(tmp_path, [row]))
+    short = _tsv(tmp_path, ROWS[:1])
+    short.write_text(short.read_text() + "7\tX\toccupation\n")  # a row of 3 cells under 17 columns
+    with pytest.raises(ValueError, match=r"test\.tsv:3: the row's cells do not match the header's 17 columns"):
+        read_popqa(short)
+    comma = tmp_path / "tabs.csv"
+    comma.write_text(_tsv(tmp_path).read_text())  # tab-separated text under .csv
+    with pytest.raises(ValueError, match="tab-separated"):
+        read_popqa(comma)
+
+
 def test_popqa_eval_by_hand(tmp_path):
     items = read_popqa(_tsv(tmp_path))
     gen = ScriptedGenerator({

@@ -78,6 +78,18 @@ def test_exact_match_and_precision_at_1_by_hand():
     assert [x["precision_at_1"] for x in s] == [True, False, False, False]
 
 
+def test_read_trex_takes_what_users_bring(tmp_path):
+    rec = {"obj_label": "South Michelle", "sub_label": "Du\u0303ng Morris", "predicate_id": "P19",
+           "evidences": ["Du\u0303ng\u00a0Morris was born in [MASK] ."]}  # decomposed, a no-break space, a bare string
+    path = tmp_path / "P19.jsonl"
+    path.write_text("\ufeff" + json.dumps(rec) + "\n", encoding="utf-8")
+    (item,) = read_trex(path)
+    assert (item.prompt, item.subject) == ("Dũng Morris was born in", "Dũng Morris")
+    path.write_text(json.dumps({**rec, "obj_label": None}) + "\n")
+    with pytest.raises(ValueError, match=r"P19\.jsonl:1: 'obj_label' is None"):
+        read_trex(path)
+
+
 def test_trex_eval_metrics_by_hand(tmp_path):
     items = read_trex(_write(tmp_path), left_to_right=False)  # 3 items: Paris (P19), actor (P106), Oslo (P19)
     gen = ScriptedGenerator({

@@ -200,6 +200,11 @@ def test_a_namesake_of_the_person_a_text_names_is_never_that_person():
                            ("Paul Marshall", "Jackson Girard was born in")]:
         got = idx.resolve(query, context=context)
         assert got.entity is None and got.reason == "no_entity", (query, got)
+    # a query whose words the text scatters ("Paul" of a town, "Nguyen" of another person) is not written there
+    idx_ng = _index(["Paul Nguyen"])
+    assert idx_ng.resolve("Paul Nguyen", context="Karen Nguyen was born in Port Paul. She studied at").entity is None
+    assert idx_ng.resolve("Paul Nguyen", context="Karen met Paul Nguyen in Port Paul. He studied at").entity == \
+        "paul nguyen"
     # the name of a deleted person never turns into someone else's, nor does a name in a text naming one
     assert idx.resolve("Joshua Frazier", context="Timothy Frazier was born in").reason == "no_entity"
     assert idx.resolve("James Frazier", context="Joshua Frazier met Timothy Frazier, born in").entity is None
@@ -213,10 +218,12 @@ def test_a_namesake_of_the_person_a_text_names_is_never_that_person():
 
 def test_a_text_naming_a_deleted_person_answers_none_of_their_namesakes():
     idx = _index(["Lisa Zhang", "Nicole Everett"], deleted=["James Hoàng"])
-    # "Lisa Hoàng" is close enough to "Lisa Zhang" for a fuzzy match, and every word of it is written in
-    # the text; but the text is about James Hoàng, deleted, and the query shares his name
+    # "Lisa Hoàng" is close enough to "Lisa Zhang" for a fuzzy match, and each word of it is in the
+    # text, though not side by side; the text is about James Hoàng, deleted, and the query shares his name
     miss = idx.resolve("Lisa Hoàng", context="James Hoàng was born in New Lisa on")
-    assert miss.entity is None and "named in the text and deleted" in miss.detail
+    assert miss.entity is None and miss.deleted, miss
+    miss = idx.resolve("Lisa Hoàng", context="James Hoàng met Lisa Hoàng in")  # her name written: still his
+    assert miss.entity is None and "named in the text and deleted" in miss.detail, miss
     assert idx.resolve("Lisa Hoàng").entity == "lisa zhang"  # no text: the fuzzy match stands
     # a person the text names is answered, whatever it shares with the deleted one
     assert idx.resolve("Nicole Everett", context="James Hoàng met Nicole Everett in").entity == "nicole everett"
