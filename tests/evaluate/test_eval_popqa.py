@@ -76,7 +76,8 @@ def test_read_popqa_tsv_and_jsonl(tmp_path):
 def test_readers_take_what_users_bring_and_name_what_they_cannot(tmp_path):
     """A BOM, a name in decomposed Unicode or with a no-break space reads as the name; a row that
     cannot be an item is named by file and line, never scored."""
-    nfd = {**ROWS[2], "subj": "Dũng Morris".replace("ũ", "u\u0303"), "question": "In what city was Dũng\u00a0Morris born?"}
+    nfd = {**ROWS[2], "subj": "Dũng Morris".replace("ũ", "u\u0303"),
+           "question": "In what city was Dũng\u00a0Morris born?"}
     path = _tsv(tmp_path, [nfd])
     path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))  # Excel's UTF-8 CSV, CRLF
     (item,) = read_popqa(path)
