@@ -83,6 +83,15 @@ def reproduce(out: Path = typer.Option(Path("runs/reproduce"), help="output fold
 
     if preset not in REPRODUCE_PRESETS:
         _fail(f"unknown preset {preset!r}; known: {', '.join(REPRODUCE_PRESETS)}")
+    if nlu_data is not None:  # read now: not after the hours of stages before the one that scores it
+        from .evaluate.nlu import read_bigbench_mc
+
+        if not nlu_data.is_file():
+            _fail(f"--nlu-data: no file at {nlu_data}")
+        try:
+            read_bigbench_mc(nlu_data, template="Q: {input}\nA:")
+        except (ValueError, OSError) as e:
+            _fail(f"--nlu-data: {e}")
     try:
         report = run(out, preset=preset, fresh=fresh, **({"nlu_data": str(nlu_data)} if nlu_data else {}))
     except ValueError as e:

@@ -49,6 +49,15 @@ def test_every_flag_reads_as_english():
     assert seen > 200
 
 
+def test_reproduce_reads_its_nlu_file_before_any_stage(tmp_path):
+    bad = tmp_path / "task.json"
+    bad.write_text(json.dumps({"examples": [{"target_scores": {"a": 1, "b": 0}}]}))
+    for path, msg in ((tmp_path / "missing.json", "no file at"), (bad, "example 1 has no 'input'")):
+        res = runner.invoke(app, ["reproduce", "--preset", "tiny", "--out", str(tmp_path / "out"), "--nlu-data", str(path)])
+        assert res.exit_code == 2 and msg in res.output, res.output
+    assert not (tmp_path / "out").exists()  # no stage ran
+
+
 def test_help_loads_neither_torch_nor_transformers():
     """``lmlm --help`` and each group's help answer in well under a second: the heavy libraries load
     when a command runs, not when the CLI is read (in a fresh interpreter: this one has them)."""

@@ -162,6 +162,10 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
     truth = world or kb or (Path(meta["kb"]) if meta.get("kb") else None)
     if truth is None:
         _fail("no world to check claims against: pass --world or --kb")
+    answers = getattr(gen, "kb", None)
+    if claims == "lookups" and answers is not None and Path(str(answers.path)).resolve() == Path(str(truth)).resolve():
+        _fail("--claims lookups checks the KB's own answers against the same KB: supported by construction. "
+              "Pass --world with a KB of the true facts, or --claims text (the facts the text states)")
     try:
         facts = world_from_kb(KnowledgeBase.open(truth))
     except (KBError, OSError) as e:

@@ -88,15 +88,27 @@ def read_bigbench_mc(path: str | Path, *, template: str = DEFAULT_TEMPLATE, limi
     examples = doc.get("examples") if isinstance(doc, dict) else None
     if not isinstance(examples, list):
         raise ValueError(f"{path}: a BIG-bench task needs an 'examples' list")
+    if "{input}" not in template:
+        raise ValueError(f"the template {template!r} has no {{input}}: every question would read the same")
     items = []
-    for k, ex in enumerate(examples[:limit]):
-        scores = ex.get("target_scores")
+    for k, ex in enumerate(examples[:limit], 1):
+        scores = ex.get("target_scores") if isinstance(ex, dict) else None
         if not isinstance(scores, dict) or len(scores) < 2:
             raise ValueError(f"{path}: example {k} has no multiple-choice 'target_scores'")
-        choices = tuple(scores)
+        if not isinstance(ex.get("input"), str):
+            raise ValueError(f"{path}: example {k} has no 'input' text")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scores.values()):
+            raise ValueError(f"{path}: example {k}'s target_scores are not all numbers: {scores}")
         best = max(scores.values())
-        items.append(MCItem(template.format(input=ex["input"].strip()), choices,
-                            next(i for i, c in enumerate(choices) if scores[c] == best), str(k)))
+        if best <= 0:
+            raise ValueError(f"{path}: example {k} marks no choice right (every target score is {best})")
+        choices = tuple(scores)
+        try:
+            context = template.format(input=ex["input"].strip())
+        except (KeyError, IndexError) as e:
+            raise ValueError(f"the template {template!r} names {e}, which an example does not have: use {{input}}") \
+                from None
+        items.append(MCItem(context, choices, next(i for i, c in enumerate(choices) if scores[c] == best), str(k - 1)))
     return items
 
 

@@ -72,8 +72,11 @@ def test_popqa_and_factscore_commands(world, run_dir, tmp_path):
     topics = tmp_path / "topics.txt"
     topics.write_text("\n".join(n for n, _, _ in world.people[:2]))
     m = _run(["factscore", "--model", str(run_dir / "checkpoint"), "--data", str(topics), "--max-new-tokens", "24",
-              "--out", str(tmp_path / "fs.json")])["metrics"]
+              "--claims", "text", "--out", str(tmp_path / "fs.json")])["metrics"]
     assert m["factscore_n"] == 2 and set(m) >= {"factscore_score", "factscore_respond_ratio"}
+    # the KB's own answers checked against the KB itself: 1.0 by construction, refused
+    res = runner.invoke(eval_app, ["factscore", "--model", str(run_dir / "checkpoint"), "--data", str(topics)])
+    assert res.exit_code == 2 and "supported by construction" in " ".join(res.output.split()), res.output
 
 
 def test_nlu_command(run_dir, shared_data, tmp_path):

@@ -75,6 +75,16 @@ def test_read_bigbench(tmp_path):
     path.write_text(json.dumps({"examples": [{"input": "x", "target": "y"}]}))
     with pytest.raises(ValueError, match="target_scores"):
         read_bigbench_mc(path)
+    for examples, msg in (([{"target_scores": {"a": 1, "b": 0}}], "example 1 has no 'input'"),
+                          ([{"input": "x", "target_scores": {"a": "1", "b": 0}}], "not all numbers"),
+                          ([{"input": "x", "target_scores": {"a": 0, "b": 0}}], "marks no choice right")):
+        path.write_text(json.dumps({"examples": examples}))
+        with pytest.raises(ValueError, match=msg):
+            read_bigbench_mc(path)
+    path.write_text(json.dumps({"examples": [{"input": "x", "target_scores": {"a": 1, "b": 0}}]}))
+    for template, msg in (("No placeholder", "has no {input}"), ("{question} {input}", "names 'question'")):
+        with pytest.raises(ValueError, match=msg):
+            read_bigbench_mc(path, template=template)
 
 
 def test_split_pair_moves_trailing_space(world):
