@@ -53,7 +53,8 @@ def test_reproduce_reads_its_nlu_file_before_any_stage(tmp_path):
     bad = tmp_path / "task.json"
     bad.write_text(json.dumps({"examples": [{"target_scores": {"a": 1, "b": 0}}]}))
     for path, msg in ((tmp_path / "missing.json", "no file at"), (bad, "example 1 has no 'input'")):
-        res = runner.invoke(app, ["reproduce", "--preset", "tiny", "--out", str(tmp_path / "out"), "--nlu-data", str(path)])
+        res = runner.invoke(app, ["reproduce", "--preset", "tiny", "--out", str(tmp_path / "out"),
+                                  "--nlu-data", str(path)])
         assert res.exit_code == 2 and msg in res.output, res.output
     assert not (tmp_path / "out").exists()  # no stage ran
 
