@@ -158,6 +158,8 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
     from .factscore import FACTSCORE, factscore_eval, read_topics, world_from_kb
 
     topics = _read(read_topics, data)[:limit]
+    if not topics:
+        _fail(f"no topics in {data}")
     _, _, meta, gen, _ = _load(model, kb, no_db)
     truth = world or kb or (Path(meta["kb"]) if meta.get("kb") else None)
     if truth is None:
@@ -240,6 +242,7 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
          eval_every: int = typer.Option(5, min=1, help="steps between trajectory points"),
          max_new_tokens: int = typer.Option(48, min=1, help="generated tokens per answer (ROUGE-L)")):
     """TOFU: ROUGE-L, probability, truth ratio, forget quality, model utility; optionally unlearn first."""
+    import atexit
     import shutil
     import tempfile
 
@@ -265,10 +268,14 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
             _fail("--unlearn kb needs an LMLM and its KB")
         source = Path(gen.kb.store.folder)
         gen.kb.close()
-        copy = Path(tempfile.mkdtemp(prefix="lmlm-tofu-kb-")) / "kb"  # the KB itself is left as it was
-        shutil.copytree(source, copy)
-        gen = LookupGenerator(m, tok, KnowledgeBase.open(copy))
-        deletion = kb_unlearn(gen.kb, _read(read_tofu, data / f"{split}.json"), who="lmlm eval tofu")
+        scratch = Path(tempfile.mkdtemp(prefix="lmlm-tofu-kb-"))  # the KB itself is left as it was
+        atexit.register(shutil.rmtree, scratch, True)  # and the copy goes when the command ends
+        shutil.copytree(source, scratch / "kb")
+        gen = LookupGenerator(m, tok, KnowledgeBase.open(scratch / "kb"))
+        try:
+            deletion = kb_unlearn(gen.kb, _read(read_tofu, data / f"{split}.json"), who="lmlm eval tofu")
+        except ValueError as e:
+            _fail(str(e))
     config = {"model": str(model), "data": str(data), "split": split, "unlearn": unlearn}
 
     def summary(model_):
@@ -279,14 +286,17 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
         return s
 
     records: list = []
-    if unlearn in METHODS:
-        forget = _read(read_tofu, data / f"{split}.json")
-        retain = _read(read_tofu, data / f"retain{100 - int(split[6:])}.json")
-        res = run_unlearn(m, tok, forget, retain, UnlearnConfig(method=unlearn, steps=steps, lr=lr, eval_every=eval_every),
-                          evaluate=summary)
-        metrics, records = res.trajectory[-1], res.trajectory
-    else:
-        metrics = summary(m)
+    try:
+        if unlearn in METHODS:
+            forget = _read(read_tofu, data / f"{split}.json")
+            retain = _read(read_tofu, data / f"retain{100 - int(split[6:])}.json")
+            res = run_unlearn(m, tok, forget, retain, UnlearnConfig(method=unlearn, steps=steps, lr=lr,
+                                                                    eval_every=eval_every), evaluate=summary)
+            metrics, records = res.trajectory[-1], res.trajectory
+        else:
+            metrics = summary(m)
+    except ValueError as e:  # e.g. an LMLM scored on TOFU files without annotated answers
+        _fail(str(e))
     if deletion:
         config["deletion"] = deletion
     metrics = {f"tofu_{k}" if not k.startswith("tofu_") else k: v for k, v in metrics.items() if v is not None}
@@ -311,8 +321,14 @@ def offloading(lmlm: Path = typer.Option(..., "--lmlm", help="the LMLM checkpoin
     if any(not 0 <= r <= 1 for r in rs):
         _fail(f"--ratios must lie in [0, 1], got {ratios!r}")
     docs = _read(_documents, data)[:limit]
+    for path, option, want in ((lmlm, "--lmlm", "lmlm"), (standard, "--standard", "standard")):
+        if _mode(path) != want:
+            _fail(f"{option} {path} is a {_mode(path)} checkpoint; {option} takes the {want} one")
     lm, tok, _, _, _ = _load(lmlm, None, no_db=True, need_generator=False)
-    sm, _, _, _, _ = _load(standard, None, no_db=True, need_generator=False)
+    sm, stok, _, _, _ = _load(standard, None, no_db=True, need_generator=False)
+    if stok.hf.get_vocab() != tok.hf.get_vocab():
+        _fail(f"--lmlm and --standard have different tokenizers ({len(tok.hf)} and {len(stok.hf)} tokens): "
+              "the loss after each call is compared token by token, so both must be trained with the same one")
     deltas = fact_loss_differences(lm, sm, tok, docs, n_tokens=n_tokens, batch_size=batch_size)
     thresholds = offload_thresholds(deltas, rs)
     metrics = {"offloading_facts": float(len(deltas))}
@@ -354,11 +370,15 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
     if task == "trex":
         from .trex import read_trex, trex_eval
         items = _read(read_trex, data, limit=limit)
+        if not items:
+            _fail(f"no usable T-REx facts in {data}")
         metrics = trex_eval(rag_gen, items, force_lookup=False, max_new_tokens=max_new_tokens, batch_size=batch_size,
                             records=records)
     elif task == "popqa":
         from .popqa import popqa_eval, read_qa
         items = _read(read_qa, data, limit=limit)
+        if not items:
+            _fail(f"no questions in {data}")
         metrics = popqa_eval(rag_gen, items, max_new_tokens=max_new_tokens, batch_size=batch_size, records=records)
     else:
         from ..kb import KBError, KnowledgeBase
@@ -370,6 +390,8 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
         except (KBError, OSError) as e:
             _fail(str(e))
         topics = _read(read_topics, data)[:limit]
+        if not topics:
+            _fail(f"no topics in {data}")
         metrics = factscore_eval(rag_gen, topics, facts, claims="text", max_new_tokens=max_new_tokens,
                                  batch_size=batch_size, records=records)
     metrics = {f"rag_{k_}": v for k_, v in metrics.items()}

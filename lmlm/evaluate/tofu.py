@@ -192,7 +192,9 @@ def _answers(it: TofuItem, annotated: bool) -> list[tuple[str, str]]:
     if annotated:
         a, para, pert = it.annotated_answer, it.annotated_paraphrased_answer, it.annotated_perturbed_answers
         if a is None or (it.paraphrased_answer and it.perturbed_answers and (para is None or not pert)):
-            raise ValueError(f"scoring with a KB needs the annotated answers; question {it.question!r} has none")
+            raise ValueError(f"scoring an LMLM with its KB needs the answers annotated with lookup calls "
+                             f"('annotated_answer', 'annotated_paraphrased_answer', 'annotated_perturbed_answer'; "
+                             f"the TOFU release has none); question {it.question!r} has none")
     else:
         a, para, pert = it.answer, it.paraphrased_answer, it.perturbed_answers
     out = [("answer", a)]

@@ -95,6 +95,9 @@ def test_offloading_command(run_dir, tmp_path):
     records = json.loads((tmp_path / "off.json").read_text())["records"]
     diffs = [r["loss_difference"] for r in records]
     assert diffs == sorted(diffs, reverse=True)
+    swapped = runner.invoke(eval_app, ["offloading", "--lmlm", str(run_dir / "standard"), "--standard",
+                                       str(run_dir / "lmlm"), "--data", str(run_dir / "docs.jsonl")])
+    assert swapped.exit_code == 2 and "is a standard checkpoint" in " ".join(swapped.output.split()), swapped.output
 
 
 def test_rag_command(world, run_dir, tmp_path):
