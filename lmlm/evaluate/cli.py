@@ -189,7 +189,11 @@ def _documents(path: Path, heldout: bool = False):
 
     docs = read_documents(path)
     if heldout and any(d.split == "heldout" for d in docs):
-        docs = [d for d in docs if d.split == "heldout"]
+        kept = [d for d in docs if d.split == "heldout"]
+        if len(kept) < len(docs):
+            typer.echo(f"scoring the {len(kept)} held-out documents of {len(docs)} in {path} (the file marks "
+                       "splits; the others were trained on)", err=True)
+        docs = kept
     return [d.segments for d in docs]
 
 
@@ -202,9 +206,15 @@ def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out
     from .base import Protocol
     from .perplexity import dynamic_perplexity, standard_perplexity, static_perplexity
 
+    from ..lookup import Lookup
+
     docs = _read(_documents, data, heldout=True)[:limit]
     if not docs:
         _fail(f"no documents in {data}")
+    if dynamic and _mode(model) != "standard" and not any(isinstance(s, Lookup) for d in docs for s in d):
+        typer.echo(f"no lookup calls in {data}: the dynamic perplexity scores the queries a model writes at each "
+                   "call, so it needs annotated documents; static perplexity only", err=True)
+        dynamic = False
     m, tok, meta, gen, uses_db = _load(model, kb, need_generator=dynamic and _mode(model) != "standard",
                                         instead="--no-dynamic: static perplexity only")
     protocol = Protocol("perplexity", "perplexity_static", greater_is_better=False,

@@ -51,6 +51,13 @@ def test_perplexity_command(run_dir, tmp_path):
     s = _run(["perplexity", "--model", str(run_dir / "standard"), "--data", str(run_dir / "docs.jsonl"),
               "--out", str(tmp_path / "ppl-std.json")])
     assert s["perplexity_org_tokens"] == m["perplexity_org_tokens"]     # the same text tokens are scored
+    plain = tmp_path / "plain.txt"
+    plain.write_text("Ada Lind was born in Paris. She works as a painter.\n")
+    res = runner.invoke(eval_app, ["perplexity", "--model", str(run_dir / "lmlm"), "--data", str(plain),
+                                   "--out", str(tmp_path / "plain.json")])
+    assert res.exit_code == 0 and "no lookup calls" in res.output, res.output
+    metrics = json.loads(res.output.strip().splitlines()[-1])["metrics"]
+    assert "perplexity_dynamic" not in metrics and metrics["perplexity_static"] > 1  # not the static number again
 
 
 def test_a_missing_kb_names_the_commands_own_options(world, run_dir, tmp_path):
