@@ -82,9 +82,13 @@ def _load(model: Path, kb: Path | None, no_db: bool = False, need_generator: boo
     return m, tok, meta, gen, uses_db
 
 
-def _finish(protocol, metrics: dict, records: list, out: Path | None, config: dict) -> None:
+def _finish(protocol, metrics: dict, records: list, out: Path | None, config: dict, gen=None) -> None:
+    """Write the results file (``config``, with the KB ``gen`` answered from and its version) and print the metrics."""
     from .base import write_results
 
+    kb = getattr(gen, "kb", None)
+    if kb is not None and getattr(gen, "options", {}).get("use_db", True):
+        config = {**config, "kb": str(kb.path), "kb_version": kb.version}
     path = write_results(out or Path(f"eval-{protocol.name}.json"), protocol, metrics, records, config)
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
     typer.echo(json.dumps({"metrics": clean, "out": str(path)}))
@@ -106,7 +110,7 @@ def trex(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
     metrics = trex_eval(gen, items, force_lookup=uses_db, max_new_tokens=max_new_tokens, batch_size=batch_size,
                         records=records)
     _finish(TREX, metrics, records, out, {"model": str(model), "data": str(data), "force_lookup": uses_db,
-                                          "max_new_tokens": max_new_tokens})
+                                          "max_new_tokens": max_new_tokens, "limit": limit}, gen)
 
 
 @eval_app.command()
@@ -127,7 +131,7 @@ def popqa(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Pat
     metrics = popqa_eval(gen, items, force_lookup=force_lookup and uses_db, max_new_tokens=max_new_tokens,
                          batch_size=batch_size, records=records)
     _finish(POPQA, metrics, records, out, {"model": str(model), "data": str(data), "max_new_tokens": max_new_tokens,
-                                           "max_popularity": max_popularity})
+                                           "max_popularity": max_popularity, "limit": limit}, gen)
 
 
 @eval_app.command()
@@ -179,7 +183,7 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
     except ValueError as e:
         _fail(str(e))
     _finish(FACTSCORE, metrics, records, out, {"model": str(model), "data": str(data), "world": str(truth),
-                                               "claims": claims, "gamma": gamma})
+                                               "claims": claims, "gamma": gamma}, gen)
 
 
 def _documents(path: Path, heldout: bool = False):
@@ -230,7 +234,7 @@ def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out
         if gen is not None:
             dyn = dynamic_perplexity(gen, docs, batch_size)
             metrics.update(perplexity_dynamic=dyn["dynamic"], perplexity_dynamic_lookup_found=dyn["lookup_found_rate"])
-    _finish(protocol, metrics, [], out, {"model": str(model), "data": str(data), "documents": len(docs)})
+    _finish(protocol, metrics, [], out, {"model": str(model), "data": str(data), "documents": len(docs)}, gen)
 
 
 def _mode(model: Path) -> str:
@@ -310,7 +314,7 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
     if deletion:
         config["deletion"] = deletion
     metrics = {f"tofu_{k}" if not k.startswith("tofu_") else k: v for k, v in metrics.items() if v is not None}
-    _finish(TOFU, metrics, records, out, config)
+    _finish(TOFU, metrics, records, out, config, gen)
 
 
 @eval_app.command()

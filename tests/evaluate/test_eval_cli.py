@@ -57,6 +57,7 @@ def test_trex_command(world, run_dir, tmp_path):
     assert doc["metrics"] == last["metrics"] and doc["protocol"]["primary"] == "trex_exact_match"
     assert doc["metrics"]["trex_n"] == 4 and len(doc["records"]) == 4 and doc["config"]["force_lookup"] is True
     assert all(r["lookups"] for r in doc["records"])  # the checkpoint's KB answered the forced lookups
+    assert doc["config"]["kb"] and doc["config"]["kb_version"] >= 1  # which KB, as of which version
 
 
 def test_popqa_and_factscore_commands(world, run_dir, tmp_path):
