@@ -75,7 +75,7 @@ def quickstart(out: Path = typer.Option(Path("runs/quickstart"), help="output fo
 
 @app.command()
 def reproduce(out: Path = typer.Option(Path("runs/reproduce"), help="output folder"),
-              preset: str = typer.Option("cpu", help="'cpu' (2-3 h on 2 CPU cores) or 'tiny' (minutes)"),
+              preset: str = typer.Option("cpu", help="'cpu' (about 3 h on 2 CPU cores) or 'tiny' (minutes)"),
               fresh: bool = typer.Option(False, help="start over instead of resuming in OUT"),
               nlu_data: Optional[Path] = typer.Option(None, help="also score this BIG-bench multiple-choice file")):
     """Every protocol of the paper on the embedded worlds; OUT/report.md beside the paper's numbers."""

@@ -332,9 +332,12 @@ def offloading(lmlm: Path = typer.Option(..., "--lmlm", help="the LMLM checkpoin
         rs = [float(r) for r in ratios.split(",") if r.strip()]
     except ValueError:
         _fail(f"--ratios must be numbers separated by commas, got {ratios!r}")
-    if any(not 0 <= r <= 1 for r in rs):
-        _fail(f"--ratios must lie in [0, 1], got {ratios!r}")
-    docs = _read(_documents, data)[:limit]
+    if any(not 0 <= r <= 1 for r in rs) or not rs:
+        _fail(f"--ratios must be numbers in [0, 1], got {ratios!r}")
+    from ..corpus import read_documents
+
+    originals = _read(read_documents, data)[:limit]  # ids, splits and fields go on into the corpora
+    docs = [d.segments for d in originals]
     for path, option, want in ((lmlm, "--lmlm", "lmlm"), (standard, "--standard", "standard")):
         if _mode(path) != want:
             _fail(f"{option} {path} is a {_mode(path)} checkpoint; {option} takes the {want} one")
@@ -352,7 +355,8 @@ def offloading(lmlm: Path = typer.Option(..., "--lmlm", help="the LMLM checkpoin
         for r in rs:
             kept = offload_documents(docs, offloaded_keys(deltas, r))
             write_documents(corpora / f"ratio-{round(r * 100):03d}.jsonl",
-                            (Document.from_segments(str(i), d, source=str(data)) for i, d in enumerate(kept, 1)))
+                            (Document.from_segments(o.id, d, source=o.source or str(data), split=o.split, meta=o.meta)
+                             for o, d in zip(originals, kept)))
     records = [{"entity": e, "relation": rel, "loss_difference": deltas[(e, rel)]} for e, rel in ranked_facts(deltas)]
     _finish(OFFLOADING, metrics, records, out, {"lmlm": str(lmlm), "standard": str(standard), "data": str(data),
                                                 "ratios": rs, "n_tokens": n_tokens})

@@ -99,6 +99,14 @@ def test_offloading_command(run_dir, tmp_path):
     assert m["offloading_facts"] == 12 and "offloading_threshold_50" in m
     half = (tmp_path / "corpora" / "ratio-050.jsonl").read_text()
     assert half.count("[dblookup(") == 6 * 2 // 2 and (tmp_path / "corpora" / "ratio-100.jsonl").exists()
+    given = [{**json.loads(x), "id": f"doc-{k}", "split": "heldout" if k % 2 else "train", "person": k}
+             for k, x in enumerate((run_dir / "docs.jsonl").read_text().splitlines())]
+    (tmp_path / "split.jsonl").write_text("".join(json.dumps(d) + "\n" for d in given))
+    _run(["offloading", "--lmlm", str(run_dir / "lmlm"), "--standard", str(run_dir / "standard"),
+          "--data", str(tmp_path / "split.jsonl"), "--ratios", "0.5", "--corpora", str(tmp_path / "c2"),
+          "--out", str(tmp_path / "off2.json")])
+    kept = [json.loads(x) for x in (tmp_path / "c2" / "ratio-050.jsonl").read_text().splitlines()]
+    assert [(d["id"], d["split"], d["person"]) for d in kept] == [(d["id"], d["split"], d["person"]) for d in given]
     records = json.loads((tmp_path / "off.json").read_text())["records"]
     diffs = [r["loss_difference"] for r in records]
     assert diffs == sorted(diffs, reverse=True)
