@@ -106,10 +106,12 @@ class World:
         return v in self.facts.get((e, normalize_answer(relation)), ())
 
     def is_stated(self, entity: str, relation: str) -> bool | None:
-        """Whether a training document states ``entity``'s ``relation`` (None when the world cannot tell)."""
+        """Whether a training document states ``entity``'s ``relation`` (None when the world cannot tell,
+        or holds no such fact: a claim about someone it does not know is neither stated nor KB-only)."""
         if self.stated is None or not relation:
             return None
-        return (normalize_answer(entity), normalize_answer(relation)) in self.stated
+        key = (normalize_answer(entity), normalize_answer(relation))
+        return None if key not in self.facts else key in self.stated
 
     def __len__(self) -> int:
         return sum(map(len, self.facts.values()))
@@ -292,16 +294,22 @@ def score_claims(claims: Sequence[Claim], topic: str, world: World, gamma: int =
             "stated": [world.is_stated(c.entity or topic, c.relation) for c in claims]}
 
 
+_BIO_OF = re.compile(r"\bbio(?:graphy)? of (.+?)\s*[.?!]?\s*$", re.IGNORECASE)
+
+
 def read_topics(path: str | Path) -> list[str]:
     """Topic names: a text file with one per line, or FActScore's JSON lines (``topic``, else ``input``)."""
     path = Path(path)
     if path.suffix.lower() in (".jsonl", ".json"):
         out = []
-        for rec in read_json_records(path):
-            name = rec.get("topic") or rec.get("entity") or rec.get("input")
+        for k, rec in enumerate(read_json_records(path), 1):
+            name = rec.get("topic") or rec.get("entity") if isinstance(rec, dict) else None
+            if not name and isinstance(rec, dict) and isinstance(rec.get("input"), str):
+                asked = _BIO_OF.search(rec["input"])  # FActScore's prompts: "Question: Tell me a bio of X."
+                name = asked.group(1) if asked else rec["input"]
             if not name:
-                raise ValueError(f"{path}: a record needs 'topic' (or 'entity' / 'input'); got {sorted(rec)}")
-            out.append(normal_text(str(name)))
+                raise ValueError(f"{path}: record {k} needs 'topic' (or 'entity' / 'input')")
+            out.append(normal_text(str(name).strip()))
         return out
     return [normal_text(line.strip()) for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
 

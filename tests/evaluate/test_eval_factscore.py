@@ -124,12 +124,18 @@ def test_precision_split_by_stated_facts():
         ["{subject} is born in {Birth City}.", "{subject} works as a {Occupation}."]))
     assert m["factscore_precision_stated"] == 1.0 and m["factscore_claims_stated"] == 1.0
     assert m["factscore_precision_kb_only"] == 0.0 and m["factscore_claims_kb_only"] == 1.0
+    # a topic the world does not hold: its claims are unsupported, and neither stated nor KB-only
+    gen.outputs["Tell me a bio of Zed Quill. Zed Quill is"] = " born in Paris. He works as a pilot."
+    m = factscore_eval(gen, ["Ada Lind", "Zed Quill"], world, claims="text", gamma=0, patterns=ClaimPatterns(
+        ["{subject} is born in {Birth City}.", "{subject} works as a {Occupation}."]))
+    assert m["factscore_claims_stated"] == 1.0 and m["factscore_claims_kb_only"] == 1.0
 
 
 def test_read_topics(tmp_path):
     (tmp_path / "names.txt").write_text("Ada Lind\n\nBram Moss\n")
     (tmp_path / "prompt_entities.jsonl").write_text(json.dumps({"topic": "Ada Lind"}) + "\n"
-                                                    + json.dumps({"input": "Bram Moss"}) + "\n")
+                                                    + json.dumps({"input": "Question: Tell me a bio of Bram Moss."})
+                                                    + "\n")
     assert read_topics(tmp_path / "names.txt") == read_topics(tmp_path / "prompt_entities.jsonl") == \
         ["Ada Lind", "Bram Moss"]
 
