@@ -102,9 +102,13 @@ def trex(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
     """T-REx (LAMA) cloze: exact match in the first 5 content words, and precision@1."""
     from .trex import TREX, read_trex, trex_eval
 
-    items = _read(read_trex, data, left_to_right=not all_positions, limit=limit)
+    counts: dict = {}
+    items = _read(read_trex, data, left_to_right=not all_positions, limit=limit, counts=counts)
     if not items:
         _fail(f"no usable T-REx facts in {data}")
+    if counts["unusable"]:
+        why = "with [MASK]" if all_positions else "ends in [MASK] (--all-positions keeps the others)"
+        typer.echo(f"{counts['unusable']} of {counts['records']} T-REx records left out: no sentence {why}", err=True)
     _, _, _, gen, uses_db = _load(model, kb, no_db, on_miss="skip")  # a missed lookup goes on as text
     records: list = []
     metrics = trex_eval(gen, items, force_lookup=uses_db, max_new_tokens=max_new_tokens, batch_size=batch_size,
@@ -123,7 +127,14 @@ def popqa(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Pat
     """PopQA (or FanOutQA's single-hop questions): any gold answer in the output."""
     from .popqa import POPQA, popqa_eval, read_qa
 
-    items = _read(read_qa, data, max_popularity=max_popularity, limit=limit)
+    items = _read(read_qa, data)
+    if max_popularity is not None:
+        kept = [it for it in items if it.popularity is not None and it.popularity < max_popularity]
+        unknown = sum(it.popularity is None for it in items)
+        typer.echo(f"{len(kept)} of {len(items)} questions have s_pop below {max_popularity:g}"
+                   + (f" ({unknown} without s_pop, left out)" if unknown else ""), err=True)
+        items = kept
+    items = items[:limit]
     if not items:
         _fail(f"no questions in {data}")
     _, _, _, gen, uses_db = _load(model, kb, no_db)

@@ -97,7 +97,7 @@ def _files(path: Path) -> list[Path]:
 
 
 def read_trex(path: str | Path, *, left_to_right: bool = True, all_sentences: bool = False,
-              limit: int | None = None) -> list[TrexItem]:
+              limit: int | None = None, counts: dict | None = None) -> list[TrexItem]:
     """Read LAMA T-REx facts from a ``.jsonl`` file or a folder of them.
 
     Args:
@@ -106,8 +106,12 @@ def read_trex(path: str | Path, *, left_to_right: bool = True, all_sentences: bo
         all_sentences (bool, default False): one item per usable masked sentence instead of one
             per fact (the first usable sentence).
         limit (int, optional): stop after this many items.
+        counts (dict, optional): filled with ``records`` read and ``unusable`` ones (no sentence
+            the cloze prompt can be made of).
     """
     items: list[TrexItem] = []
+    counts = {} if counts is None else counts
+    counts.update(records=0, unusable=0)
     for file in _files(Path(path)):
         for n, line in enumerate(file.read_text(encoding="utf-8-sig").splitlines(), 1):
             if not line.strip():
@@ -121,6 +125,8 @@ def read_trex(path: str | Path, *, left_to_right: bool = True, all_sentences: bo
             if not isinstance(rec["obj_label"], (str, int, float)) or isinstance(rec["obj_label"], bool):
                 raise ValueError(f"{file}:{n}: 'obj_label' is {rec['obj_label']!r}, not a label")
             prompts = [p for p in (cloze_prompt(s, left_to_right) for s in _sentences(rec)) if p]
+            counts["records"] += 1
+            counts["unusable"] += not prompts
             for p in prompts if all_sentences else prompts[:1]:
                 items.append(TrexItem(p, str(rec["obj_label"]), rec.get("predicate_id", ""),
                                       rec.get("sub_label", ""), str(rec.get("uuid", ""))))

@@ -58,6 +58,11 @@ def test_trex_command(world, run_dir, tmp_path):
     assert doc["metrics"]["trex_n"] == 4 and len(doc["records"]) == 4 and doc["config"]["force_lookup"] is True
     assert all(r["lookups"] for r in doc["records"])  # the checkpoint's KB answered the forced lookups
     assert doc["config"]["kb"] and doc["config"]["kb_version"] >= 1  # which KB, as of which version
+    with data.open("a") as f:  # a fact whose only sentence has its [MASK] mid-sentence: left out, and said
+        f.write(json.dumps({"obj_label": "x", "sub_label": "y", "masked_sentences": ["[MASK] is y."]}) + "\n")
+    res = runner.invoke(eval_app, ["trex", "--model", str(run_dir / "checkpoint"), "--data", str(data),
+                                   "--out", str(out)])
+    assert res.exit_code == 0 and "1 of 5 T-REx records left out" in res.output, res.output
 
 
 def test_popqa_and_factscore_commands(world, run_dir, tmp_path):
