@@ -23,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from ..lookup import Lookup, Segment
+from ..models import max_positions
 from ..scoring import token_logprobs
 from ..tokens import CALL, ORG, ROLE_NAMES, VALUE, Encoded, LookupTokenizer
 from .base import same_entity
@@ -119,19 +120,20 @@ def dynamic_perplexity(generator, documents: Sequence[Sequence[Segment]], batch_
     pieces: list[list[Encoded]] = []
     refs = [[seg for seg in d if isinstance(seg, Lookup)] for d in documents]  # the k-th call's reference
     for enc in oracle:
-        runs, cur = [], Encoded([], [])
+        runs, ids, roles = [], [], []  # each run's lists grown in place: a long document is no square cost
         i = 0
         while i < len(enc):
             if enc.input_ids[i] == tok.start_id and enc.roles[i] == CALL:
-                runs.append(cur)
-                cur = Encoded([], [])
+                runs.append(Encoded(ids, roles))
+                ids, roles = [], []
                 while enc.input_ids[i] != tok.end_id:
                     i += 1
                 i += 1
                 continue
-            cur = cur + Encoded([enc.input_ids[i]], [enc.roles[i]])
+            ids.append(enc.input_ids[i])
+            roles.append(enc.roles[i])
             i += 1
-        runs.append(cur)
+        runs.append(Encoded(ids, roles))
         pieces.append(runs)
     built = [p[0] for p in pieces]
     n_calls = [len(p) - 1 for p in pieces]
@@ -139,11 +141,13 @@ def dynamic_perplexity(generator, documents: Sequence[Sequence[Segment]], batch_
     from ..generate.answers import Answerer, call_context
 
     answers = Answerer(tok, generator.kb, matching=generator.options.get("matching"))  # as generation asks the KB
+    seen = max_positions(generator.model)
     for k in range(max(n_calls, default=0)):
         rows = [d for d in range(len(documents)) if n_calls[d] > k]
         prefixes = [built[d].input_ids + [tok.start_id] for d in rows]
         calls = generator.complete_call(prefixes, batch_size=batch_size)
-        contexts = [answers.context_text(call_context(p, len(p) - 1, tok)) for p in prefixes]
+        # the text the model wrote its query from (complete_call's window of a long document), read by the KB
+        contexts = [answers.context_text(call_context(p[-seen:], len(p[-seen:]) - 1, tok)) for p in prefixes]
         matches = answers.lookup([(e, r) for e, r in calls], contexts) if generator.kb is not None \
             else [None] * len(rows)
         for d, (e, r), m in zip(rows, calls, matches):
