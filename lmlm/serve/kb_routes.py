@@ -31,6 +31,8 @@ def router(state, require_token) -> APIRouter:
                              403: {"description": "writes are disabled on this server"}})
 
     def field(name: str, value: str) -> str:
+        if "\ufffd" in value:  # what the URL decoder makes of bytes that are not UTF-8 (%FF, %ED%A0%80)
+            raise HTTPException(422, f"{name}: the query string is not valid UTF-8 (percent-encode UTF-8 bytes)")
         try:
             return _utf8(value)
         except ValueError as e:

@@ -258,6 +258,8 @@ def test_requests_are_typed_and_errors_speak_of_fields(client, auth):
                  {"prompt": "Ada", "force_lookup": "yes"}):
         assert client.post("/api/generate", json=body).status_code == 422, body
     assert client.post("/api/kb/delete", headers=auth, json={"triple_ids": ["5"]}).status_code == 422
+    bad = client.get("/api/kb/lookup?entity=%FF&relation=b")
+    assert bad.status_code == 422 and "not valid UTF-8" in bad.json()["detail"], bad.text
     assert client.post("/api/generate", json={"prompt": "Ada", "temperature": 1}).status_code == 200
     r = client.post("/api/generate", content=json.dumps({"prompt": "Ada"}), headers={"content-type": "text/plain"})
     assert r.status_code == 422 and "application/json" in r.json()["detail"][0]["msg"], r.text
