@@ -325,6 +325,9 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
     if deletion:
         config["deletion"] = deletion
     metrics = {f"tofu_{k}" if not k.startswith("tofu_") else k: v for k, v in metrics.items() if v is not None}
+    per_item = {k: metrics.pop(k) for k in [k for k, v in metrics.items() if isinstance(v, (list, tuple, dict))]}
+    if per_item and not records:  # the metrics line holds numbers; each question's values go in the records
+        records = [{"per_question": per_item}]  # (an unlearning run's records are its trajectory, which has them)
     _finish(TOFU, metrics, records, out, config, gen)
 
 

@@ -79,6 +79,8 @@ def test_tofu_command_kb_delete_and_npo(run_dir, tmp_path):
     before = _run(base + ["--out", str(tmp_path / "before.json"), "--retain-model", str(run_dir / "lmlm"),
                           "--retain-kb", str(run_dir / "kb")])
     assert before["tofu_forget_quality"] == pytest.approx(1.0)           # the model against itself
+    assert all(isinstance(v, (int, float)) for v in before.values())      # lists go to the records
+    assert json.loads((tmp_path / "before.json").read_text())["records"][0]["per_question"]
     after = _run(base + ["--unlearn", "kb", "--out", str(tmp_path / "after.json")])
     doc = json.loads((tmp_path / "after.json").read_text())
     assert doc["config"]["deletion"]["deleted"] == 7 and 0 <= after["tofu_model_utility"] <= 1
