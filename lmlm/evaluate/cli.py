@@ -426,5 +426,16 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
             _fail(f"no topics in {data}")
         metrics = factscore_eval(rag_gen, topics, facts, claims="text", max_new_tokens=max_new_tokens,
                                  batch_size=batch_size, records=records)
-    metrics = {f"rag_{k_}": v for k_, v in metrics.items()}
+    metrics = {f"rag_{k_}": v for k_, v in metrics.items() if "_lookup_" not in k_}  # a Standard reader makes none
+    kept = rag_gen.last_passages
+    if len(kept) == len(records):  # what each prompt was given, to read beside its answer
+        from .popqa import answer_in_output
+
+        for rec, passages in zip(records, kept):
+            rec["passages"] = passages
+        metrics["rag_passages_kept_mean"] = sum(map(len, kept)) / max(1, len(kept))
+        if task != "factscore":  # the gold answer in a passage the reader was given: its ceiling
+            golds = [[it.gold] if task == "trex" else list(it.answers) for it in items]
+            metrics["rag_answer_in_passages"] = sum(answer_in_output(" ".join(ps), g) for ps, g in zip(kept, golds)) \
+                / max(1, len(kept))
     _finish(RAG, metrics, records, out, {"model": str(model), "corpus": str(corpus), "task": task, "k": k, "words": words})

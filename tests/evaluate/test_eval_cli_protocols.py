@@ -125,6 +125,10 @@ def test_rag_command(world, run_dir, tmp_path):
     m = _run(["rag", "--model", str(run_dir / "standard"), "--corpus", str(run_dir / "docs.jsonl"), "--data", str(data),
               "-k", "2", "--words", "20", "--max-new-tokens", "6", "--out", str(tmp_path / "rag.json")])
     assert m["rag_trex_n"] == 3 and 0 <= m["rag_trex_exact_match"] <= 1
+    records = json.loads((tmp_path / "rag.json").read_text())["records"]
+    assert all(1 <= len(r["passages"]) <= 2 for r in records) and not any("_lookup_" in k for k in m)
+    # the docs state each person's city, and BM25 finds a passage naming the person: the ceiling is met
+    assert m["rag_answer_in_passages"] == sum(r["gold"] in " ".join(r["passages"]) for r in records) / 3
     res = runner.invoke(eval_app, ["rag", "--model", str(run_dir / "standard"), "--corpus", str(run_dir / "docs.jsonl"),
                                    "--data", str(data), "--task", "nope"])
     assert res.exit_code == 2 and "--task" in res.output
