@@ -55,6 +55,8 @@ def request_models(limits: ServeLimits) -> SimpleNamespace:
         temperature: float = Field(1.0, gt=0, le=10)
         top_p: float = Field(1.0, gt=0, le=1)
         top_k: int = Field(0, ge=0, le=1000)
+        repetition_penalty: float = Field(1.0, gt=0, le=10, description="> 1 discourages repeats (FActScore's "
+                                                                          "biographies: 1.2), as `lmlm generate`'s")
         seed: Optional[Seed] = Field(None, description="a seeded request runs in a batch of its own")
         stream: bool = Field(False, description="answer with server-sent events: token*, result, done")
 

@@ -41,6 +41,7 @@ class GenParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    repetition_penalty: float = 1.0
 
     def batch_key(self) -> tuple:
         return astuple(self) + ((next(_seeded),) if self.seed is not None else ())
@@ -193,6 +194,7 @@ class ModelWorker:
             results = gen.generate(prompts, max_new_tokens=p.max_new_tokens, batch_size=len(prompts),
                                    force_lookup=p.force_lookup, do_sample=p.do_sample, temperature=p.temperature,
                                    top_p=p.top_p, top_k=p.top_k, seed=p.seed, cache=cache,
+                                   repetition_penalty=p.repetition_penalty,
                                    **({"streamer": streamer} if streamer else {}))
             run_s = time.perf_counter() - start
             k = 0

@@ -269,6 +269,17 @@ def test_requests_are_typed_and_errors_speak_of_fields(client, auth):
         assert r.status_code == 422 and msg.startswith("prompt") and "function" not in msg and "0x" not in msg, msg
 
 
+def test_a_request_sets_its_repetition_penalty(client, demo):
+    gen = client.app.state.lmlm.worker.generators[True]
+    penalised = gen.generate(demo.prompts[:8], max_new_tokens=24, repetition_penalty=3.0)
+    plain = gen.generate(demo.prompts[:8], max_new_tokens=24)
+    changed = [i for i in range(8) if penalised[i].clean_text != plain[i].clean_text]
+    assert changed, "a penalty of 3 changed none of 8 continuations"
+    for i in changed[:2]:  # the server's continuation is the penalised one
+        assert _generate(client, demo.prompts[i], repetition_penalty=3.0)["clean_text"] == penalised[i].clean_text
+    assert client.post("/api/generate", json={"prompt": "Ada", "repetition_penalty": 0}).status_code == 422
+
+
 def test_segments_join_to_clean_text(client, demo):
     """The texts of a result's segments join to its clean_text, with a call the token limit cut too."""
     for prompt in demo.prompts[:6]:
