@@ -393,6 +393,19 @@ def test_the_server_decodes_with_the_biases_it_was_started_with(make_client, aut
     assert before["query_entity"] != "Zed Quill" and after["query_entity"] == "Zed Quill"
 
 
+def test_the_threshold_is_the_one_of_the_matching_in_effect(make_client, demo):
+    """``lmlm serve --threshold``: under entity-aware matching, the relation's similarity (it set the
+    paper's key threshold, which entity matching never reads)."""
+    name = demo.people[0][0]
+    q = {"entity": name, "relation": "birthplace"}  # not the KB's spelling of the relation: a similar one
+    loose, strict = make_client(), make_client(threshold=0.99)
+    assert loose.get("/api/kb/lookup", params=q).json()["match"]["relation"] == "Birth City"
+    miss = strict.get("/api/kb/lookup", params=q).json()
+    assert miss["match"] is None and miss["miss"]["reason"] == "no_relation", miss
+    info = strict.get("/api/info").json()["kb"]
+    assert info["matching"] == "entity" and info["threshold"] == 0.99
+
+
 def test_serve_refuses_bad_startup_options_in_one_line(demo, tmp_path):
     """A KB that is not there or not a KB, a port taken, a log level uvicorn lacks: one line, exit 2."""
     import socket
