@@ -52,12 +52,9 @@ def restore_version(kb, version: int, who: str = "lmlm", why: str = "") -> Resto
     if back:
         kb._write((Fact(r.entity, r.relation, r.value, r.count, tuple(r.sources)) for r in back), "restore",
                   who, why, batch_size=1000, progress=None, total=len(back))
-    alias_then = {(a.alias_norm, a.entity_norm): a for a in kb.store.aliases(at=version)}
-    alias_now = {(a.alias_norm, a.entity_norm): a for a in kb.store.aliases()}
-    new = [(a.alias, a.entity) for k, a in alias_then.items() if k not in alias_now]
+    old, new = kb.alias_diff(version, kb.version)  # active now and not then; then and not now
     if new:
-        kb.add_aliases(new, who=who, why=why)
-    old = [a for k, a in alias_now.items() if k not in alias_then]
+        kb.add_aliases([(a.alias, a.entity) for a in new], who=who, why=why)
     for a in old:
         kb.delete_alias(a.alias, a.entity, who=who, why=why)
     return Restored(kb.version, removed, len(back), len(new), len(old))

@@ -107,13 +107,17 @@ def router(state, require_token) -> APIRouter:
             raise HTTPException(422, str(e)) from None
         return {"version": version, "changed": changed}
 
+    def changed(before: int, after: int) -> int:
+        """What the write that took the KB from ``before`` to ``after`` changed (0: it made no version)."""
+        return kb.log(1)[0].n_changed if after > before else 0
+
     @api.post("/triples", response_model=WriteResponse, summary="Add facts as one new version", **writes)
     async def add(body: R.AddRequest):
         def run():
             before = kb.version
             v = kb.add([Triple(t.entity, t.relation, t.value, source=t.source) for t in body.triples],
                        who=body.who, why=body.why, once=True)  # a retried request counts once
-            return v, (kb.log(1)[0].n_changed if v > before else 0)
+            return v, changed(before, v)
         return await write(run)
 
     @api.post("/edit", response_model=WriteResponse, summary="Give a fact a new value (the old one stays in history)",
@@ -123,7 +127,7 @@ def router(state, require_token) -> APIRouter:
         def run():
             before = kb.version
             v = kb.edit(body.entity, body.relation, body.value, who=body.who, why=body.why)
-            return v, (kb.log(1)[0].n_changed if v > before else 0)
+            return v, changed(before, v)
         return await write(run)
 
     @api.post("/delete", response_model=WriteResponse, summary="Delete the active facts matching every filter",

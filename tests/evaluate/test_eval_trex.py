@@ -113,13 +113,19 @@ def test_trex_eval_metrics_by_hand(tmp_path):
     assert records[0]["output"] == "Paris." and records[0]["lookups"]  # lookups stripped, kept in the record
 
 
+def _born_in(world, tmp_path, n: int):
+    """T-REx items "NAME was born in [MASK]." for the tiny world's first ``n`` people, and an LMLM on its facts."""
+    lines = [{"uuid": str(k), "obj_label": city, "sub_label": name, "predicate_id": "P19",
+              "masked_sentences": [f"{name} was born in [MASK]."]}
+             for k, (name, city, _) in enumerate(world.people[:n])]
+    return read_trex(_write(tmp_path, lines)), LookupGenerator(world.model, world.tok, DictKB(world.facts),
+                                                               on_miss="skip")
+
+
 def test_trex_on_a_tiny_lmlm(world, tmp_path):
     """End to end: the forced lookup asks the KB at the masked position; the metrics agree with what a
     reader of the outputs sees (every gold is one city, no stop word)."""
-    lines = [{"uuid": str(k), "obj_label": city, "sub_label": name, "predicate_id": "P19",
-              "masked_sentences": [f"{name} was born in [MASK]."]} for k, (name, city, _) in enumerate(world.people[:12])]
-    items = read_trex(_write(tmp_path, lines))
-    gen = LookupGenerator(world.model, world.tok, DictKB(world.facts), on_miss="skip")
+    items, gen = _born_in(world, tmp_path, 12)
     records = []
     m = trex_eval(gen, items, max_new_tokens=16, records=records)
     assert m["trex_n"] == 12
@@ -137,10 +143,7 @@ def test_trex_on_a_tiny_lmlm(world, tmp_path):
 def test_the_answer_budget_is_text_the_calls_come_on_top(world, tmp_path):
     """An LMLM answers in as many tokens of text as a Standard model: its forced call does not eat
     the budget (2 tokens of text here, where the call alone takes more)."""
-    lines = [{"uuid": str(k), "obj_label": city, "sub_label": name, "predicate_id": "P19",
-              "masked_sentences": [f"{name} was born in [MASK]."]} for k, (name, city, _) in enumerate(world.people[:8])]
-    items = read_trex(_write(tmp_path, lines))
-    gen = LookupGenerator(world.model, world.tok, DictKB(world.facts), on_miss="skip")
+    items, gen = _born_in(world, tmp_path, 8)
     records = []
     m = trex_eval(gen, items, max_new_tokens=2, records=records)
     assert all(r["lookups"] for r in records)
