@@ -14,7 +14,9 @@ Lookups are forced: a call opens every ``LOOKUP_PERIOD`` tokens of the continuat
 (``force_lookup_at``; a call still open delays the next), about ten per 256 tokens as in the paper's
 annotated text. A random model writes no sensible query, so queries are kept on the KB's keys by its
 prefix tree (``constrained=True``): every call names a real (entity, relation) of a KB built from
-the infoboxes of a real Wikipedia dump, and its value is that fact's value. The paper's logit bias is
+the infoboxes of a real Wikipedia dump, and its value is that fact's value, by the paper's key match
+(``matching="key"``; entity-aware matching would refuse a key about someone the text does not name,
+as a random model's keys are). The paper's logit bias is
 off (``logit_bias=None``): with random logits a +5 on ``<|db_start|>`` would open a call at every
 token, so calls happen only where forced.
 
@@ -61,7 +63,7 @@ PAPER_SIZES = {  # prompt and continuation lengths, prompts timed at batch 1, ro
     "quick": dict(prompt_tokens=256, new_tokens=256, n_single=1, n_batch=16),
 }
 LOOKUP_PERIOD = 26  # one call forced every 26 tokens: about 10 per 256
-PAPER_OPTIONS = dict(logit_bias=None, max_lookups=64, constrained=True)  # see the module docstring
+PAPER_OPTIONS = dict(logit_bias=None, max_lookups=64, constrained=True, matching="key")  # see the docstring
 
 
 def plain_generate(gen, prompts: Sequence[str], new_tokens: int, batch: int) -> list[list[int]]:

@@ -67,21 +67,17 @@ class Answerer:
         cache (`dict`, optional): answers by key; share it across batches and calls.
         matching (`str`, optional): the KB's matching, ``"entity"`` or ``"key"`` (the paper's single-key
             cosine); ``None`` uses the KB's own (``KnowledgeBase.matching``).
-        use_context (`bool`, defaults to `True`): resolve each query in the text before its call;
-            ``False`` (prefix-tree constrained decoding, whose queries are KB keys by construction):
-            every query on its own, exactly as written.
     """
 
     def __init__(self, tokenizer: LookupTokenizer, kb=None, *, fallback: str | None = "unknown",
-                 on_miss: str = "text", cache: dict | None = None, matching: str | None = None,
-                 use_context: bool = True):
+                 on_miss: str = "text", cache: dict | None = None, matching: str | None = None):
         if fallback is not None and not isinstance(fallback, str):
             raise ValueError(f"fallback must be a string or None, got {fallback!r}")
         if on_miss not in MISS_POLICIES:
             raise ValueError(f"on_miss must be one of {MISS_POLICIES}, got {on_miss!r}")
         if matching not in (None, "entity", "key"):
             raise ValueError(f"matching must be 'entity', 'key' or None, got {matching!r}")
-        self.tok, self.kb, self.matching, self.use_context = tokenizer, kb, matching, use_context
+        self.tok, self.kb, self.matching = tokenizer, kb, matching
         self.fallback = fallback
         self.on_miss = "skip" if fallback is None else on_miss
         self.cache: dict[Key, Answer] = {} if cache is None else cache
@@ -91,7 +87,7 @@ class Answerer:
 
     def get(self, key: Key, context: Sequence[int] | None = None) -> Answer | None:
         """The answer to ``key`` asked after the ids ``context`` (see :func:`call_context`)."""
-        if context is not None and self.use_context:
+        if context is not None:
             found = self.cache.get((*key, tuple(context)))
             if found is not None:
                 return found
@@ -101,8 +97,6 @@ class Answerer:
         """Answer the keys not yet cached (for their contexts), with one batched KB call (two under
         ``nearest``). ``contexts``: per key, the ids before its call (see :func:`call_context`)."""
         todo: dict[tuple, tuple[Key, tuple | None]] = {}
-        if not self.use_context:
-            contexts = None
         for i, key in enumerate(keys):
             ctx = None if contexts is None or contexts[i] is None else tuple(contexts[i])
             known = self.cache.get(key)

@@ -39,7 +39,8 @@ class LookupGenerator:
             the KB names the text before the call gives).
         constrained (`bool`, defaults to `False`): keep every query on a key of the KB, through a
             token prefix tree (:class:`lmlm.generate.trie.KeyTrie`) that follows the KB's changes. Its queries
-            are KB keys by construction and are answered as written, not read against the text.
+            are KB keys by construction, read against the text as every query is: a key about someone
+            else than the text names is a miss.
         loop (`bool`, defaults to `True`): decode greedy and sampled rows with the engine's own
             KV-cached loop (:mod:`lmlm.generate.loop`); ``False`` always calls ``model.generate``.
         cuda_graphs (`bool`, *optional*): decode in the loop over a static KV cache, each one-token
@@ -66,7 +67,7 @@ class LookupGenerator:
         self.tok, self.kb = tokenizer, kb
         self.options = dict(logit_bias=logit_bias, max_lookups=max_lookups, max_field_tokens=max_field_tokens,
                             fallback=fallback, on_miss=on_miss, use_db=use_db, matching=matching,
-                            use_context=not constrained, copy_bias=copy_bias, name_bias=name_bias)
+                            copy_bias=copy_bias, name_bias=name_bias)
         LookupLogitsProcessor(tokenizer, kb, **self.options)  # validate the options now
         self.trie = None
         if constrained:
@@ -89,7 +90,8 @@ class LookupGenerator:
                  do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  repetition_penalty: float = 1.0, num_beams: int = 1, stop_strings: Sequence[str] | None = None,
                  ignore_eos: bool = False, seed: int | None = None, progress: bool = False,
-                 cache: dict | None = None, **hf_kwargs) -> list[GenerationResult]:
+                 cache: dict | None = None, max_lookups: int | None = None,
+                 **hf_kwargs) -> list[GenerationResult]:
         """Continue each prompt, answering its lookups from the KB.
 
         Args:
@@ -108,6 +110,7 @@ class LookupGenerator:
             seed: seeds torch's global generator before sampling.
             progress: show a progress bar over batches.
             cache: lookup answers by query ids, shared across calls (default: one per call).
+            max_lookups: calls a row may open in this call (default: the generator's ``max_lookups``).
             **hf_kwargs: passed to ``model.generate`` (``streamer``, ``no_repeat_ngram_size``, ...).
 
         Returns:
@@ -123,6 +126,8 @@ class LookupGenerator:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if num_beams > 1 and do_sample:
             raise ValueError(f"num_beams={num_beams} is beam search; it does not combine with do_sample=True")
+        if max_lookups is not None and max_lookups < 0:
+            raise ValueError(f"max_lookups must be >= 0, got {max_lookups}")
         if stop_strings and ignore_eos:
             raise ValueError("stop_strings and ignore_eos exclude each other (a stopped row is padded with eos)")
         force_at = _force_offsets(force_lookup_at, len(prompts))
@@ -144,7 +149,8 @@ class LookupGenerator:
         for batch in batches:
             rows = [ids[i] for i in batch]
             proc = self.processor(count_from=max(map(len, rows)) - int(force_lookup), cache=answers.cache,
-                                  force_at=None if force_at is None else [force_at[i] for i in batch])
+                                  force_at=None if force_at is None else [force_at[i] for i in batch],
+                                  **({} if max_lookups is None else {"max_lookups": max_lookups}))
             if stops is not None:
                 stops.proc = proc
             criteria = user_criteria + ([stops] if stops is not None else [])
@@ -241,7 +247,7 @@ class LookupGenerator:
         to read the answers a generation gave (as streaming does)."""
         o = self.options
         return Answerer(self.tok, self.kb, fallback=o["fallback"], on_miss=o["on_miss"], cache=cache,
-                        matching=o["matching"], use_context=o["use_context"])
+                        matching=o["matching"])
 
     def _stop_ids(self) -> list[int]:
         return sorted({self.tok.eos_id, self.tok.doc_id})

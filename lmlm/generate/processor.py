@@ -240,7 +240,7 @@ class LookupLogitsProcessor(LogitsProcessor):
                  max_field_tokens: int = 24, fallback: str | None = "unknown", on_miss: str = "text",
                  use_db: bool = True, count_from: int = 0, query_only: bool = False, cache: dict | None = None,
                  constraint=None, force_at: Sequence[Sequence[int]] | None = None, matching: str | None = None,
-                 use_context: bool = True, copy_bias: float = 0.0, name_bias: float = 0.0):
+                 copy_bias: float = 0.0, name_bias: float = 0.0):
         if logit_bias is not None and len(tuple(logit_bias)) != 4:
             raise ValueError(f"logit_bias must be None or four floats (start, sep, retrieve, end), got {logit_bias!r}")
         if not isinstance(max_lookups, int) or max_lookups < 0:
@@ -253,8 +253,7 @@ class LookupLogitsProcessor(LogitsProcessor):
         if force_at is not None and any(p < 0 for ps in force_at for p in ps):
             raise ValueError(f"force_at offsets must be >= 0, got {force_at!r}")
         self.tok, self.kb = tokenizer, kb
-        self.answers = Answerer(tokenizer, kb, fallback=fallback, on_miss=on_miss, cache=cache, matching=matching,
-                                use_context=use_context)
+        self.answers = Answerer(tokenizer, kb, fallback=fallback, on_miss=on_miss, cache=cache, matching=matching)
         self.logit_bias = None if logit_bias is None else tuple(float(b) for b in logit_bias)
         self.max_lookups, self.max_field_tokens = max_lookups, max_field_tokens
         self.use_db, self.query_only = use_db, query_only

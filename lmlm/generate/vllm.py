@@ -99,7 +99,7 @@ class VLLMLookupGenerator:
         self.tok, self.kb = tokenizer, kb
         self.options = dict(logit_bias=logit_bias, max_lookups=max_lookups, max_field_tokens=max_field_tokens,
                             fallback=fallback, on_miss=on_miss, use_db=use_db, matching=matching,
-                            use_context=not constrained, copy_bias=float(copy_bias), name_bias=float(name_bias))
+                            copy_bias=float(copy_bias), name_bias=float(name_bias))
         Answerer(tokenizer, kb, fallback=fallback, on_miss=on_miss, matching=matching)  # validate the options now
         self.trie = self._trie_dir = None
         if constrained:
@@ -157,8 +157,7 @@ class VLLMLookupGenerator:
         new: list[list[int]] = [open_call(ids, tok) for ids in prompt_ids]  # a forced call is part of the output
         budget = [max_new_tokens] * len(prompts)
         o = self.options
-        answers = Answerer(tok, self.kb, fallback=o["fallback"], on_miss=o["on_miss"], matching=o["matching"],
-                           use_context=o["use_context"])
+        answers = Answerer(tok, self.kb, fallback=o["fallback"], on_miss=o["on_miss"], matching=o["matching"])
         stops = [] if ignore_eos else sorted({tok.eos_id, tok.doc_id})
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1,
                         repetition_penalty=repetition_penalty, seed=seed, ignore_eos=ignore_eos)

@@ -30,10 +30,12 @@ def create_app(*args, **kwargs):
 def serve(model_dir: str | Path, kb_path: str | Path | None = None, *, host: str = "127.0.0.1", port: int = 8000,
           token: str | None = None, limits: ServeLimits | None = None, device: str | None = None,
           threshold: float | None = None, threads: int | None = None, log_level: str = "info",
-          copy_bias: float = 0.0, name_bias: float = 0.0) -> None:
+          copy_bias: float = 0.0, name_bias: float = 0.0, matching: str | None = None, constrained: bool = False,
+          max_lookups: int = 16) -> None:
     """Serve :func:`create_app` with uvicorn until interrupted."""
     import uvicorn
 
     app = create_app(model_dir, kb_path, token=token, limits=limits, device=device, threshold=threshold,
-                     threads=threads, copy_bias=copy_bias, name_bias=name_bias)
+                     threads=threads, copy_bias=copy_bias, name_bias=name_bias, matching=matching,
+                     constrained=constrained, max_lookups=max_lookups)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -43,11 +43,18 @@ class ServeState:
             the KB's, 0.5), of the whole key under the paper's key match (0.6).
         threads: torch's CPU threads, for the whole process (default: torch's). On a busy CPU
             fewer threads than cores leave room for the HTTP side; small models run fastest on one.
+        copy_bias, name_bias: decoding biases of every request with the KB (see
+            :class:`lmlm.generate.LookupGenerator`; 0: the model's own choices).
+        matching: ``"entity"`` or ``"key"`` (the paper's single-key cosine), for generation and
+            ``/api/kb/lookup`` alike (default: the KB's).
+        constrained: keep every query on a key of the KB (a prefix tree that follows its writes).
+        max_lookups: calls one continuation may open, unless a request asks for fewer or more.
     """
 
     def __init__(self, model_dir: str | Path, kb_path: str | Path | None = None, *, token: str | None = None,
                  limits: ServeLimits | None = None, device: str | None = None, threshold: float | None = None,
-                 threads: int | None = None, copy_bias: float = 0.0, name_bias: float = 0.0):
+                 threads: int | None = None, copy_bias: float = 0.0, name_bias: float = 0.0,
+                 matching: str | None = None, constrained: bool = False, max_lookups: int = 16):
         import torch
 
         from ..annotate.lm import default_device
@@ -73,6 +80,10 @@ class ServeState:
         from ..generate.loading import open_kb
 
         self.kb = open_kb(kb_path)
+        if matching is not None:
+            if matching not in ("entity", "key"):
+                raise ValueError(f"matching must be 'entity' or 'key', got {matching!r}")
+            self.kb.matching = matching
         if threshold is not None:
             if not 0 <= threshold <= 1:
                 raise ValueError(f"threshold must be in [0, 1], got {threshold}")
@@ -89,7 +100,9 @@ class ServeState:
             self.limits = replace(self.limits, max_new_tokens=min(self.limits.max_new_tokens, context - 2),
                                   max_prompt_tokens=min(self.limits.max_prompt_tokens, context - 2))
         self.tok = tok
-        generators = {True: LookupGenerator(model, tok, self.kb, copy_bias=copy_bias, name_bias=name_bias),
+        self.lookups = {"constrained": constrained, "max_lookups": max_lookups}
+        generators = {True: LookupGenerator(model, tok, self.kb, copy_bias=copy_bias, name_bias=name_bias,
+                                            **self.lookups),
                       False: LookupGenerator(model, tok, None, use_db=False)}
         self.worker = ModelWorker(generators, max_batch=self.limits.max_batch,
                                   batch_wait_s=self.limits.batch_wait_ms / 1000,
@@ -202,7 +215,8 @@ async def _send_json(send, status: int, body: dict, headers: dict | None = None)
 
 def create_app(model_dir: str | Path, kb_path: str | Path | None = None, *, token: str | None = None,
                limits: ServeLimits | None = None, device: str | None = None, threshold: float | None = None,
-               threads: int | None = None, copy_bias: float = 0.0, name_bias: float = 0.0) -> FastAPI:
+               threads: int | None = None, copy_bias: float = 0.0, name_bias: float = 0.0,
+               matching: str | None = None, constrained: bool = False, max_lookups: int = 16) -> FastAPI:
     """The ``lmlm serve`` app for one checkpoint and one KB.
 
     Args:
@@ -213,8 +227,8 @@ def create_app(model_dir: str | Path, kb_path: str | Path | None = None, *, toke
         device: where the model runs (default: CUDA when available, else CPU).
         threshold: the lookups' minimum similarity (see :class:`ServeState`).
         threads: torch's CPU threads for the process (default: torch's own).
-        copy_bias, name_bias: decoding biases of every request with the KB (see
-            :class:`lmlm.generate.LookupGenerator`; 0: the model's own choices).
+        copy_bias, name_bias, matching, constrained, max_lookups: how lookups are written and
+            answered (see :class:`ServeState`).
 
     Examples:
         >>> app = create_app("runs/quickstart/train-lmlm/checkpoint", "runs/quickstart/kb-eval", token="s3cret-token")
@@ -225,7 +239,8 @@ def create_app(model_dir: str | Path, kb_path: str | Path | None = None, *, toke
     from . import gen_routes, kb_routes
 
     state = ServeState(model_dir, kb_path, token=token, limits=limits, device=device, threshold=threshold,
-                       threads=threads, copy_bias=copy_bias, name_bias=name_bias)
+                       threads=threads, copy_bias=copy_bias, name_bias=name_bias, matching=matching,
+                       constrained=constrained, max_lookups=max_lookups)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -259,7 +274,7 @@ def create_app(model_dir: str | Path, kb_path: str | Path | None = None, *, toke
         return {"model": state.model_info, "kb": {"name": Path(state.kb.path).name, "version": version,
                                                  "matching": state.kb.matching,
                                                  "threshold": state.kb.threshold if state.kb.matching == "key"
-                                                 else state.kb.relation_threshold},
+                                                 else state.kb.relation_threshold, **state.lookups},
                 "limits": asdict(state.limits), "writes_enabled": state.token is not None,
                 "lookup_tokens": state.tok.tokens.as_list(), "batching": dict(state.worker.stats),
                 "in_flight": state.in_flight}

@@ -23,8 +23,9 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
           token: Optional[str] = typer.Option(None, envvar="LMLM_SERVE_TOKEN",
                                               help="bearer token for KB writes (default: a random one, printed)"),
           read_only: bool = typer.Option(False, help="refuse every KB write"),
-          threshold: Optional[float] = typer.Option(None, help="a lookup's minimum relation similarity "
-                                                  "(entity-aware matching; default: the KB's, 0.5)"),
+          threshold: Optional[float] = typer.Option(None, help="a lookup's minimum similarity: of the relation "
+                                                  "under entity-aware matching (default 0.5), of the key under "
+                                                  "--matching key (0.6)"),
           max_new_tokens: int = typer.Option(256, min=1, help="most tokens one request may generate"),
           max_concurrent: int = typer.Option(64, min=1, help="generation requests in flight; more get 429"),
           max_batch: int = typer.Option(32, min=1, help="most prompts decoded together"),
@@ -36,6 +37,13 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
                                           "(0: the paper's decoding)"),
           name_bias: float = typer.Option(10.0, min=0.0, help="as lmlm generate --name-bias, for every request "
                                           "(0: the paper's decoding)"),
+          matching: Optional[str] = typer.Option(None, help="KB lookup, for generation and /api/kb/lookup: 'entity' "
+                                                 "(entity first, then relation) or 'key' (the paper's single-key "
+                                                 "cosine); default: the KB's"),
+          constrained: bool = typer.Option(False, help="as lmlm generate --constrained, for every request: write "
+                                           "only queries the KB holds (follows the KB's writes)"),
+          max_lookups: int = typer.Option(16, min=0, help="lookups per continuation; a request's max_lookups "
+                                          "replaces it"),
           demo: Optional[Path] = typer.Option(None, help="train a tiny demo model and KB in this folder and serve "
                                                          "them (seconds on a CPU)")):
     """Serve generation with lookup traces, KB endpoints and a web page (API docs at /docs)."""
@@ -46,6 +54,8 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
     check_device(device)
     if log_level.lower() not in ("critical", "error", "warning", "info", "debug", "trace"):
         _fail(f"--log-level must be critical, error, warning, info, debug or trace, got {log_level!r}")
+    if matching is not None and matching not in ("entity", "key"):
+        _fail(f"--matching must be 'entity' or 'key', got {matching!r}")
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         _fail(f"--threshold must be a similarity between 0 and 1, got {threshold}")
     try:
@@ -85,4 +95,4 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
     with user_errors(KBError, ValueError):
         run(model, kb, host=host, port=port, token=None if read_only else token, limits=limits, device=device,
             threshold=threshold, threads=threads, log_level=log_level.lower(), copy_bias=copy_bias,
-            name_bias=name_bias)
+            name_bias=name_bias, matching=matching, constrained=constrained, max_lookups=max_lookups)

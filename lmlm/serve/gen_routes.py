@@ -108,7 +108,8 @@ def router(state) -> APIRouter:
                          429: {"description": "too many generation requests in flight"}})
     async def generate(body: R.GenerateRequest):
         params = GenParams(body.max_new_tokens, body.force_lookup, body.use_db, body.do_sample, body.temperature,
-                           body.top_p, body.top_k, body.seed, body.repetition_penalty)
+                           body.top_p, body.top_k, body.seed, body.repetition_penalty, body.max_lookups,
+                           body.num_beams)
         sub = _Submission(state, [body.prompt], params, body.stream)
 
         async def answer(fin: Finished) -> dict:

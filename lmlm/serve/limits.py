@@ -25,6 +25,7 @@ class ServeLimits:
         max_write_items (default 1000): triples in one add; ids, entities or sources in one forget.
         max_log (default 1000): log entries in one response.
         max_search_k (default 50): candidates in one search.
+        max_beams (default 4): beams of one beam-search request (each decodes as a row).
     """
 
     max_body_bytes: int = 64 * 1024
@@ -39,6 +40,7 @@ class ServeLimits:
     max_write_items: int = 1000
     max_log: int = 1000
     max_search_k: int = 50
+    max_beams: int = 4
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -58,12 +58,22 @@ def request_models(limits: ServeLimits) -> SimpleNamespace:
         repetition_penalty: float = Field(1.0, gt=0, le=10, description="> 1 discourages repeats (FActScore's "
                                                                           "biographies: 1.2), as `lmlm generate`'s")
         seed: Optional[Seed] = Field(None, description="a seeded request runs in a batch of its own")
+        max_lookups: Optional[int] = Field(None, ge=0, le=L.max_new_tokens,
+                                           description="calls the continuation may open (default: the server's, "
+                                                       "`lmlm serve --max-lookups`)")
+        num_beams: int = Field(1, ge=1, le=L.max_beams, description="beam search (the best beam is returned); "
+                                                                    "not with do_sample or stream")
         stream: bool = Field(False, description="answer with server-sent events: token*, result, done")
 
         @model_validator(mode="after")
-        def _force_needs_db(self):
+        def _consistent(self):
             if self.force_lookup and not self.use_db:
                 raise ValueError("force_lookup needs use_db")
+            if self.force_lookup and self.max_lookups == 0:
+                raise ValueError("force_lookup opens a call: it needs max_lookups >= 1")
+            if self.num_beams > 1 and (self.do_sample or self.stream):
+                raise ValueError(f"num_beams={self.num_beams} is beam search, which returns its best beam at the "
+                                 f"end: not with {'do_sample' if self.do_sample else 'stream'}")
             return self
 
     class CompletionRequest(BaseModel):

@@ -42,6 +42,8 @@ class GenParams:
     top_k: int = 0
     seed: int | None = None
     repetition_penalty: float = 1.0
+    max_lookups: int | None = None  # None: the server's
+    num_beams: int = 1
 
     def batch_key(self) -> tuple:
         return astuple(self) + ((next(_seeded),) if self.seed is not None else ())
@@ -194,8 +196,8 @@ class ModelWorker:
             results = gen.generate(prompts, max_new_tokens=p.max_new_tokens, batch_size=len(prompts),
                                    force_lookup=p.force_lookup, do_sample=p.do_sample, temperature=p.temperature,
                                    top_p=p.top_p, top_k=p.top_k, seed=p.seed, cache=cache,
-                                   repetition_penalty=p.repetition_penalty,
-                                   **({"streamer": streamer} if streamer else {}))
+                                   repetition_penalty=p.repetition_penalty, max_lookups=p.max_lookups,
+                                   num_beams=p.num_beams, **({"streamer": streamer} if streamer else {}))
             run_s = time.perf_counter() - start
             k = 0
             for job in group:

@@ -75,10 +75,15 @@ def test_load_model_needs_the_right_tokens(released):
     model, tok, meta = load_model(released / "model", tokens="released")
     assert meta == {} and tok.tokens == RELEASED_TOKENS
     assert tok.start_id == tok.hf.convert_tokens_to_ids("<|db_entity|>")
-    gen = LookupGenerator(model, tok, open_kb(released / "database.json"), constrained=True)
-    r = gen.generate(["Cleo O'Hara was born in"], force_lookup=True, max_new_tokens=20)[0]
-    t = r.trace[0]  # the query is a key of the database, so its value comes back exactly
+    db = open_kb(released / "database.json")
+    r = LookupGenerator(model, tok, db, constrained=True, matching="key").generate(
+        ["Cleo O'Hara was born in"], force_lookup=True, max_new_tokens=20)[0]
+    t = r.trace[0]  # the query is a key of the database, so the paper's key match gives its value exactly
     assert t.status == "exact" and t.value == dict(PEOPLE)[t.query_entity][t.query_relation == "Occupation"]
+    if t.query_entity != "Cleo O'Hara":  # a key about someone the text does not name: entity matching refuses it
+        again = LookupGenerator(model, tok, db, constrained=True).generate(
+            ["Cleo O'Hara was born in"], force_lookup=True, max_new_tokens=20)[0].trace[0]
+        assert (again.query_entity, again.found, again.triple_id) == (t.query_entity, False, None)
     assert r.token_ids[0] == tok.start_id and tok.retrieve_id == tok.hf.convert_tokens_to_ids("<|db_return|>")
 
 

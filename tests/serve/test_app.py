@@ -280,6 +280,48 @@ def test_a_request_sets_its_repetition_penalty(client, demo):
     assert client.post("/api/generate", json={"prompt": "Ada", "repetition_penalty": 0}).status_code == 422
 
 
+def test_a_request_sets_its_lookups_and_beams(client, demo):
+    """``max_lookups`` and ``num_beams`` per request, as ``lmlm generate --max-lookups / --num-beams``."""
+    prompt = demo.prompts[0]
+    assert len(_generate(client, prompt)["trace"]) >= 2, "the demo model writes two calls in 24 tokens"
+    none, one = _generate(client, prompt, max_lookups=0), _generate(client, prompt, max_lookups=1)
+    assert none["trace"] == [] and "dblookup" not in none["text"] and "<|db_start|>" not in none["text"]
+    assert len(one["trace"]) == 1 and one["text"].count("dblookup") == 1 and "<|db_start|>" not in one["text"]
+    gen = client.app.state.lmlm.worker.generators[True]
+    beams = gen.generate(demo.prompts[:2], max_new_tokens=24, num_beams=3)
+    for p, want in zip(demo.prompts[:2], beams):
+        assert _generate(client, p, num_beams=3)["text"] == want.text
+    for bad in ({"num_beams": 2, "stream": True}, {"num_beams": 2, "do_sample": True}, {"num_beams": 5},
+                {"force_lookup": True, "max_lookups": 0}, {"max_lookups": -1}):
+        r = client.post("/api/generate", json={"prompt": prompt, **bad})
+        assert r.status_code == 422, (bad, r.text)
+    assert client.get("/api/info").json()["limits"]["max_beams"] == 4
+
+
+def test_the_server_matches_and_constrains_as_it_was_started(make_client, demo, auth):
+    """``lmlm serve --matching key`` answers /api/kb/lookup by the paper's key cosine (a namesake's
+    fact); ``--constrained`` keeps queries on KB keys, and once a person is deleted the key the tree
+    leads their prompt to, someone else's, is a miss, never answered."""
+    name = demo.people[0][0]
+    q = {"entity": name + "qvist", "relation": "Birth City"}
+    key, constrained = make_client(matching="key"), make_client(constrained=True)
+    info = key.get("/api/info").json()["kb"]
+    assert {k: info[k] for k in ("matching", "threshold", "constrained", "max_lookups")} == \
+        {"matching": "key", "threshold": 0.6, "constrained": False, "max_lookups": 16}
+    assert key.get("/api/kb/lookup", params=q).json()["match"]["entity"] == name
+    assert constrained.get("/api/kb/lookup", params=q).json()["match"] is None
+    assert constrained.get("/api/info").json()["kb"]["constrained"] is True
+    keys = {e for e, _, _ in demo.facts}
+    for name, _, _ in demo.people[:3]:
+        prompt = f"{name} was born in"
+        ask = dict(max_new_tokens=30, force_lookup=True)
+        assert _generate(constrained, prompt, **ask)["trace"][0]["matched_entity"] == name
+        assert constrained.post("/api/kb/delete", headers=auth, json={"entity": name}).json()["changed"] == 2
+        t = _generate(constrained, prompt, **ask)["trace"][0]
+        assert t["query_entity"] in keys - {name}, t  # the tree allows no other name
+        assert not t["found"] and t["value"] == "unknown" and t["triple_id"] is None, t
+
+
 def test_segments_join_to_clean_text(client, demo):
     """The texts of a result's segments join to its clean_text, with a call the token limit cut too."""
     for prompt in demo.prompts[:6]:
