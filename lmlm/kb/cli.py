@@ -47,8 +47,8 @@ def _kb_call(fn, *args, **kwargs):
 
 @app.command("build")
 def kb_build(path: Path = typer.Argument(..., help="KB folder: created, or resumed after a build was cut short"),
-             triples: Path = typer.Option(..., help="triples (JSONL or Parquet), an annotated corpus, "
-                                                     "or the authors' JSON"),
+             triples: Path = typer.Option(..., help="triples (JSONL, CSV/TSV or Parquet; JSONL and CSV may be "
+                                                     "gzipped), an annotated corpus, or the authors' JSON"),
              format: Optional[str] = typer.Option(None, help=_FORMATS),
              chunk_size: int = typer.Option(100_000, help="facts per version; a crash loses at most one chunk"),
              embed: bool = typer.Option(True, help="embed every key now (--no-embed: on the first fuzzy lookup)"),

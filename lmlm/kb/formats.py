@@ -60,9 +60,35 @@ def _fact(e: str, r: str, v: str, source: str | None, position: int | None) -> F
     return Fact(clean_field(e, "entity"), clean_field(r, "relation"), clean_field(v, "value"), 1, sources)
 
 
+def _suffix(path: Path) -> str:
+    """The suffix that says what ``path`` holds (``.jsonl`` for ``facts.jsonl.gz``)."""
+    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
+    return suffixes[-1] if suffixes else ""
+
+
+def _open_bytes(path: Path):
+    """``path`` opened for reading bytes, through gzip when it ends in ``.gz``."""
+    import gzip
+
+    return gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    """The raw lines of ``path`` (gzipped or not); a broken gzip file is a ValueError naming it."""
+    import gzip
+    import zlib
+
+    try:
+        with _open_bytes(path) as f:
+            yield from f
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise ValueError(f"{path}: broken gzip file ({e or 'it ends early'})") from None
+
+
 def detect_format(path: str | Path) -> str:
     """The format of ``path``: by suffix (``.parquet``, ``.json``), else by the first JSON line's fields;
-    a Parquet file with documents' columns, a ``datasets`` folder or plain text (``.txt``) is a corpus."""
+    a Parquet file with documents' columns, a ``datasets`` folder or plain text (``.txt``) is a corpus.
+    JSON lines, CSV/TSV and text may be gzipped (``facts.jsonl.gz``)."""
     path = Path(path)
     if path.is_dir():
         return "corpus"
@@ -74,24 +100,24 @@ def detect_format(path: str | Path) -> str:
         return "corpus" if "entity" not in names and names & {"annotated", "text"} else "parquet"
     if path.suffix.lower() == ".json":
         return "authors"
-    if ".txt" in [s.lower() for s in path.suffixes[-2:]]:  # plain text, one document a line (calls as dblookup)
+    if _suffix(path) == ".txt":  # plain text, one document a line (calls as dblookup)
         return "corpus"
-    if path.suffix.lower() in (".csv", ".tsv"):
+    if _suffix(path) in (".csv", ".tsv"):
         return "csv" if "entity" in _csv_header(path) else "corpus"
     if path.is_file():
-        try:
-            with open(path, encoding="utf-8-sig") as f:
-                for line in f:
-                    if line.strip():
-                        try:
-                            first = json.loads(line)
-                        except ValueError:
-                            break
-                        if isinstance(first, dict) and ("annotated" in first or "text" in first):
-                            return "corpus"
-                        break
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        for raw in _lines(path):
+            try:
+                line = raw.decode("utf-8-sig")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+            if line.strip():
+                try:
+                    first = json.loads(line)
+                except ValueError:
+                    break
+                if isinstance(first, dict) and ("annotated" in first or "text" in first):
+                    return "corpus"
+                break
     return "jsonl"
 
 
@@ -128,8 +154,7 @@ def count_items(path: str | Path, format: str | None = None) -> int | None:
         except Exception:  # a broken file: its reader names the problem
             return None
     if format in ("jsonl", "corpus") and path.is_file():
-        with open(path, "rb") as f:
-            return sum(1 for line in f if line.strip())
+        return sum(1 for line in _lines(path) if line.strip())
     return None
 
 
@@ -163,28 +188,28 @@ def _fact_from_dict(d: dict) -> Fact:
 
 
 def _read_jsonl(path: Path) -> Iterator[Fact]:
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-            if not line.strip():
-                continue
-            try:
-                yield _fact_from_dict(json.loads(line))
-            except (ValueError, TypeError, KeyError, IndexError) as e:
-                raise ValueError(f"{path}:{lineno}: not a triple: {_why(e)}") from None
+    for lineno, raw in enumerate(_lines(path), 1):
+        try:
+            line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        if not line.strip():
+            continue
+        try:
+            yield _fact_from_dict(json.loads(line))
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            raise ValueError(f"{path}:{lineno}: not a triple: {_why(e)}") from None
 
 
 def _csv_header(path: Path) -> list[str]:
     import csv
 
+    import io
+
     try:
-        with open(path, encoding="utf-8-sig", newline="") as f:
-            return [c.strip() for c in next(csv.reader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ","),
-                                            [])]
-    except (UnicodeDecodeError, OSError, csv.Error):
+        with _open_bytes(path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as f:
+            return [c.strip() for c in next(csv.reader(f, delimiter="\t" if _suffix(path) == ".tsv" else ","), [])]
+    except (UnicodeDecodeError, OSError, EOFError, csv.Error):
         return []  # the reader names the problem
 
 

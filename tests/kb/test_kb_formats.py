@@ -108,6 +108,34 @@ def test_csv_and_tsv_triples_and_corpora(tmp_path, encoder):
     assert len(kb) == 3
 
 
+def test_gzipped_triples_and_corpora_through_the_cli(tmp_path):
+    """``lmlm kb build --triples X.gz``: gzipped JSON lines of triples, of documents and CSV are read as
+    their plain files are; a broken gzip file is one line, exit 2."""
+    import gzip
+
+    from typer.testing import CliRunner
+
+    from lmlm.cli import app
+
+    def gz(name, text):
+        with gzip.open(tmp_path / name, "wt", encoding="utf-8") as f:
+            f.write(text)
+        return tmp_path / name
+
+    facts = gz("facts.jsonl.gz", "\ufeff" + json.dumps({"entity": "Grace Hopper", "relation": "Employer",
+                                                      "value": "US Navy"}) + "\n")
+    docs = gz("docs.jsonl.gz", "".join(json.dumps(d) + "\n" for d in DOCS))
+    table = gz("t.csv.gz", "entity,relation,value\nAlan Turing,Occupation,mathematician\n")
+    assert [detect_format(p) for p in (facts, docs, table)] == ["jsonl", "corpus", "csv"]
+    for i, (path, n) in enumerate(((facts, 1), (docs, 2), (table, 1))):
+        r = CliRunner().invoke(app, ["kb", "build", str(tmp_path / f"kb{i}"), "--triples", str(path)])
+        assert r.exit_code == 0, r.output
+        assert len(KnowledgeBase.open(tmp_path / f"kb{i}")) == n
+    (tmp_path / "cut.jsonl.gz").write_bytes(facts.read_bytes()[:-9])
+    r = CliRunner().invoke(app, ["kb", "build", str(tmp_path / "kb9"), "--triples", str(tmp_path / "cut.jsonl.gz")])
+    assert r.exit_code == 2 and "cut.jsonl.gz: broken gzip file" in r.output, r.output
+
+
 def test_authors_database_json(tmp_path, encoder):
     db = tmp_path / "squad_database.json"
     db.write_text(json.dumps({"entities": ["Beyoncé"], "relationships": ["Spouse"], "return_values": ["Jay Z"],
