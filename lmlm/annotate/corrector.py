@@ -109,7 +109,15 @@ class Correction:
         """The filtered documents in the schema of :mod:`lmlm.corpus`."""
         if self.inputs is None:
             return [Document.from_segments(str(i), d) for i, d in enumerate(self.documents, 1)]
-        return [Document.from_segments(o.id, d, source=o.source, split=o.split, meta=o.meta)
+        from .validate import calls_with_offsets
+
+        def meta(o: Document, d) -> dict:  # a seed's list of calls names the kept ones only
+            if "calls" not in o.meta:
+                return o.meta
+            return {**o.meta, "calls": [dict(entity=c.entity, relation=c.relation, value=c.value, at=q)
+                                        for q, c in calls_with_offsets(d)]}
+
+        return [Document.from_segments(o.id, d, source=o.source, split=o.split, meta=meta(o, d))
                 for o, d in zip(self.inputs, self.documents)]
 
     def kept_offsets(self) -> list[set[int]]:
@@ -266,9 +274,10 @@ def write_correction(result: Correction, out_dir: str | Path, labels: Sequence[s
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_documents(out / "kept.jsonl", result.kept_documents())
+    ids = [d.id for d in result.kept_documents()]  # "doc" is the document's place in the input; its id beside it
     with (out / "scores.jsonl").open("w", encoding="utf-8") as f:
         for s in result.scores:
-            f.write(json.dumps(asdict(s), ensure_ascii=False) + "\n")
+            f.write(json.dumps({"doc_id": ids[s.doc], **asdict(s)}, ensure_ascii=False) + "\n")
     (out / "report.json").write_text(json.dumps(summary(result), indent=2, default=str) + "\n")
     plot_losses(result.scores, result.threshold, out / "losses.png", labels)
 

@@ -29,6 +29,14 @@ def test_stages_chained(tmp_path):
                               str(tmp_path / "c"), "--steps", "3", "--drop", "0.2"])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "c" / "losses.png").exists()
+    # kept.jsonl lists the calls it keeps (not the input's), and scores name documents by their ids
+    kept = [json.loads(x) for x in (tmp_path / "c" / "kept.jsonl").read_text().splitlines()]
+    assert all(len(d["calls"]) == d["annotated"].count("[dblookup(") for d in kept)
+    dropped = sum(json.loads(x)["dropped"] for x in (tmp_path / "c" / "scores.jsonl").read_text().splitlines())
+    before = sum(len(json.loads(x)["calls"]) for x in (tmp_path / "v" / "annotated.jsonl").read_text().splitlines())
+    assert dropped > 0 and sum(len(d["calls"]) for d in kept) == before - dropped
+    first = json.loads((tmp_path / "c" / "scores.jsonl").read_text().splitlines()[0])
+    assert first["doc_id"] == kept[first["doc"]]["id"]
     res = runner.invoke(app, ["annotate", "distill", str(tmp_path / "c" / "kept.jsonl"), "--out", str(tmp_path / "a"),
                               "--steps", "3"])
     assert res.exit_code == 0, res.output
