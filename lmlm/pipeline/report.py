@@ -29,7 +29,8 @@ def _cloze_rows(table: dict[str, dict[str, dict[str, float]]]) -> list[dict[str,
 
 
 def _call_samples(out: Path, k: int = 20, seed: int = 0) -> list[dict[str, Any]]:
-    """``k`` calls drawn at random from the annotated corpus, each with its method and the text around it."""
+    """``k`` calls drawn at random from the annotated corpus, each with its method and the text around it
+    (the value the call stands before marked ⟦...⟧)."""
     from ..annotate.validate import calls_with_offsets
     from ..corpus import iter_documents
 
@@ -40,7 +41,8 @@ def _call_samples(out: Path, k: int = 20, seed: int = 0) -> list[dict[str, Any]]
     rng = random.Random(seed)
     picked = rng.sample(calls, min(k, len(calls)))
     return [{"document": d.id, "method": m, "entity": c.entity, "relation": c.relation, "value": c.value,
-             "context": d.text[max(0, q - 120):q] + "⟦" + d.text[q:q + 60] + "⟧"} for d, q, c, m in picked]
+             "context": d.text[max(0, q - 120):q] + "⟦" + d.text[q:q + len(c.value)] + "⟧"
+                        + d.text[q + len(c.value):q + len(c.value) + 40]} for d, q, c, m in picked]
 
 
 def _figures(out: Path, report: dict) -> dict[str, str]:

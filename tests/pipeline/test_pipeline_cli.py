@@ -235,6 +235,8 @@ def test_pipeline_wiki_cpu_reduced_then_resumed(tmp_path, shared_data):
     pairs = {(normalize_text(r["alias"]), normalize_text(r["entity"])) for r in rows}
     assert report["kb"]["aliases"] == sum(a != e for a, e in pairs)  # a name equal to its entity's is no alias
     assert len(report["call_samples"]) == min(20, corpus["lookup_calls"])
+    for sample in report["call_samples"]:  # the value the call stands before is what is marked
+        assert "⟦" + sample["value"] + "⟧" in sample["context"], sample
     md = (tmp_path / "P" / "report.md").read_text()
     assert "Cloze precision on real facts" in md and (tmp_path / "P" / "figures" / "cloze.png").exists()
     # the corpus, the KB and the models are real: documents in the schema, triples in the KB
