@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import unicodedata
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Literal, Sequence
@@ -140,7 +141,8 @@ class ValidationReport:
 # -- the checks ------------------------------------------------------------------------------------
 
 def _words(s: str) -> list[str]:
-    return _WORD.findall(s.casefold())
+    """Casefolded words, in one Unicode form: an NFC name is found in NFD text ("Zoë" either way)."""
+    return _WORD.findall(unicodedata.normalize("NFC", s).casefold())
 
 
 def value_follows(text: str, at: int, value: str, slack: int = 24, lead_words: int = 3) -> bool:
@@ -156,7 +158,7 @@ def value_follows(text: str, at: int, value: str, slack: int = 24, lead_words: i
 
 def entity_in_context(left: str, entity: str) -> bool:
     """True if every word of ``entity`` (name particles aside) occurs in ``left``, the text before the call."""
-    if entity.casefold() in left.casefold():
+    if unicodedata.normalize("NFC", entity).casefold() in unicodedata.normalize("NFC", left).casefold():
         return True
     have = set(_words(left))
     want = [w for w in _words(entity) if w not in _NAME_PARTICLES] or _words(entity)

@@ -98,3 +98,18 @@ def test_validation_removes_damaged_calls_on_a_world():
     report = ValidationReport.of(results).to_dict()
     assert set(report["rejected_by_reason"]) == set(REASONS)
     assert report["calls"] == sum(len(d.labels) for d in damaged) and set(KINDS) <= set(scores["removed"])
+
+
+def test_names_match_in_either_unicode_form():
+    """A call writing "Zoë" composed, in a text that writes it decomposed (or the other way round), names
+    the entity to its left; a name the text does not hold is still refused."""
+    import unicodedata
+
+    for text_form, call_form in (("NFD", "NFC"), ("NFC", "NFD")):
+        text = unicodedata.normalize(text_form, "Zoë Kravitz was born in Los Angeles.")
+        name = unicodedata.normalize(call_form, "Zoë Kravitz")
+        v = validate(text, text.replace("born in ", f"born in [dblookup('{name}', 'Birth City') -> Los Angeles] "))
+        assert len(v.kept) == 1 and not v.rejected and not v.text_changed, (text_form, v.rejected)
+    wrong = "born in [dblookup('Chloë Sevigny', 'Birth City') -> Los Angeles] "
+    other = validate(text, text.replace("born in ", wrong))
+    assert [r.reason for r in other.rejected] == ["entity_not_in_left_context"]
