@@ -406,7 +406,12 @@ class EntityIndex:
             free = not self._extended(qt, set(direct) | {qn})
             longer = [] if ctx is None or any(e in ctx for e in direct) else \
                 [e for e in ctx if e not in direct and any(_refers(qt, t) for t in self._entity_tokens(e))]
-            if len(longer) == 1:
+            if longer and direct:  # "Maria Lopez", a KB entity, in a text about Maria Garcia-Lopez: either
+                return Resolved(reason="ambiguous_entity", context_free=False,
+                                detail=f"{entity!r} is an entity's name, and the text names "
+                                       f"{self.display[longer[0]]!r}, whose name holds it",
+                                candidates=tuple((self.display[e], 1.0) for e in [*longer, *direct]))
+            if len(longer) == 1 and qn not in self.gone:
                 return Resolved(longer[0], "context", 1.0, context_free=False)
             if len(direct) == 1:
                 return Resolved(direct[0], via, 1.0, context_free=free)

@@ -178,6 +178,14 @@ def test_a_namesake_of_the_person_the_text_names_is_never_answered():
     # the text is about someone the KB never held, who shares a first name with a KB entity
     miss = idx.resolve("Larry Davis", context="Larry Huerta-Rogers was born in")
     assert miss.entity is None and miss.reason == "no_entity" and "never names 'Larry Davis'" in miss.detail
+    # an exact KB name in a text about someone whose longer name holds it: either may be meant, neither is
+    # answered ("Maria Lopez" is in the KB; the model may be shortening "Maria Garcia-Lopez")
+    both = _index(["Maria Garcia-Lopez", "Maria Lopez", "John Paul Jones", "John Jones"])
+    for query, context in [("Maria Lopez", "Maria Garcia-Lopez was born in"), ("John Jones", "John Paul Jones was")]:
+        got = both.resolve(query, context=context)
+        assert got.entity is None and got.reason == "ambiguous_entity", (query, got)
+        assert {c for c, _ in got.candidates} == {query, context.rsplit(" was", 1)[0]}
+    assert both.resolve("Maria Lopez", context="Maria Lopez was born in").entity == "maria lopez"
     # a short name of a deleted person named in the text is not answered by a longer KB name
     miss = idx.resolve("Jackson", context="Jackson Marshall was born in")
     assert miss.entity is None and "refers to 'Jackson Marshall'" in miss.detail and miss.deleted
