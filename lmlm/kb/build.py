@@ -3,7 +3,7 @@
 The file's facts go in by chunks (:func:`lmlm.kb.ingest.add_file`, shared with ``lmlm kb import``
 and the authors' database import below),
 each chunk one version (op ``import``) whose transaction also records how far the build got (meta
-entry ``build:<fingerprint>``, the file's size and a hash of its first and last megabytes). A killed
+entry ``build:<fingerprint>``, a hash of the file's whole content). A killed
 build leaves the KB at its last complete chunk; running the same build again skips what is in and
 goes on, and importing the same content again (under any name) adds nothing. Other writers get the
 lock between chunks.

@@ -427,7 +427,11 @@ def kb_export(path: Path, out: Path, format: Optional[str] = typer.Option(
 @app.command("import")
 def kb_import(path: Path, triples: Path, format: Optional[str] = typer.Option(None, help=_FORMATS),
               who: str = typer.Option("lmlm"), why: str = typer.Option("import")):
-    """Add the facts of a file (a version per 100,000); resumable, and the same file twice adds nothing."""
+    """Add the facts of a file (a version per 100,000); resumable, and the same file twice adds nothing.
+
+    A file changed since (anywhere in it) is read again: a fact it held before, with the same source,
+    is not counted twice; one without a source counts once more (give a source column to avoid it).
+    """
     kb = _open_kb(path)
     before = kb.version
     after = _kb_call(kb.import_file, triples, format, who=who, why=why)

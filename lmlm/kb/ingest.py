@@ -19,27 +19,22 @@ from .records import check_who, gc_paused
 
 __all__ = ["add_file", "fingerprint", "head_sha256"]
 
-_PROBE = 1 << 20
+_BLOCK = 1 << 22
 
 
 def fingerprint(path: str | Path) -> str:
-    """Who a file (or a ``datasets`` folder) is, cheaply: its size and a SHA-256 of its first and last
-    megabyte, so a multi-GB file is recognised in milliseconds, under any name or time stamp."""
+    """Who a file (or a ``datasets`` folder) is, under any name or time stamp: a SHA-256 of its whole
+    content (about a second per GB), so a file edited anywhere, even to the same size, is another file."""
     import hashlib
 
     path = Path(path)
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     h = hashlib.sha256()
     for f in files:
-        size = f.stat().st_size
-        h.update(f"{f.relative_to(path) if path.is_dir() else ''}:{size}:".encode())
+        h.update(f"{f.relative_to(path) if path.is_dir() else ''}:{f.stat().st_size}:".encode())
         with open(f, "rb") as fh:
-            h.update(fh.read(_PROBE))
-            if size > 2 * _PROBE:
-                fh.seek(size - _PROBE)
-                h.update(fh.read(_PROBE))
-            elif size > _PROBE:
-                h.update(fh.read())
+            while block := fh.read(_BLOCK):
+                h.update(block)
     return h.hexdigest()[:32]
 
 
@@ -49,7 +44,7 @@ def head_sha256(path: Path, size: int) -> str:
 
     h, left = hashlib.sha256(), size
     with open(path, "rb") as f:
-        while left > 0 and (block := f.read(min(left, 1 << 22))):
+        while left > 0 and (block := f.read(min(left, _BLOCK))):
             h.update(block)
             left -= len(block)
     return h.hexdigest()

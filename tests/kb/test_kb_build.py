@@ -62,6 +62,24 @@ def test_import_is_chunked_resumable_and_idempotent(tmp_path, encoder):
     kb.close()
 
 
+def test_a_file_edited_in_its_middle_to_the_same_size_is_read_again(tmp_path, encoder):
+    """Over 2 MB, an edit that keeps the size and lies past the first and last megabyte is another file:
+    its changed fact goes in, and the unchanged ones, with their sources, are not counted twice."""
+    src = tmp_path / "big.csv"
+    rows = [f"Person {i:06d},Birth City,City {i % 997:04d},doc{i}\n" for i in range(60_000)]
+    src.write_text("entity,relation,value,source\n" + "".join(rows))
+    assert src.stat().st_size > 2 << 20
+    kb = KnowledgeBase.create(tmp_path / "kb", encoder=encoder)
+    kb.import_file(src, embed=False)
+    rows[31_000] = rows[31_000].replace("City 0093", "Oslo_0093")
+    src.write_text("entity,relation,value,source\n" + "".join(rows))
+    kb.import_file(src, embed=False)
+    values = {t.value for t in kb.triples() if t.entity == "Person 031000" and t.active}
+    assert values == {"City 0093", "Oslo_0093"}  # the new value beside the old: a file adds, never deletes
+    assert kb.lookup("Person 000007", "Birth City", fuzzy=False).support == 1 and len(kb) == 60_001
+    kb.close()
+
+
 def test_build_never_merges_another_file_silently(tmp_path, encoder):
     src, other = _triples_file(tmp_path / "t.jsonl", 40), tmp_path / "other.jsonl"
     other.write_text(json.dumps({"entity": "Eve", "relation": "Birth City", "value": "Oslo"}) + "\n")
