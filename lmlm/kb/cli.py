@@ -429,8 +429,7 @@ def kb_import(path: Path, triples: Path, format: Optional[str] = typer.Option(No
               who: str = typer.Option("lmlm"), why: str = typer.Option("import")):
     """Add the facts of a file (a version per 100,000); resumable, and the same file twice adds nothing.
 
-    A file changed since (anywhere in it) is read again: a fact it held before, with the same source,
-    is not counted twice; one without a source counts once more (give a source column to avoid it).
+    A changed file is read again: a fact with a source is not counted twice, one without counts once more.
     """
     kb = _open_kb(path)
     before = kb.version
