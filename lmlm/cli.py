@@ -20,7 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Limited Memory Language Models: train, run, evaluate and edit LMLMs.")
-console = Console()
+console = Console(soft_wrap=True)  # piped output keeps one line per line (no wrap at 80)
 
 
 def _assemble() -> None:

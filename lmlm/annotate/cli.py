@@ -12,8 +12,8 @@ from rich.console import Console
 from ..cli_errors import fail as _fail
 
 app = typer.Typer(no_args_is_help=True, help="Annotate a corpus with lookup calls.")
-console = Console()
-err = Console(stderr=True)
+console = Console(soft_wrap=True)  # piped output keeps one line per line (no wrap at 80)
+err = Console(stderr=True, soft_wrap=True)
 
 
 # -- annotation --------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from .formats import UNSOURCED_DOC
 app = typer.Typer(no_args_is_help=True, help="Build, query and edit a knowledge base.")
 alias_app = typer.Typer(no_args_is_help=True, help="Other names of entities (short names, redirects, 'Last, First').")
 app.add_typer(alias_app, name="alias")
-console = Console()
-err = Console(stderr=True)
+console = Console(soft_wrap=True)  # piped output keeps one line per line (no wrap at 80)
+err = Console(stderr=True, soft_wrap=True)
 
 
 # -- knowledge base --------------------------------------------------------------------------------
@@ -73,7 +73,16 @@ def kb_build(path: Path = typer.Argument(..., help="KB folder: created, or resum
         raise
     if pairs:
         _kb_call(kb.add_aliases, pairs, who=who, why=f"{why}: aliases from {aliases.name}")
+    _say_skipped(kb)
     console.print_json(json.dumps(kb.stats(), default=str))
+
+
+def _say_skipped(kb) -> None:
+    """One line on stderr for the triplets of an authors' database that were not three non-empty fields."""
+    skipped = (getattr(kb, "last_import", None) or {}).get("skipped", 0)
+    if skipped:
+        err.print(f"[yellow]{skipped:,} triplet(s) of {Path(kb.last_import['source']).name} skipped: not three "
+                  "non-empty fields (entity, relation, value)[/]")
 
 
 def _empty_kb(path: Path) -> bool:
@@ -413,7 +422,7 @@ def kb_export(path: Path, out: Path, format: Optional[str] = typer.Option(
     (OUT's name with .aliases.jsonl, for `kb build --aliases`)."""
     kb = _open_kb(path, at)
     console.print(f"{_kb_call(kb.export, out, format)} triples written to {out}")
-    rows = kb.aliases() if at is None else []  # aliases have no past versions to read back
+    rows = kb.aliases()  # at --at, the aliases active then
     if rows:
         side = out.with_name(out.name.split(".")[0] + ".aliases.jsonl")
         tmp = side.with_name(side.name + ".tmp")
@@ -434,6 +443,7 @@ def kb_import(path: Path, triples: Path, format: Optional[str] = typer.Option(No
     kb = _open_kb(path)
     before = kb.version
     after = _kb_call(kb.import_file, triples, format, who=who, why=why)
+    _say_skipped(kb)
     info = getattr(kb, "last_import", None) or {}
     lock = (f"; {info['chunks']} chunk(s), the longest held the write lock {info['longest_lock_seconds']:.2f} s"
             if info.get("chunks") else "")

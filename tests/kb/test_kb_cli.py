@@ -351,3 +351,29 @@ def test_export_then_build_keeps_the_aliases(tmp_path):
          "--aliases", tmp_path / "out.aliases.jsonl", "--no-embed"])
     found = json.loads(_ok(["kb", "lookup", tmp_path / "kb2", "Lovelace, Ada", "Birth City"]))
     assert found["value"] == "London" and found["via"] == "alias"
+
+
+def test_export_at_a_past_version_writes_the_aliases_of_then(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"entity": "Ada Lovelace", "relation": "Birth City", "value": "London"}\n')
+    _ok(["kb", "build", tmp_path / "kb", "--triples", tmp_path / "t.jsonl", "--no-embed"])
+    _ok(["kb", "alias", "add", tmp_path / "kb", "Lovelace, Ada", "Ada Lovelace"])  # version 2
+    _ok(["kb", "alias", "add", tmp_path / "kb", "Countess of Lovelace", "Ada Lovelace"])  # version 3
+    out = _ok(["kb", "export", tmp_path / "kb", tmp_path / "at2.jsonl", "--at", "2"])
+    assert "1 aliases written to" in out
+    rows = [json.loads(x) for x in (tmp_path / "at2.aliases.jsonl").read_text().splitlines()]
+    assert rows == [{"alias": "Lovelace, Ada", "entity": "Ada Lovelace"}]
+
+
+def test_authors_triplets_skipped_are_said_and_piped_lines_are_not_wrapped(tmp_path):
+    """The authors' release skips triplets that are not three non-empty fields, and says how many;
+    text output piped to a file keeps each line whole (rich wrapped it at 80 columns)."""
+    db = tmp_path / "auth.json"
+    db.write_text(json.dumps({"entities": ["Ada Lovelace"], "relationships": ["Birth City"], "return_values": ["London"],
+                              "triplets": [["Ada Lovelace", "Birth City", "London"], ["Broken", "Only two"],
+                                           ["X", "Y", ""]]}))
+    r = CliRunner().invoke(app, ["kb", "build", str(tmp_path / "kb"), "--triples", str(db), "--no-embed"])
+    assert r.exit_code == 0 and "2 triplet(s) of auth.json skipped" in r.output, r.output
+    why = "a reason long enough to pass the eighty columns a terminal-less console wraps its lines at, and more"
+    _ok(["kb", "add", tmp_path / "kb", "Alan Turing", "Occupation", "mathematician", "--why", why])
+    log = _ok(["kb", "log", tmp_path / "kb"])
+    assert any(line.endswith(why) for line in log.splitlines()), log
