@@ -126,3 +126,26 @@ def test_world_and_kb_commands(tmp_path):
     assert json.loads(res.output) == []  # its aliases went with it
     res = runner.invoke(app, ["kb", "lookup", str(tmp_path / "nope"), "a", "b"])
     assert res.exit_code == 2
+
+
+def test_bench_options_a_run_cannot_take_are_one_line_and_exit_2(tmp_path):
+    """Each bench refuses what it cannot run before any work: one ``error:`` line, exit 2, no traceback."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        free = s.getsockname()[1]  # closed again: nothing listens there
+    cases = [(["kb", "--embed-keys", "0"], "--embed-keys"), (["kb", "--ann-queries", "0"], "--ann-queries"),
+             (["authors", "--chunk-size", "0"], "--chunk-size"), (["annotate", "--people", "1"], "--people"),
+             (["annotate", "--fraction", "2"], "--fraction"), (["annotate", "--annotator-lr", "-1"], "--annotator-lr"),
+             (["generate", "--quick"], "--quick"),
+             (["generate", "--model", str(tmp_path / "none"), "--kb", str(tmp_path / "nokb")], "no such model"),
+             (["serve", "--model", str(tmp_path / "none")], "--model"),
+             (["serve", "--url", f"http://127.0.0.1:{free}", "--token", "a-long-token"], "no lmlm server answers"),
+             (["serve", "--url", "notaurl", "--editors", "0"], "no lmlm server answers"),
+             (["serve", "--url", f"http://127.0.0.1:{free}"], "needs --token")]
+    for args, said in cases:
+        r = subprocess.run([sys.executable, "-m", "lmlm.cli", "bench", *args], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=300)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-800:])

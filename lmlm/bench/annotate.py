@@ -125,9 +125,9 @@ def run_annotate_bench(out: Path | None = None, people: int = 600, fraction: flo
 
 @bench_app.command("annotate")
 def bench_annotate(out: Optional[Path] = typer.Option(None, help="keep the report, loss histogram and annotator here"),
-                   people: int = typer.Option(600, min=1, help="people in the synthetic world"),
-                   fraction: float = typer.Option(0.15, help="share of gold calls damaged"),
-                   drop: float = typer.Option(0.10, help="share of calls the corrector drops"),
+                   people: int = typer.Option(600, min=2, help="people in the synthetic world"),
+                   fraction: float = typer.Option(0.15, min=0.0, max=1.0, help="share of gold calls damaged"),
+                   drop: float = typer.Option(0.10, min=0.0, max=1.0, help="share of calls the corrector drops"),
                    corrector_steps: int = typer.Option(150, min=1), annotator_steps: int = typer.Option(400, min=1),
                    heldout: int = typer.Option(100, min=1, help="held-out documents the annotator annotates"),
                    seed: int = typer.Option(0),
@@ -139,12 +139,15 @@ def bench_annotate(out: Optional[Path] = typer.Option(None, help="keep the repor
                                                                            "(default 5e-3; 2e-3 with a base)"),
                    device: Optional[str] = typer.Option(None, help="cuda, cpu, ... (default: cuda when available)")):
     """Validation + corrector on damaged gold calls, and the distilled annotator's F1; JSON last line."""
-    from ..cli_errors import check_device
+    from ..cli_errors import check_device, user_errors
 
     check_device(device)
-    report = run_annotate_bench(out, people, fraction, drop, corrector_steps, annotator_steps, heldout, seed,
-                                progress=True, annotator_base=annotator_base, lora_r=lora_r,
-                                annotator_lr=annotator_lr, device=device)
+    if annotator_lr is not None and not annotator_lr > 0:
+        raise typer.BadParameter(f"must be > 0, got {annotator_lr}", param_hint="--annotator-lr")
+    with user_errors():  # a base model that is not there, ...: one line
+        report = run_annotate_bench(out, people, fraction, drop, corrector_steps, annotator_steps, heldout, seed,
+                                    progress=True, annotator_base=annotator_base, lora_r=lora_r,
+                                    annotator_lr=annotator_lr, device=device)
     both, ann = report["validation_and_corrector"], report["annotator"]
     typer.echo(f"removed {both['removed_corrupted']:.1%} of damaged calls, kept {both['kept_clean']:.1%} of clean "
                f"ones; annotator F1 {ann['f1']:.3f}, text unchanged {ann['text_unchanged']:.0%}", err=True)

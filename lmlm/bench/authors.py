@@ -122,7 +122,7 @@ def run_authors_bench(n: int, out: Path, chunk_size: int = 100_000, progress: bo
 @bench_app.command("authors")
 def bench_authors(triples: int = typer.Option(1_000_000, help="triplets in the generated file"),
                   out: Path = typer.Option(Path("runs/bench-authors"), help="where the file and the KB go"),
-                  chunk_size: int = typer.Option(100_000, help="triplets per version"),
+                  chunk_size: int = typer.Option(100_000, min=1, help="triplets per version"),
                   progress: bool = typer.Option(True, help="progress bar")):
     """Import an N-triplet file in the authors' format by streaming: triplets/s and peak memory."""
     if triples < 10:

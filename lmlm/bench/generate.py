@@ -237,14 +237,21 @@ def bench_generate(model: Optional[Path] = typer.Option(None, help="checkpoint (
         _fail(f"unknown preset {preset!r}", "--preset (tiny or paper)")
     elif dtype != "float32":
         _fail("the tiny preset runs in float32", "--dtype (with --preset paper)")
+    elif quick:
+        _fail("--quick shortens the paper preset; the tiny preset's sizes are --new-tokens and --n-single",
+              "--quick (with --preset paper)")
     else:
         if (model is None) != (kb is None):
             _fail("pass both --model and --kb, or neither", "--model/--kb")
         if model is None:
             model, kb = build_bench_model(cache, log=log)
-        report = run_generate_bench(model, kb, new_tokens=new_tokens, n_single=n_single, n_check=n_check,
-                                    check_tokens=check_tokens, repeats=repeats or 5, threads=threads, device=device,
-                                    log=log)
+        from ..cli_errors import user_errors
+        from ..kb import KBError
+
+        with user_errors(KBError):  # a checkpoint or KB that is not there: one line
+            report = run_generate_bench(model, kb, new_tokens=new_tokens, n_single=n_single, n_check=n_check,
+                                        check_tokens=check_tokens, repeats=repeats or 5, threads=threads,
+                                        device=device, log=log)
     print(json.dumps(report))
 
 

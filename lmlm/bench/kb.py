@@ -442,10 +442,10 @@ def run_kb_bench(n: int, work: Path, embed_keys: int = 10_000, ann_queries: int 
 
 @bench_app.command("kb")
 def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the KB"),
-             embed_keys: int = typer.Option(10_000, help="keys embedded with the real encoder; the rest get "
+             embed_keys: int = typer.Option(10_000, min=1, help="keys embedded with the real encoder; the rest get "
                                                          "synthetic vectors near them"),
-             ann_queries: int = typer.Option(10_000, help="perturbed queries for ANN top-1 agreement"),
-             fuzzy_queries: int = typer.Option(300, min=0, help="single fuzzy lookups timed"),
+             ann_queries: int = typer.Option(10_000, min=1, help="perturbed queries for ANN top-1 agreement"),
+             fuzzy_queries: int = typer.Option(300, min=1, help="single fuzzy lookups timed"),
              encoder_threads: int = typer.Option(0, min=0, help="torch threads for bulk encoding (0: try 1 and 2, keep "
                                                          "the faster)"),
              store_only: bool = typer.Option(False, help="no key vectors: store build, exact lookups and "
@@ -454,7 +454,7 @@ def bench_kb(triples: int = typer.Option(100_000, help="synthetic triples in the
                                                       "(0: all)"),
              deleted_check: int = typer.Option(100_000, help="deleted facts also looked up entity-aware and by "
                                                              "their own vector (all by exact key)"),
-             batched_queries: int = typer.Option(2048, min=0, help="fuzzy lookups timed in batches of 256"),
+             batched_queries: int = typer.Option(2048, min=1, help="fuzzy lookups timed in batches of 256"),
              work: Path = typer.Option(Path("runs/bench-kb"), help="folder for the KB (replaced)"),
              keep: bool = typer.Option(False, help="keep the KB folder afterwards (a --reuse KB is always kept)"),
              out: Optional[Path] = typer.Option(None, help="also write the JSON here (after each phase too, "

@@ -258,7 +258,8 @@ def serve_bench(duration: float = typer.Option(60.0, min=0.1, help="seconds of l
                 clients: int = typer.Option(32, min=1, help="concurrent generation clients"),
                 editors: int = typer.Option(4, min=0, help="concurrent KB editors"),
                 max_new_tokens: int = typer.Option(32, min=1),
-                url: Optional[str] = typer.Option(None, help="a running server (default: start one)"),
+                url: Optional[str] = typer.Option(None, help="a running server (default: start one); the editors' "
+                                                 "writes go to its KB (--editors 0 leaves it as it is)"),
                 token: Optional[str] = typer.Option(None, envvar="LMLM_SERVE_TOKEN", help="its write token"),
                 model: Optional[Path] = typer.Option(None, help="checkpoint to serve (default: the demo model)"),
                 kb: Optional[Path] = typer.Option(None, help="KB to copy and serve (default: the checkpoint's)"),
@@ -266,8 +267,12 @@ def serve_bench(duration: float = typer.Option(60.0, min=0.1, help="seconds of l
                 work: Path = typer.Option(Path("runs/bench-serve"), help="demo model, KB copy and server log"),
                 out: Optional[Path] = typer.Option(None, help="also write the JSON summary here")):
     """Load-test lmlm serve: generation clients and KB editors at once; p50/p99, tokens/s, errors, lost edits."""
+    from ..cli_errors import fail
     from ..serve.demo import build_demo
 
+    for option, path in (("--model", model), ("--kb", kb)):
+        if url is None and path is not None and not path.is_dir():
+            fail(f"{option} {path}: no such folder")
     work.mkdir(parents=True, exist_ok=True)
     cfg = LoadConfig(duration=duration, clients=clients, editors=editors, max_new_tokens=max_new_tokens)
     proc = None
@@ -284,8 +289,8 @@ def serve_bench(duration: float = typer.Option(60.0, min=0.1, help="seconds of l
         shutil.copytree(kb, run_kb)
         token = secrets.token_urlsafe(18)
         proc, url = start_server(model, run_kb, token, work / "server.log", max_concurrent=max(64, 2 * clients))
-    elif token is None:
-        raise typer.BadParameter("--url needs --token (or LMLM_SERVE_TOKEN) for the editors")
+    else:
+        _check_server(url, token, editors)
     if prompt:
         cfg.prompts = list(prompt)
     try:
@@ -297,3 +302,22 @@ def serve_bench(duration: float = typer.Option(60.0, min=0.1, help="seconds of l
     if out is not None:
         out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
+
+
+def _check_server(url: str, token: str | None, editors: int) -> None:
+    """A server given by ``--url`` answers, and takes the token when there are editors: one line if not."""
+    import httpx
+
+    from ..cli_errors import fail
+
+    if editors and token is None:
+        fail("--url with editors needs --token (or LMLM_SERVE_TOKEN); --editors 0 needs none")
+    try:
+        httpx.get(f"{url.rstrip('/')}/api/health", timeout=10).raise_for_status()
+        if editors:  # a delete of an id no KB holds: a 404 with the right token, 401 without; nothing changes
+            r = httpx.post(f"{url.rstrip('/')}/api/kb/delete", json={"triple_ids": [2**63 - 1], "why": "token check"},
+                           headers={"Authorization": f"Bearer {token}"}, timeout=10)
+            if r.status_code in (401, 403):
+                fail(f"{url} refused the token ({r.status_code}: {r.text[:200]})")
+    except httpx.HTTPError as e:
+        fail(f"--url {url}: no lmlm server answers there ({type(e).__name__}: {e})")
