@@ -80,6 +80,9 @@ def train_command(
     cpu: Optional[bool] = typer.Option(None, "--cpu", help="train on the CPU even if a GPU is present"),
     allow_no_calls: Optional[bool] = typer.Option(None, "--allow-no-calls", help="train --mode lmlm on text without "
                                                   "a single lookup call"),
+    skip_malformed: Optional[bool] = typer.Option(None, "--skip-malformed", help="leave out documents with a "
+                                                  "malformed lookup call (counted in summary.json and on stderr); "
+                                                  "without it such a document stops the run, named FILE:LINE"),
     resume: bool = typer.Option(False, help="continue from OUT/state"),
     progress: bool = typer.Option(True, help="show a progress bar"),
 ):
@@ -98,7 +101,7 @@ def train_command(
                    compile=compile, grad_checkpointing=grad_checkpointing, report_to=report_to or None, kb=kb,
                    out_dir=str(out) if out else None, seed=seed, save_every=save_every, log_every=log_every,
                    eval_every=eval_every, max_seconds=max_seconds, threads=threads, cpu=cpu,
-                   allow_no_calls=allow_no_calls, resume=resume or None, progress=None if progress else False)
+                   allow_no_calls=allow_no_calls, skip_malformed=skip_malformed, resume=resume or None, progress=None if progress else False)
     if max_steps is not None:
         options["epochs"] = None
     with user_errors():
