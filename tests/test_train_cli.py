@@ -72,6 +72,19 @@ def test_flags_override_the_config_file_and_a_run_config_is_accepted(tmp_path, c
     proc = lmlm("train", "--config", str(tmp_path / "A" / "train_config.json"), "--out", str(tmp_path / "B"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((tmp_path / "B" / "train_stats.json").read_text())["steps"] == 2
+    # a flag replaces its counterpart in the file: --epochs its max_steps, --max-tokens-per-step its batch_size
+    proc = lmlm("train", "--config", str(tmp_path / "A" / "train_config.json"), "--epochs", "0.5",
+                "--max-tokens-per-step", "512", "--out", str(tmp_path / "C"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = json.loads((tmp_path / "C" / "train_config.json").read_text())["train"]
+    assert written["batch_size"] == 8  # 512 tokens of 64-token sequences
+    steps_per_epoch = json.loads((tmp_path / "C" / "train_config.json").read_text())["steps_per_epoch"]
+    assert written["max_steps"] == -(-steps_per_epoch // 2)  # half an epoch
+    proc = lmlm("train", "--config", str(tmp_path / "C" / "train_config.json"), "--max-steps", "1",
+                "--batch-size", "4", "--out", str(tmp_path / "D"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = json.loads((tmp_path / "D" / "train_config.json").read_text())["train"]
+    assert (written["max_steps"], written["batch_size"]) == (1, 4)
 
 
 def test_lmlm_mode_on_text_without_calls_is_refused_unless_allowed(tmp_path, corpus):
