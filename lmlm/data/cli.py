@@ -48,5 +48,6 @@ def prepare(corpus: Path = typer.Argument(..., help="documents (.jsonl/.json/.pa
 
         print(f"warning: left out {manifest['skipped_malformed']} documents of {corpus} with malformed lookup "
               "calls", file=sys.stderr)
-    keys = ("documents", "skipped_malformed", "tokens", "lookup_calls", "role_counts", "dtype", "vocab_size", "tokenizer_hash", "seconds")
+    keys = ("documents", "skipped_malformed", "tokens", "lookup_calls", "role_counts", "dtype", "vocab_size",
+            "tokenizer_hash", "seconds")
     print(json.dumps({**{k: manifest.get(k) for k in keys}, "shards": len(manifest["shards"]), "out": str(out)}))

@@ -114,7 +114,8 @@ def train_command(
                    compile=compile, grad_checkpointing=grad_checkpointing, report_to=report_to or None, kb=kb,
                    out_dir=str(out) if out else None, seed=seed, save_every=save_every, log_every=log_every,
                    eval_every=eval_every, max_seconds=max_seconds, threads=threads, cpu=cpu,
-                   allow_no_calls=allow_no_calls, skip_malformed=skip_malformed, resume=resume or None, progress=None if progress else False)
+                   allow_no_calls=allow_no_calls, skip_malformed=skip_malformed, resume=resume or None,
+                   progress=None if progress else False)
     with user_errors():
         cfg = config_from_options(config, options)
         if batch_size is not None and micro_batch_size is None and cfg.batch_size % cfg.micro_batch_size:
