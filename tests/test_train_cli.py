@@ -72,6 +72,19 @@ def test_flags_override_the_config_file_and_a_run_config_is_accepted(tmp_path, c
     proc = lmlm("train", "--config", str(tmp_path / "A" / "train_config.json"), "--out", str(tmp_path / "B"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((tmp_path / "B" / "train_stats.json").read_text())["steps"] == 2
+    # a flag replaces its counterpart in the file: --epochs its max_steps, --max-tokens-per-step its batch_size
+    proc = lmlm("train", "--config", str(tmp_path / "A" / "train_config.json"), "--epochs", "0.5",
+                "--max-tokens-per-step", "512", "--out", str(tmp_path / "C"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = json.loads((tmp_path / "C" / "train_config.json").read_text())["train"]
+    assert written["batch_size"] == 8  # 512 tokens of 64-token sequences
+    steps_per_epoch = json.loads((tmp_path / "C" / "train_config.json").read_text())["steps_per_epoch"]
+    assert written["max_steps"] == -(-steps_per_epoch // 2)  # half an epoch
+    proc = lmlm("train", "--config", str(tmp_path / "C" / "train_config.json"), "--max-steps", "1",
+                "--batch-size", "4", "--out", str(tmp_path / "D"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = json.loads((tmp_path / "D" / "train_config.json").read_text())["train"]
+    assert (written["max_steps"], written["batch_size"]) == (1, 4)
 
 
 def test_lmlm_mode_on_text_without_calls_is_refused_unless_allowed(tmp_path, corpus):
@@ -134,7 +147,11 @@ def test_a_pretrained_model_becomes_an_lmlm(tmp_path, corpus, pretrained, mode):
     assert (new.mean(0) - before.mean(0)).norm() < before.norm(dim=1).mean()
     meta = json.loads((ckpt / "lmlm.json").read_text())
     assert meta["mode"] == mode and meta["init_from"]["kind"] == "folder"
-    assert json.loads((tmp_path / "T" / "summary.json").read_text())["lookup_calls"] == 360
+    summary = json.loads((tmp_path / "T" / "summary.json").read_text())
+    if mode == "lmlm":
+        assert summary["lookup_calls"] == 360
+    else:  # the Standard model trains on none: the corpus's calls were stripped
+        assert summary["lookup_calls"] == 0 and summary["lookup_calls_stripped"] == 360
 
 
 def test_shipped_accelerate_configs_load():
@@ -143,3 +160,56 @@ def test_shipped_accelerate_configs_load():
     kinds = {p.stem: load_config_from_file(str(p)).distributed_type.value
              for p in (ROOT / "configs" / "accelerate").glob("*.yaml")}
     assert kinds == {"ddp": "MULTI_GPU", "fsdp": "FSDP"}
+
+
+BROKEN = ["Ada was born in [dblookup('Ada', 'Birth City') -> London London.",
+          "Bob lives in <|db_start|> Bob <|sep|> City <|db_end|> Paris.",
+          "Cy <|db_start|> Cy <|db_retrieve|> x <|db_end|> works <|db_start|>"]
+
+
+@pytest.fixture(scope="module")
+def mixed(corpus):
+    """The 120 good documents and three with malformed calls (lines 121-123)."""
+    path = corpus / "mixed.jsonl"
+    lines = (corpus / "docs.jsonl").read_text().splitlines()
+    lines += [json.dumps({"id": f"bad{k}", "annotated": t}) for k, t in enumerate(BROKEN)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_documents_with_malformed_calls_are_refused_or_left_out(tmp_path, mixed):
+    args = ("train", "--model", "gpt2-tiny", "--max-steps", "1", "--no-progress", "--tokenizer", "bpe:300")
+    proc = lmlm(*args, "--data", str(mixed), "--out", str(tmp_path / "T"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "mixed.jsonl:121: malformed lookup call" in lines[0] and "unterminated" in lines[0]
+    assert "3 of 123 documents" in lines[0] and "--skip-malformed" in lines[0]
+    # only the bad lines: the malformed call is named, not "no lookup call"
+    (tmp_path / "bad.jsonl").write_text("".join(json.dumps({"annotated": t}) + "\n" for t in BROKEN))
+    proc = lmlm(*args, "--data", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "T"))
+    assert proc.returncode == 2 and "bad.jsonl:1: malformed lookup call" in proc.stderr
+    for mode in ("lmlm", "standard"):
+        proc = lmlm(*args, "--data", str(mixed), "--out", str(tmp_path / mode), "--skip-malformed", "--mode", mode)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "left out 3 of 123 documents" in proc.stderr and "mixed.jsonl:121" in proc.stderr
+        summary = json.loads((tmp_path / mode / "summary.json").read_text())
+        assert summary["documents"] == 120 and summary["documents_left_out_malformed"] == 3
+        assert summary["lookup_calls"] == (360 if mode == "lmlm" else 0)
+    assert json.loads((tmp_path / "standard" / "summary.json").read_text())["lookup_calls_stripped"] == 360
+
+
+def test_no_lookup_token_comes_from_text_outside_a_call():
+    from lmlm.lookup import Text
+    from lmlm.tokens import ORG, LookupTokenizer, train_bpe
+    from lmlm.train.data import MalformedCallError, encode_documents, screen_documents
+
+    tok = LookupTokenizer(train_bpe([strip(parse(t).segments) for t in biographies(20)], vocab_size=300))
+    for bad in (BROKEN[1], [Text("Bob lives in <|sep|> Paris.")]):
+        for mode in ("lmlm", "standard"):
+            with pytest.raises(MalformedCallError, match="outside a lookup call|not closed in order"):
+                encode_documents([bad], tok, mode)
+    kept, malformed = screen_documents(enumerate([*biographies(3), *BROKEN]), skip_malformed=True)
+    assert len(kept) == 3 and (malformed.documents, malformed.total, malformed.first[0]) == (3, 6, 3)
+    for mode in ("lmlm", "standard"):
+        for enc in encode_documents(kept, tok, mode):
+            assert not any(i in tok.call_ids and r == ORG for i, r in zip(enc.input_ids, enc.roles))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -117,34 +118,55 @@ def run_train_bench(model: str, seq_len: int, device: str, *, micro_batch_size: 
     import torch
 
     from ..models import ModelConfig
-    from ..tokens import load_tokenizer
     from ..train import TrainConfig, train
+    from ..train.config import TrainConfigError
+    from ..train.inputs import _tokenizer_from_spec
 
-    ModelConfig.from_name(model)  # an unknown preset fails before any work
-    work.mkdir(parents=True, exist_ok=True)
+    try:  # an unknown preset or field, or a sequence past the context, fails before any work
+        preset = ModelConfig.from_name(model, **(overrides or {}))
+    except (ValueError, TypeError) as e:
+        raise TrainConfigError(f"--model {model} with --override {overrides or {}}: {e}") from None
+    if seq_len > preset.context_length:
+        raise TrainConfigError(f"--seq-len {seq_len} exceeds the context length {preset.context_length} of "
+                               f"{model}; give --seq-len {preset.context_length} or less")
     if tokenizer:
-        tok = load_tokenizer(tokenizer)
+        tok = _tokenizer_from_spec(tokenizer)
     else:  # a BPE trained on one copy of the corpus world
         from ..tokens import LookupTokenizer, train_bpe
         from ..worlds.bios import BiosConfig, BiosWorld
 
         w = BiosWorld.generate(BiosConfig.from_name("default"))
         tok = LookupTokenizer(train_bpe((d.plain for d in w.train_documents), vocab_size=8192))
-    from ..data.shards import is_shards, read_manifest
+    from ..data.shards import is_shards, read_manifest, tokenizer_hash
 
-    if is_shards(work / "shards") and read_manifest(work / "shards")["complete"]:  # a --work folder used before
-        m = read_manifest(work / "shards")
-        prep = {"reused": str(work / "shards"), "tokens": m["tokens"], "documents": m["documents"]}
-        log(f"prepare: reusing {work / 'shards'} ({m['tokens']:,} tokens)")
+    work.mkdir(parents=True, exist_ok=True)
+    # the shards of a --work folder used before are reused only for the same corpus request and tokenizer
+    request = {"corpus_tokens": corpus_tokens, "world": "default", "tokenizer": tokenizer or "bpe:8192",
+               "tokenizer_hash": tokenizer_hash(tok)}
+    asked = work / "bench_request.json"
+    shards = work / "shards"
+    if (is_shards(shards) and read_manifest(shards)["complete"] and asked.exists()
+            and json.loads(asked.read_text()) == request and read_manifest(shards)["tokenizer_hash"] ==
+            request["tokenizer_hash"]):
+        m = read_manifest(shards)
+        prep = {"reused": str(shards), "tokens": m["tokens"], "documents": m["documents"]}
+        log(f"prepare: reusing {shards} ({m['tokens']:,} tokens, the same corpus and tokenizer)")
     else:
+        for old in (shards, work / "tokenizer", work / "run"):
+            if old.exists():  # made for another request: made again
+                shutil.rmtree(old)
+        asked.unlink(missing_ok=True)
         tok.save(work / "tokenizer")
         log(f"corpus: about {corpus_tokens:,} tokens")
         corpus = synthetic_corpus(work / "corpus.jsonl", corpus_tokens, tok)
         log(f"prepare: {corpus['documents']:,} documents")
-        prep = _prepare(work / "corpus.jsonl", work / "tokenizer", work / "shards", workers)
+        prep = _prepare(work / "corpus.jsonl", work / "tokenizer", shards, workers)
         prep["corpus"] = corpus
+        asked.write_text(json.dumps(request) + "\n")
         log(f"prepare: {prep['tokens']:,} tokens in {prep['seconds']:.1f} s, peak "
             f"{prep['peak_rss_bytes'] / 2**20:,.0f} MiB")
+    prep.update(corpus_tokens_asked=corpus_tokens, tokenizer=request["tokenizer"],
+                tokenizer_hash=request["tokenizer_hash"])
 
     if prepare_only:
         return {"prepare": prep}
@@ -179,7 +201,7 @@ def run_train_bench(model: str, seq_len: int, device: str, *, micro_batch_size: 
         "final_loss": result.stats["final_loss"], "first_loss": records[0].get("loss") if records else None,
         "projected_hours_24B_tokens": PAPER_TOKENS / tokens_per_s / 3600,
         "vs_paper_tokens_per_s": tokens_per_s / PAPER_TOKENS_PER_S_PER_H100,
-        "prepare": prep,
+        "tokenizer": prep["tokenizer"], "vocab_size": len(tok), "prepare": prep,
     }
 
 
@@ -190,18 +212,22 @@ def bench_train(model: str = typer.Option("gpt2-small-cpu", help="model preset (
                 micro_batch_size: int = typer.Option(8, min=1, help="sequences per step"),
                 steps: int = typer.Option(20, min=1, help="timed optimizer steps"),
                 warmup_steps: int = typer.Option(5, min=1, help="untimed steps first (compilation)"),
-                corpus_tokens: int = typer.Option(2_000_000, min=1000, help="size of the synthetic corpus to shard"),
+                corpus_tokens: int = typer.Option(2_000_000, min=1000, help="size of the synthetic corpus to shard: "
+                                                  "whole copies of the world, so at least one (about 366k tokens "
+                                                  "with the default BPE); the JSON gives what was written"),
                 tokenizer: Optional[str] = typer.Option(None, help="tokenizer (default: a BPE of 8192 tokens on the "
                                                         "corpus world; the paper presets want gpt2/llama2)"),
                 precision: str = typer.Option("auto", help="auto, no, bf16, fp16"),
                 compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="default: on for CUDA"),
                 grad_checkpointing: bool = typer.Option(False, "--grad-checkpointing"),
                 workers: Optional[int] = typer.Option(None, min=1, help="shard tokenizer processes"),
-                work: Optional[Path] = typer.Option(None, help="working folder (default: a temporary one)"),
+                work: Optional[Path] = typer.Option(None, help="working folder (default: a temporary one); its "
+                                                    "shards are reused for the same corpus size and tokenizer, "
+                                                    "made again otherwise"),
                 prepare_only: bool = typer.Option(False, "--prepare-only", help="measure the shard preparation only"),
                 override: Optional[list[str]] = typer.Option(None, help="FIELD=VALUE of the model preset, e.g. dropout=0")):
     """Shard preparation (seconds, peak memory) and training tokens/s and MFU of a preset."""
-    from ..cli_errors import check_device, fail
+    from ..cli_errors import check_device, fail, user_errors
 
     check_device(device)
     from ..models import MODEL_PRESETS
@@ -224,7 +250,7 @@ def bench_train(model: str = typer.Option("gpt2-small-cpu", help="model preset (
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, user_errors():
         report = run_train_bench(model, seq_len, device, micro_batch_size=micro_batch_size, steps=steps,
                                  warmup_steps=warmup_steps, corpus_tokens=corpus_tokens, tokenizer=tokenizer,
                                  precision=precision, compile=compile, grad_checkpointing=grad_checkpointing,

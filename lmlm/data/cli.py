@@ -19,8 +19,15 @@ def prepare(corpus: Path = typer.Argument(..., help="documents (.jsonl/.json/.pa
             workers: Optional[int] = typer.Option(None, min=1, help="tokenizer processes (default: all cores)"),
             shard_tokens: int = typer.Option(1 << 26, min=1024, help="tokens per shard"),
             split: Optional[str] = typer.Option(None, help="only documents of this split"),
+            skip_malformed: bool = typer.Option(False, "--skip-malformed", help="leave out documents with a malformed "
+                                                "lookup call (counted as skipped_malformed); without it the first "
+                                                "such document stops the job, named FILE:LINE"),
             progress: bool = typer.Option(True, help="show a progress bar")):
-    """Tokenize documents (with their lookup calls and a role per token) into memory-mapped shards."""
+    """Tokenize documents (with their lookup calls and a role per token) into memory-mapped shards.
+
+    A document with a malformed lookup call stops the job (named FILE:LINE, with the reason), since it
+    would be trained as stray lookup tokens; --skip-malformed leaves such documents out instead.
+    """
     from ..cli_errors import user_errors
     from ..train.inputs import _tokenizer_from_spec
     from .shards import prepare_shards
@@ -35,6 +42,12 @@ def prepare(corpus: Path = typer.Argument(..., help="documents (.jsonl/.json/.pa
             raise CorpusError(f"{corpus}: no such file or folder")
         tok = _tokenizer_from_spec(tokenizer)
         manifest = prepare_shards(corpus, tok, out, workers=workers, shard_tokens=shard_tokens, split=split,
-                                  progress=progress)
-    keys = ("documents", "tokens", "lookup_calls", "role_counts", "dtype", "vocab_size", "tokenizer_hash", "seconds")
+                                  progress=progress, skip_malformed=skip_malformed)
+    if manifest.get("skipped_malformed"):
+        import sys
+
+        print(f"warning: left out {manifest['skipped_malformed']} documents of {corpus} with malformed lookup "
+              "calls", file=sys.stderr)
+    keys = ("documents", "skipped_malformed", "tokens", "lookup_calls", "role_counts", "dtype", "vocab_size",
+            "tokenizer_hash", "seconds")
     print(json.dumps({**{k: manifest.get(k) for k in keys}, "shards": len(manifest["shards"]), "out": str(out)}))

@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ..corpus import CorpusError, iter_documents
+from ..corpus import CorpusError, iter_located
 from ..tokens import IGNORE_INDEX, ORG, ROLE_NAMES, VALUE, LookupTokenizer
 
 __all__ = ["prepare_shards", "ShardBlocks", "read_manifest", "is_shards", "tokenizer_hash", "MANIFEST", "ShardError"]
@@ -87,23 +87,36 @@ def _init_worker(tok_dir: str, tokens: list[str]) -> None:
     _TOK = load_tokenizer(tok_dir, LookupTokens(*tokens))
 
 
-def _encode_chunk(annotated: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """(ids, roles, document lengths, lookup calls) of a chunk of annotated documents."""
+def _encode_chunk(located: list[tuple[str, str]], skip_malformed: bool = False):
+    """(ids, roles, document lengths, lookup calls, malformed) of a chunk of ``(where, annotated)`` documents.
+
+    A document with a malformed lookup call is left out and counted in ``malformed``
+    (:class:`lmlm.train.data.Malformed`); without ``skip_malformed`` the chunk stops there.
+    """
     from ..lookup import Lookup, parse
+    from ..train.data import Malformed, call_problems
 
     tok = _TOK
     ids: list[int] = []
     roles: list[int] = []
-    lengths = np.empty(len(annotated), dtype=np.int64)
+    lengths: list[int] = []
     calls = 0
-    for k, text in enumerate(annotated):
+    malformed = Malformed()
+    for where, text in located:
+        malformed.total += 1
+        if problems := call_problems(text, tok.tokens):
+            malformed.add(where, problems[0])
+            if not skip_malformed:
+                break
+            continue
         segments = parse(text).segments
         calls += sum(isinstance(s, Lookup) for s in segments)
         enc = tok.encode(segments)
         ids += enc.input_ids
         roles += enc.roles
-        lengths[k] = len(enc.input_ids)
-    return np.asarray(ids, dtype=np.int64), np.asarray(roles, dtype=np.uint8), lengths, calls
+        lengths.append(len(enc.input_ids))
+    return (np.asarray(ids, dtype=np.int64), np.asarray(roles, dtype=np.uint8), np.asarray(lengths, dtype=np.int64),
+            calls, malformed)
 
 
 # -- writing -------------------------------------------------------------------------------------------
@@ -113,6 +126,7 @@ class _ShardWriter:
 
     def __init__(self, folder: Path, manifest: dict[str, Any], dtype: np.dtype, end_id: int):
         self.folder, self.manifest, self.dtype, self.end_id = folder, manifest, dtype, end_id
+        self.skipped = 0  # documents left out for malformed calls since the last shard written
         self._open()
 
     def _open(self) -> None:
@@ -124,7 +138,10 @@ class _ShardWriter:
         self.counts = np.zeros(len(ROLE_NAMES), dtype=np.int64)
         self.calls = self.end_tokens = 0
 
-    def add(self, ids: np.ndarray, roles: np.ndarray, lengths: np.ndarray, calls: int) -> None:
+    def add(self, ids: np.ndarray, roles: np.ndarray, lengths: np.ndarray, calls: int, skipped: int = 0) -> None:
+        self.skipped += skipped  # documents left out, kept with the shard so a resumed job starts after them
+        if not len(lengths):
+            return
         starts = self.tokens + np.concatenate([[0], np.cumsum(lengths)[:-1]])
         self.starts += starts.tolist()
         self.ids_f.write(ids.astype(self.dtype).tobytes())
@@ -141,6 +158,12 @@ class _ShardWriter:
         if not self.starts:
             for suffix in ("ids", "roles"):
                 (self.folder / f"{self.name}.{suffix}.bin.tmp").unlink()
+            if self.skipped and self.manifest["shards"]:  # documents left out after the last shard's
+                last = self.manifest["shards"][-1]
+                last["skipped_malformed"] = last.get("skipped_malformed", 0) + self.skipped
+                self.skipped = 0
+                _totals(self.manifest)
+                _write_json(self.folder / MANIFEST, self.manifest)
             return
         np.save(self.folder / f"{self.name}.docs.npy", np.asarray(self.starts, dtype=np.int64))
         for suffix in ("ids", "roles"):
@@ -148,7 +171,9 @@ class _ShardWriter:
         m = self.manifest
         roles = dict(zip(ROLE_NAMES, self.counts.tolist()))
         m["shards"].append({"name": self.name, "tokens": self.tokens, "documents": len(self.starts),
-                            "lookup_calls": self.calls, "end_tokens": self.end_tokens, "role_counts": roles})
+                            "lookup_calls": self.calls, "end_tokens": self.end_tokens, "role_counts": roles,
+                            "skipped_malformed": self.skipped})
+        self.skipped = 0
         _totals(m)
         _write_json(self.folder / MANIFEST, m)
 
@@ -160,15 +185,15 @@ class _ShardWriter:
 def _totals(m: dict[str, Any]) -> None:
     """The manifest's totals, summed over its shards."""
     shards = m["shards"]
-    for key in ("documents", "tokens", "lookup_calls", "end_tokens"):
-        m[key] = sum(s[key] for s in shards)
+    for key in ("documents", "tokens", "lookup_calls", "end_tokens", "skipped_malformed"):
+        m[key] = sum(s.get(key, 0) for s in shards)
     m["role_counts"] = {name: sum(s["role_counts"][name] for s in shards) for name in ROLE_NAMES}
 
 
-def _chunks(docs: Iterator, size: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    for d in docs:
-        chunk.append(d.annotated)
+def _chunks(docs: Iterator, size: int) -> Iterator[list[tuple[str, str]]]:
+    chunk: list[tuple[str, str]] = []
+    for where, d in docs:
+        chunk.append((where, d.annotated))
         if len(chunk) == size:
             yield chunk
             chunk = []
@@ -178,7 +203,7 @@ def _chunks(docs: Iterator, size: int) -> Iterator[list[str]]:
 
 def prepare_shards(corpus: str | Path, tokenizer: LookupTokenizer, out: str | Path, *, workers: int | None = None,
                    shard_tokens: int = 1 << 26, chunk_documents: int = 256, split: str | None = None,
-                   progress: bool = True) -> dict[str, Any]:
+                   progress: bool = True, skip_malformed: bool = False) -> dict[str, Any]:
     """Tokenize ``corpus`` into shards in ``out`` (see the module docstring); returns the manifest.
 
     Args:
@@ -190,6 +215,10 @@ def prepare_shards(corpus: str | Path, tokenizer: LookupTokenizer, out: str | Pa
         shard_tokens: start a new shard after this many tokens.
         chunk_documents: documents per task sent to a worker.
         split: only documents of this split.
+        skip_malformed: leave out the documents with a malformed lookup call (counted as
+            ``skipped_malformed``); by default the first one stops the job with a
+            :class:`lmlm.train.data.MalformedCallError` naming ``FILE:LINE`` (the shards finished
+            before it stay, and the job resumes with ``skip_malformed``).
     """
     out = Path(out)
     corpus = Path(corpus)
@@ -206,8 +235,8 @@ def prepare_shards(corpus: str | Path, tokenizer: LookupTokenizer, out: str | Pa
     for stale in out.glob("*.tmp"):
         stale.unlink()
     dtype = np.dtype(manifest["dtype"])
-    skip = manifest["documents"]
-    docs = iter_documents(corpus, split=split)
+    skip = manifest["documents"] + manifest.get("skipped_malformed", 0)
+    docs = iter_located(corpus, split=split)
     for _ in range(skip):  # resume: the documents of finished shards
         next(docs, None)
     if workers is None:
@@ -223,11 +252,11 @@ def prepare_shards(corpus: str | Path, tokenizer: LookupTokenizer, out: str | Pa
         pending: deque = deque()
         chunks = _chunks(docs, chunk_documents)
         for chunk in chunks:
-            pending.append(pool.submit(_encode_chunk, chunk))
+            pending.append(pool.submit(_encode_chunk, chunk, skip_malformed))
             if len(pending) >= 4 * workers:  # a bounded window: memory does not grow with the corpus
-                _take(pending.popleft().result(), writer, shard_tokens, bar)
+                _take(pending.popleft().result(), writer, shard_tokens, bar, skip_malformed)
         while pending:
-            _take(pending.popleft().result(), writer, shard_tokens, bar)
+            _take(pending.popleft().result(), writer, shard_tokens, bar, skip_malformed)
     writer.close()
     manifest["complete"] = True
     manifest["seconds"] = manifest.get("seconds", 0.0) + time.perf_counter() - t0
@@ -236,13 +265,18 @@ def prepare_shards(corpus: str | Path, tokenizer: LookupTokenizer, out: str | Pa
     if bar is not None:
         bar.close()
     if manifest["documents"] == 0:
-        raise CorpusError(f"{corpus}: no documents" + (f" of split {split!r}" if split else ""))
+        raise CorpusError(f"{corpus}: no documents" + (f" of split {split!r}" if split else "") + (
+            f" without a malformed lookup call ({writer.skipped} left out)" if writer.skipped else ""))
     return manifest
 
 
-def _take(result, writer: _ShardWriter, shard_tokens: int, bar) -> None:
-    ids, roles, lengths, calls = result
-    writer.add(ids, roles, lengths, calls)
+def _take(result, writer: _ShardWriter, shard_tokens: int, bar, skip_malformed: bool = False) -> None:
+    ids, roles, lengths, calls, malformed = result
+    if malformed.documents and not skip_malformed:
+        writer.add(ids, roles, lengths, calls)  # the documents before it are done
+        writer.close()
+        raise malformed.error(counted=False)
+    writer.add(ids, roles, lengths, calls, malformed.documents)
     if bar is not None:
         bar.update(len(lengths))
         bar.set_postfix(tokens=f"{writer.manifest['tokens'] + writer.tokens:,}", refresh=False)

@@ -35,12 +35,25 @@ class Precision(str, Enum):
     fp16 = "fp16"
 
 
+# Fields that say the same thing another way: an option given replaces the config file's counterpart.
+_COUNTERPARTS = {"max_steps": "epochs", "epochs": "max_steps", "batch_size": "max_tokens_per_step",
+                 "max_tokens_per_step": "batch_size"}
+
+
 def config_from_options(config_file: Path | None, options: dict[str, Any]):
-    """The :class:`TrainConfig` of a config file (or the defaults) with the given options laid over it."""
+    """The :class:`TrainConfig` of a config file (or the defaults) with the given options laid over it;
+    an option replaces its counterpart in the file too (``epochs`` the file's ``max_steps``, ``batch_size``
+    its ``max_tokens_per_step``, and back)."""
     from .config import TrainConfig
 
+    given = {k: v for k, v in options.items() if v is not None}
     base = TrainConfig.from_file(config_file).to_dict() if config_file else {}
-    return TrainConfig.from_dict({**base, **{k: v for k, v in options.items() if v is not None}})
+    for name, other in _COUNTERPARTS.items():
+        if name in given and other not in given:
+            base.pop(other, None)
+    if "batch_size" in given or "max_tokens_per_step" in given:
+        base.pop("grad_accum", None)  # a run's resolved config holds the old batch's
+    return TrainConfig.from_dict({**base, **given})
 
 
 def train_command(
@@ -80,6 +93,9 @@ def train_command(
     cpu: Optional[bool] = typer.Option(None, "--cpu", help="train on the CPU even if a GPU is present"),
     allow_no_calls: Optional[bool] = typer.Option(None, "--allow-no-calls", help="train --mode lmlm on text without "
                                                   "a single lookup call"),
+    skip_malformed: Optional[bool] = typer.Option(None, "--skip-malformed", help="leave out documents with a "
+                                                  "malformed lookup call (counted in summary.json and on stderr); "
+                                                  "without it such a document stops the run, named FILE:LINE"),
     resume: bool = typer.Option(False, help="continue from OUT/state"),
     progress: bool = typer.Option(True, help="show a progress bar"),
 ):
@@ -98,13 +114,10 @@ def train_command(
                    compile=compile, grad_checkpointing=grad_checkpointing, report_to=report_to or None, kb=kb,
                    out_dir=str(out) if out else None, seed=seed, save_every=save_every, log_every=log_every,
                    eval_every=eval_every, max_seconds=max_seconds, threads=threads, cpu=cpu,
-                   allow_no_calls=allow_no_calls, resume=resume or None, progress=None if progress else False)
-    if max_steps is not None:
-        options["epochs"] = None
+                   allow_no_calls=allow_no_calls, skip_malformed=skip_malformed, resume=resume or None,
+                   progress=None if progress else False)
     with user_errors():
         cfg = config_from_options(config, options)
-        if max_steps is not None and cfg.epochs is not None:
-            cfg = cfg.replace(epochs=None)
         if batch_size is not None and micro_batch_size is None and cfg.batch_size % cfg.micro_batch_size:
             cfg = cfg.replace(micro_batch_size=math.gcd(cfg.batch_size, cfg.micro_batch_size))  # --batch-size 2 works
         if cfg.data is None:

@@ -74,6 +74,10 @@ class TrainConfig:
             JSONL log is always written.
         allow_no_calls: train in ``lmlm`` mode on documents without a single lookup call (an error
             otherwise: such a run learns no lookups at all).
+        skip_malformed: leave out the documents holding a malformed lookup call (counted in
+            ``summary.json`` and on stderr); by default such a document stops the run, named by
+            ``FILE:LINE`` with the reason, since its broken call would be trained as stray lookup
+            tokens (or, for the Standard baseline, as text).
         progress: show a progress bar.
     """
 
@@ -117,6 +121,7 @@ class TrainConfig:
     packing: str = "stream"
     report_to: list[str] = field(default_factory=list)
     allow_no_calls: bool = False
+    skip_malformed: bool = False
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -163,7 +168,7 @@ class TrainConfig:
                 bad(name, "must be a non-negative number")
         if len(self.betas) != 2 or not all(_is_number(b) and 0 <= b < 1 for b in self.betas):
             bad("betas", "must be two numbers in [0, 1)")
-        for name in ("resume", "cpu", "grad_checkpointing", "allow_no_calls", "progress"):
+        for name in ("resume", "cpu", "grad_checkpointing", "allow_no_calls", "skip_malformed", "progress"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "must be true or false")
         if self.compile is not None and not isinstance(self.compile, bool):

@@ -6,19 +6,25 @@ the ids with value tokens and ``<|db_end|>`` set to -100. Two sources give the s
 :class:`Packed` holds them in memory; :class:`lmlm.data.shards.ShardBlocks` reads them from
 memory-mapped shards, so memory stays flat as the corpus grows. :class:`Batches` says which blocks
 each optimizer step uses, as a pure function of the step.
+
+A document with a malformed lookup call is never trained as it stands (its marker text would become
+lookup tokens outside a call, or the Standard baseline would read a broken call as text):
+:func:`screen_documents` refuses it, naming ``FILE:LINE`` and the reason, or leaves it out and
+counts it (``skip_malformed``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import torch
 
-from ..lookup import Segment, parse, strip
+from ..lookup import PAPER_TOKENS, LookupProblem, LookupSyntaxError, LookupTokens, Segment, Text, parse, strip
 from ..tokens import IGNORE_INDEX, ORG, Encoded, LookupTokenizer, labels_from_roles
 
-__all__ = ["Packed", "BlockSource", "Batches", "encode_documents", "pack", "as_segments", "shift_left"]
+__all__ = ["Packed", "BlockSource", "Batches", "encode_documents", "pack", "as_segments", "shift_left",
+           "call_problems", "screen_documents", "Malformed", "MalformedCallError"]
 
 
 class BlockSource(Protocol):
@@ -89,16 +95,110 @@ def as_segments(doc) -> list[Segment]:
     return list(segments) if segments is not None else list(doc)
 
 
-def encode_documents(documents: Sequence, tokenizer: LookupTokenizer, mode: str = "lmlm") -> list[Encoded]:
+def call_problems(doc, tokens: LookupTokens = PAPER_TOKENS) -> list[LookupProblem]:
+    """The malformed lookup calls of a document (:func:`lmlm.lookup.parse`'s problems), or else a
+    lookup token of ``tokens`` (the tokenizer's) left in its text. Empty for a document that can be
+    trained as it is."""
+    if isinstance(doc, str) or getattr(doc, "annotated", None) is not None:
+        parsed = parse(doc if isinstance(doc, str) else doc.annotated)
+        if parsed.problems:
+            return parsed.problems
+        segments = parsed.segments
+    else:
+        segments = as_segments(doc)
+    problems, pos = [], 0
+    markers = sorted({*tokens.as_list(), *PAPER_TOKENS.as_list()})
+    for seg in segments:
+        if isinstance(seg, Text):
+            problems += [LookupProblem(pos + i, f"{m} outside a lookup call", seg.text[i:i + 80])
+                         for m in markers if (i := seg.text.find(m)) >= 0]
+            pos += len(seg.text)
+    return problems
+
+
+class MalformedCallError(LookupSyntaxError):
+    """Documents with malformed lookup calls given to training: the first is named, with the way out."""
+
+    def __init__(self, where: str, problem: LookupProblem, count: int | None = None, total: int | None = None,
+                 skipping: bool = False):
+        self.problem = problem
+        if skipping:
+            tail = f"all {total} documents have one: nothing is left to train on"
+        else:
+            many = "" if count is None else f"{count} of {total} documents {'have' if count > 1 else 'has'} one; "
+            tail = (f"{many}a broken call would be trained as stray lookup tokens or text: fix or remove it, "
+                    f"or pass --skip-malformed to leave those documents out")
+        ValueError.__init__(self, f"{where}: malformed lookup call {problem} ({tail})")
+
+
+@dataclass
+class Malformed:
+    """Documents left out for malformed lookup calls: how many, of how many, and the first one."""
+
+    documents: int = 0
+    total: int = 0
+    first: tuple[str, LookupProblem] | None = None
+
+    def add(self, where: str, problem: LookupProblem) -> None:
+        self.documents += 1
+        if self.first is None:
+            self.first = (where, problem)
+
+    def note(self) -> str:
+        """One line for stderr: what was left out and the first such document."""
+        where, problem = self.first
+        return (f"left out {self.documents} of {self.total} documents with malformed lookup calls (the first: "
+                f"{where}: {problem})")
+
+    def error(self, skipping: bool = False, counted: bool = True) -> MalformedCallError:
+        """The error naming the first document (``counted``: with how many there are of how many)."""
+        if not counted:
+            return MalformedCallError(*self.first)
+        return MalformedCallError(*self.first, self.documents, self.total, skipping)
+
+
+def screen_documents(located: Iterable[tuple[str, object]], skip_malformed: bool = False,
+                     tokens: LookupTokens = PAPER_TOKENS) -> tuple[list, Malformed]:
+    """The documents of ``(where, document)`` pairs that hold no malformed lookup call.
+
+    Args:
+        located: documents with where each was read (``FILE:LINE``, ``document 3``).
+        skip_malformed: leave a document with a malformed call out (counted in the returned
+            :class:`Malformed`) instead of raising :class:`MalformedCallError` for the first.
+        tokens: the lookup token vocabulary of the tokenizer that will encode the documents.
+    """
+    kept, bad = [], Malformed()
+    for where, doc in located:
+        bad.total += 1
+        problems = call_problems(doc, tokens)
+        if problems:
+            bad.add(where, problems[0])
+        else:
+            kept.append(doc)
+    if bad.documents and not skip_malformed:
+        raise bad.error()
+    if bad.documents and not kept:
+        raise bad.error(skipping=True)
+    return kept, bad
+
+
+def encode_documents(documents: Sequence, tokenizer: LookupTokenizer, mode: str = "lmlm",
+                     progress: bool = False) -> list[Encoded]:
     """Tokenize documents with their calls (``lmlm``) or stripped (``standard``).
 
     Documents are :class:`lmlm.corpus.Document`, segment lists or annotated strings. Both modes
-    give identical ``org`` tokens.
+    give identical ``org`` tokens. A document with a malformed call raises
+    :class:`MalformedCallError` (:func:`screen_documents` leaves such documents out first); so no
+    lookup token reaches the ``org`` text, nor any Standard sequence. ``progress``: a progress bar.
     """
+    from tqdm.auto import tqdm
+
     if mode not in ("lmlm", "standard"):
         raise ValueError(f"mode must be 'lmlm' or 'standard', got {mode!r}")
     out = []
-    for doc in documents:
+    for k, doc in enumerate(tqdm(documents, desc="tokenize", unit="doc", disable=not progress, dynamic_ncols=True)):
+        if problems := call_problems(doc, tokenizer.tokens):
+            raise MalformedCallError(f"document {getattr(doc, 'id', k + 1)}", problems[0], 1, len(documents))
         segs = as_segments(doc)
         out.append(tokenizer.encode(segs) if mode == "lmlm" else tokenizer.encode_plain(strip(segs)))
     return out

@@ -8,6 +8,7 @@ checkpoint, or a pretrained causal LM grown by the four lookup tokens (:mod:`lml
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,28 +36,39 @@ class Inputs:
     seq_len: int = 0
 
 
-def _source(spec: str | None, documents, name: str):
-    """``("shards", folder)``, ``("documents", docs)`` or ``(None, None)`` for one data input."""
-    from ..corpus import read_documents
+def _source(spec: str | None, documents, name: str, skip_malformed: bool = False):
+    """``("shards", folder, None)``, ``("documents", docs, malformed)`` or ``(None, None, None)`` for one data
+    input; documents with a malformed lookup call are refused or left out (:func:`screen_documents`)."""
+    from ..corpus import CorpusError, iter_located
     from ..data.shards import is_shards
+    from .data import screen_documents
 
     if documents is not None:
-        return "documents", list(documents)
-    if spec is None:
-        return None, None
-    if is_shards(spec):
-        return "shards", spec
-    return "documents", read_documents(spec)
+        located = ((f"document {getattr(d, 'id', k)}", d) for k, d in enumerate(documents, 1))
+    elif spec is None:
+        return None, None, None
+    elif is_shards(spec):
+        return "shards", spec, None
+    else:
+        located = iter_located(spec)
+    docs, malformed = screen_documents(located, skip_malformed)
+    if spec is not None and documents is None and not malformed.total:
+        raise CorpusError(f"{spec}: no documents")
+    return "documents", docs, malformed
 
 
 def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: LookupTokenizer | None,
                 eval_documents: Sequence | None, accelerator) -> Inputs:
-    kind, data = _source(config.data, documents, "data")
+    kind, data, malformed = _source(config.data, documents, "data", config.skip_malformed)
     if kind is None:
         raise TrainConfigError("nothing to train on: give data (--data FILE, a documents file or shards folder)")
     if kind == "documents" and not data:
         raise TrainConfigError("documents is empty: nothing to train on")
-    eval_kind, eval_data = _source(config.eval_data, eval_documents, "eval_data")
+    eval_kind, eval_data, eval_malformed = _source(config.eval_data, eval_documents, "eval_data",
+                                                   config.skip_malformed)
+    for bad in (malformed, eval_malformed):
+        if bad is not None and bad.documents and accelerator.is_main_process:
+            print(f"warning: {bad.note()}", file=sys.stderr)
     shards_tok = None
     if kind == "shards":
         from ..data.shards import read_manifest, tokenizer_hash
@@ -89,7 +101,7 @@ def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: Look
                                    "needs documents (--data FILE)")
         m = read_manifest(data)
         blocks = ShardBlocks(data, config.seq_len, config.mode)
-        summary = {"data": str(data), "documents": m["documents"], "lookup_calls": m["lookup_calls"],
+        summary = {"data": str(data), "documents": m["documents"], **_calls(config.mode, m["lookup_calls"]),
                    "data_tokens": blocks.num_tokens, "data_trained_tokens": blocks.trained_tokens(),
                    "blocks": len(blocks), "mode": config.mode}
     else:
@@ -100,11 +112,14 @@ def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: Look
             raise TrainConfigError(f"{where}: not one of its {n_docs} documents has a lookup call, so an LMLM trained "
                                    "on it learns no lookups; annotate it first (lmlm annotate ...), train "
                                    "--mode standard, or pass --allow-no-calls")
-        blocks = pack(encode_documents(docs, tokenizer, config.mode), config.seq_len, tokenizer.end_id,
-                      pad_id=tokenizer.eos_id, by_document=config.packing == "document")
-        summary = {"data": config.data, "documents": n_docs, "lookup_calls": calls,
+        progress = config.progress and accelerator.is_main_process
+        blocks = pack(encode_documents(docs, tokenizer, config.mode, progress=progress), config.seq_len,
+                      tokenizer.end_id, pad_id=tokenizer.eos_id, by_document=config.packing == "document")
+        summary = {"data": config.data, "documents": n_docs, **_calls(config.mode, calls),
                    "data_tokens": int(blocks.num_tokens), "data_trained_tokens": blocks.trained_tokens(),
                    "blocks": len(blocks), "mode": config.mode}
+        if malformed.documents:
+            summary["documents_left_out_malformed"] = malformed.documents
     evald = None
     if eval_kind == "shards":
         from ..data.shards import ShardBlocks
@@ -114,6 +129,11 @@ def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: Look
         evald = pack(encode_documents(eval_data, tokenizer, config.mode), config.seq_len, tokenizer.end_id,
                      pad_id=tokenizer.eos_id, by_document=config.packing == "document")
     return Inputs(model, tokenizer, blocks, evald, info, _parameters(model), summary, config.seq_len)
+
+
+def _calls(mode: str, calls: int) -> dict[str, int]:
+    """The summary's lookup calls: those trained; a Standard run trains none (the corpus's are stripped)."""
+    return {"lookup_calls": calls} if mode == "lmlm" else {"lookup_calls": 0, "lookup_calls_stripped": calls}
 
 
 def _count_calls(documents: Sequence) -> tuple[int, int]:

@@ -142,3 +142,25 @@ def test_prepare_command_writes_shards_and_refuses_a_missing_corpus(tmp_path, co
     cmd[5] = str(tmp_path / "missing.jsonl")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("error:") and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_malformed_calls_stop_the_job_or_are_left_out(tmp_path, corpus):
+    from lmlm.train.data import MalformedCallError
+
+    path, tok, texts = corpus
+    bad = ["Bob lives in <|db_start|> Bob <|sep|> City <|db_end|> Paris.", "Ada in [dblookup('Ada', 'City') -> X"]
+    docs = [Document.from_annotated(f"d{i}", t) for i, t in enumerate(texts[:30])]
+    docs[12:12] = [Document(f"b{k}", t, t) for k, t in enumerate(bad)]
+    write_documents(tmp_path / "mixed.jsonl", docs)
+    with pytest.raises(MalformedCallError, match=r"mixed.jsonl:13: malformed lookup call .*--skip-malformed"):
+        prepare_shards(tmp_path / "mixed.jsonl", tok, tmp_path / "s", workers=1, progress=False, chunk_documents=5)
+    # the same command with skip_malformed goes on from there, the two documents left out
+    m = prepare_shards(tmp_path / "mixed.jsonl", tok, tmp_path / "s", workers=1, progress=False, chunk_documents=5,
+                       skip_malformed=True)
+    assert (m["documents"], m["skipped_malformed"]) == (30, 2) and m["complete"]
+    good = prepare_shards(tmp_path / "mixed.jsonl", tok, tmp_path / "s2", workers=1, progress=False,
+                          skip_malformed=True)  # straight through: the same shards as the resumed job
+    assert good["tokens"] == m["tokens"] and good["skipped_malformed"] == 2
+    packed = ShardBlocks(tmp_path / "s2", 32).to_packed()
+    calls = torch.tensor([tok.start_id, tok.sep_id, tok.retrieve_id, tok.end_id])
+    assert not ((packed.roles == 0) & torch.isin(packed.input_ids, calls)).any()  # no lookup token from text
