@@ -278,6 +278,7 @@ def serve_bench(duration: float = typer.Option(60.0, min=0.1, help="seconds of l
     proc = None
     if url is None:
         if model is None:
+            print(f"building the demo model and KB in {work / 'demo'}", file=sys.stderr, flush=True)
             demo = build_demo(work / "demo")
             model, kb = demo.model_dir, kb or demo.kb_dir
             cfg.prompts, cfg.edit_keys = demo.prompts, [(e, r) for e, r, _ in demo.facts]
@@ -288,11 +289,13 @@ def serve_bench(duration: float = typer.Option(60.0, min=0.1, help="seconds of l
         shutil.rmtree(run_kb, ignore_errors=True)
         shutil.copytree(kb, run_kb)
         token = secrets.token_urlsafe(18)
+        print(f"starting lmlm serve on a copy of the KB (log: {work / 'server.log'})", file=sys.stderr, flush=True)
         proc, url = start_server(model, run_kb, token, work / "server.log", max_concurrent=max(64, 2 * clients))
     else:
         _check_server(url, token, editors)
     if prompt:
         cfg.prompts = list(prompt)
+    print(f"{duration:g} s of load on {url}: {clients} clients, {editors} editors", file=sys.stderr, flush=True)
     try:
         result = asyncio.run(run_load(url, token, cfg))
     finally:
