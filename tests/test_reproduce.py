@@ -94,6 +94,10 @@ def test_rag_has_both_readers_and_its_controls(run):
     for res in r["readers"].values():
         assert 0 <= res["oracle_passage_trex"] <= 1 and set(res["metrics"]) == {"trex", "popqa", "factscore"}
     assert (out / "rag" / "reader" / "checkpoint" / "config.json").exists()
+    given = r["reader_training"]  # what the reader was trained with, as the report says it (not the share asked)
+    assert 0 <= given["with_passages"] <= given["documents"]
+    md = (out / "report.md").read_text()
+    assert f"passages before {given['with_passages']} of its {given['documents']} training documents" in md
     assert sum("(reader: Standard trained with passages)" in c["claim"] for c in report["claims"]) == 3
 
 

@@ -14,6 +14,7 @@ names both is put right before the prompt (an oracle retriever). The reader is k
 
 from __future__ import annotations
 
+import json
 import math
 
 from .context import Run, console
@@ -21,22 +22,27 @@ from .context import Run, console
 __all__ = ["rag_stage"]
 
 
-def _reader(run: Run, retriever, texts: list[str]):
-    """The Standard model trained with passages before part of its documents (trained once, then loaded)."""
+def _reader(run: Run, retriever, texts: list[str]) -> tuple[object, dict]:
+    """The Standard model trained with passages before part of its documents (trained once, then loaded),
+    and how many of its training documents had passages (a passage that does not fit is not given)."""
     from ..checkpoint import is_checkpoint, load_checkpoint
     from ..evaluate.rag import rag_training_documents
     from ..quickstart import train_config
     from ..train import train
 
     folder = run.out / "rag" / "reader"
-    if not is_checkpoint(folder / "checkpoint"):
+    counts = folder / "passages.json"
+    if not is_checkpoint(folder / "checkpoint") or not counts.exists():
         qs = run.quickstart_config
         docs = rag_training_documents(texts, retriever, run.tok, fraction=run.cfg.rag_reader_fraction, k=run.cfg.rag_k,
                                       max_tokens=qs.seq_len, seed=run.cfg.seed)
-        console.rule(f"RAG: train a reader on {sum(d != t for d, t in zip(docs, texts))} of {len(docs)} documents "
+        given = {"documents": len(docs), "with_passages": sum(d != t for d, t in zip(docs, texts))}
+        console.rule(f"RAG: train a reader on {given['with_passages']} of {len(docs)} documents "
                      "with retrieved passages")
-        train(train_config(qs, "standard", folder, run.bios / "kb"), docs, run.tok)
-    return load_checkpoint(folder / "checkpoint")[0]
+        if not is_checkpoint(folder / "checkpoint"):
+            train(train_config(qs, "standard", folder, run.bios / "kb"), docs, run.tok)
+        counts.write_text(json.dumps(given) + "\n")
+    return load_checkpoint(folder / "checkpoint")[0], json.loads(counts.read_text())
 
 
 def _names(passage: str, *words: str) -> bool:
@@ -72,14 +78,15 @@ def rag_stage(run: Run) -> dict:
     hits = retriever.retrieve([it.prompt for it in trex], cfg.rag_k)
     oracle, n_oracle = _oracle(passages, trex)
     readers = {"standard": run.model("standard")}
+    given = None
     if cfg.rag_reader_fraction > 0:
-        readers["reader"] = _reader(run, retriever, texts)
+        readers["reader"], given = _reader(run, retriever, texts)
     res = {"passages": len(passages), "oracle_items": n_oracle,
            # how often a retrieved passage holds the answer at all / names the subject and the answer
            "retrieval_recall_trex": _share(any(_names(p, it.gold) for p, _ in h) for it, h in zip(trex, hits)),
            "retrieval_subject_answer_trex": _share(any(_names(p, it.subject, it.gold) for p, _ in h)
                                                    for it, h in zip(trex, hits)),
-           "readers": {}}
+           "readers": {}, "reader_training": given}
     for name, model in readers.items():
         console.print(f"RAG: BM25 over {len(passages)} passages, top {cfg.rag_k}, reader {name}")
         rag = RagGenerator(LookupGenerator(model, run.tok, None, use_db=False), retriever, k=cfg.rag_k)

@@ -136,6 +136,16 @@ def factual_section(stages: dict) -> list[str]:
     return lines
 
 
+def _reader_passages(stages: dict) -> str:
+    """What the trained reader saw: passages before how many of its training documents (asked and given)."""
+    asked = pct(stages["config"].get("rag_reader_fraction"))
+    given = stages["rag"].get("reader_training")
+    if not given:
+        return f"passages before {asked}% of its training documents"
+    return (f"passages before {given['with_passages']} of its {given['documents']} training documents ({asked}% "
+            "asked; a document whose passages do not fit in the training length gets none)")
+
+
 def rag_section(stages: dict) -> list[str]:
     r, q = stages["rag"], PAPER["rag"]
     lines = ["## RAG baseline (paper table 'RAG vs LMLM', GPT2-355M)", "",
@@ -145,8 +155,8 @@ def rag_section(stages: dict) -> list[str]:
              f"{pct(r.get('retrieval_subject_answer_trex'))}%. Two readers: the Standard model with passages at "
              "inference only (the paper's baseline: a 355M model pretrained on Wikipedia reads its context; a 5M "
              "model trained on short biographies never learned to), and a reader trained like it but with "
-             f"passages before {pct(stages['config'].get('rag_reader_fraction'))}% of its training documents. The "
-             "paper's comparison is the first reader; the second is what RAG gives when the reader can read.", "",
+             f"{_reader_passages(stages)}. The paper's comparison is the first reader; the second is what RAG "
+             "gives when the reader can read.", "",
              "| model | FactScore | T-REx EM | PopQA Acc | T-REx EM, answer-bearing passage given | paper (FS / T-REx / PopQA) |",
              "|---|---:|---:|---:|---:|---|",
              "| Standard | " + " | ".join(pct(v) for v in metrics_of(stages, "standard"))
