@@ -406,7 +406,10 @@ class EntityIndex:
             free = not self._extended(qt, set(direct) | {qn})
             longer = [] if ctx is None or any(e in ctx for e in direct) else \
                 [e for e in ctx if e not in direct and any(_refers(qt, t) for t in self._entity_tokens(e))]
-            if longer and direct:  # "Maria Lopez", a KB entity, in a text about Maria Garcia-Lopez: either
+            if longer and direct:  # "Maria Lopez", a KB entity, in a text about Maria Garcia-Lopez: either,
+                named = [e for e in longer if e in self._alias_owners(qn)]  # unless it is her alias too
+                if len(named) == 1:
+                    return Resolved(named[0], "context", 1.0, context_free=False)
                 return Resolved(reason="ambiguous_entity", context_free=False,
                                 detail=f"{entity!r} is an entity's name, and the text names "
                                        f"{self.display[longer[0]]!r}, whose name holds it",

@@ -186,6 +186,8 @@ def test_a_namesake_of_the_person_the_text_names_is_never_answered():
         assert got.entity is None and got.reason == "ambiguous_entity", (query, got)
         assert {c for c, _ in got.candidates} == {query, context.rsplit(" was", 1)[0]}
     assert both.resolve("Maria Lopez", context="Maria Lopez was born in").entity == "maria lopez"
+    both.add_alias("maria lopez", "maria garcia-lopez", "Maria Lopez")  # her alias too: the text says whom
+    assert both.resolve("Maria Lopez", context="Maria Garcia-Lopez was born in").entity == "maria garcia-lopez"
     # a short name of a deleted person named in the text is not answered by a longer KB name
     miss = idx.resolve("Jackson", context="Jackson Marshall was born in")
     assert miss.entity is None and "refers to 'Jackson Marshall'" in miss.detail and miss.deleted
