@@ -142,3 +142,14 @@ def test_prepare_command_writes_shards_and_refuses_a_missing_corpus(tmp_path, co
     cmd[5] = str(tmp_path / "missing.jsonl")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("error:") and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_split_without_documents_leaves_no_shards_folder(tmp_path, corpus):
+    """Nothing to shard: an error, and no folder a rerun or a training run would take as finished shards."""
+    from lmlm.corpus import CorpusError
+    from lmlm.data.shards import is_shards
+
+    for _ in range(2):  # the rerun fails the same way
+        with pytest.raises(CorpusError, match="no documents of split 'nosuch'"):
+            _prepare(corpus, tmp_path / "s", split="nosuch")
+        assert not is_shards(tmp_path / "s") and not (tmp_path / "s" / "tokenizer").exists()
