@@ -313,3 +313,42 @@ def test_ctrl_c_stops_after_the_step_with_the_state_saved_and_resume_goes_on(tmp
     done = subprocess.run(args + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["steps"] == 400
+
+
+def test_a_new_run_replaces_the_older_run_in_its_folder(tmp_path, tok):
+    """A new run in a folder holding a finished run, killed before it saved a state: nothing of the older
+    run is left (no checkpoint, no state for --resume to pick up); --resume then starts from step 0."""
+    import signal
+    import time
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in biographies(240)))
+    tok.save(tmp_path / "tok")
+    args = [sys.executable, "-m", "lmlm.cli", "train", "--data", str(data), "--tokenizer", str(tmp_path / "tok"),
+            "--model", "gpt2-tiny", "--seq-len", "64", "--batch-size", "8", "--log-every", "1", "--threads", "1",
+            "--no-progress", "--out", str(tmp_path / "run")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    old = subprocess.run(args + ["--max-steps", "6", "--save-every", "3"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert old.returncode == 0, old.stderr[-2000:]
+    assert (tmp_path / "run" / "checkpoint").exists() and (tmp_path / "run" / "state").exists()
+    new = args + ["--max-steps", "100000", "--lr", "0.002"]  # killed long before its end
+    proc = subprocess.Popen(new, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "run" / "train_log.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline:  # the new run has logged two steps (the older run's log went with it)
+        lines = log.read_text().splitlines() if log.exists() else []
+        if len(lines) >= 2 and json.loads(lines[-1])["step"] < 6:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert time.time() < deadline, err[-2000:]
+    assert not (tmp_path / "run" / "checkpoint").exists() and not (tmp_path / "run" / "state").exists()
+    assert json.loads((tmp_path / "run" / "train_config.json").read_text())["train"]["lr"] == 0.002
+    resumed = subprocess.run(new + ["--resume", "--max-seconds", "1"], env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "no saved training state to resume" in resumed.stderr and "starts from step 0" in resumed.stderr
+    steps = [json.loads(x)["step"] for x in log.read_text().splitlines() if '"loss"' in x]
+    assert steps == list(range(1, len(steps) + 1))  # the new run's steps from 1, none of the older run's

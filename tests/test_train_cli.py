@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -213,3 +214,83 @@ def test_no_lookup_token_comes_from_text_outside_a_call():
     for mode in ("lmlm", "standard"):
         for enc in encode_documents(kept, tok, mode):
             assert not any(i in tok.call_ids and r == ORG for i, r in zip(enc.input_ids, enc.roles))
+
+
+def test_a_pretrained_model_trains_only_on_shards_of_its_own_tokenizer(tmp_path, corpus, pretrained):
+    """Shards of the pretrained model's tokenizer (plus the lookup tokens): its embedding grows by the four
+    lookup rows. Shards of another tokenizer: refused, one line, nothing resized or saved."""
+    prep = lmlm("data", "prepare", str(corpus / "docs.jsonl"), "--tokenizer", str(pretrained), "--out",
+                str(tmp_path / "S"), "--workers", "1", "--no-progress")
+    assert prep.returncode == 0, prep.stderr[-2000:]
+    train = ["train", "--init-from", str(pretrained), "--max-steps", "1", "--seq-len", "64", "--no-progress"]
+    proc = lmlm(*train, "--data", str(tmp_path / "S"), "--out", str(tmp_path / "T"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    meta = json.loads((tmp_path / "T" / "checkpoint" / "lmlm.json").read_text())
+    assert meta["init_from"]["rows_added"] == 4
+    other = tmp_path / "other"
+    AutoTokenizer.from_pretrained(pretrained).save_pretrained(other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    tok["model"]["vocab"] = {k[::-1] if len(k) > 2 else k: v for k, v in tok["model"]["vocab"].items()}
+    tok["model"]["merges"] = []  # the same size, other tokens
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    prep = lmlm("data", "prepare", str(corpus / "docs.jsonl"), "--tokenizer", str(other), "--out",
+                str(tmp_path / "S2"), "--workers", "1", "--no-progress")
+    assert prep.returncode == 0, prep.stderr[-2000:]
+    proc = lmlm(*train, "--data", str(tmp_path / "S2"), "--out", str(tmp_path / "U"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "another tokenizer" in lines[0], proc.stderr[-2000:]
+    assert not (tmp_path / "U" / "checkpoint").exists()
+
+
+def test_a_model_folder_without_a_tokenizer_needs_the_tokenizer_option(tmp_path, corpus, pretrained):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in pretrained.iterdir():
+        if f.name in ("config.json", "model.safetensors", "generation_config.json"):
+            shutil.copy(f, bare / f.name)
+    args = ["train", "--data", str(corpus / "docs.jsonl"), "--max-steps", "1", "--seq-len", "64", "--no-progress"]
+    proc = lmlm(*args, "--init-from", str(bare), "--out", str(tmp_path / "T"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and str(bare) in lines[0] and "--tokenizer" in lines[0], \
+        proc.stderr[-2000:]
+    proc = lmlm(*args, "--init-from", str(bare), "--tokenizer", str(pretrained), "--out", str(tmp_path / "T"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (tmp_path / "world").mkdir()
+    (tmp_path / "world" / "config.json").write_text(json.dumps({"preset": "smoke", "seed": 0}))
+    proc = lmlm(*args, "--init-from", str(tmp_path / "world"), "--out", str(tmp_path / "W"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "world" in lines[0], proc.stderr[-2000:]
+
+
+def test_held_out_and_test_documents_are_left_out_of_training(tmp_path):
+    texts = biographies(60)
+    splits = ["train"] * 30 + [None] * 14 + ["heldout"] * 10 + ["test"] * 6
+    write_documents(tmp_path / "docs.jsonl", (Document.from_annotated(f"d{i}", t, split=s)
+                                               for i, (t, s) in enumerate(zip(texts, splits))))
+    args = ["train", "--data", str(tmp_path / "docs.jsonl"), "--model", "gpt2-tiny", "--max-steps", "1",
+            "--tokenizer", "bpe:300", "--batch-size", "4", "--seq-len", "64", "--no-progress"]
+    proc = lmlm(*args, "--out", str(tmp_path / "T"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "T" / "summary.json").read_text())
+    assert summary["documents"] == 44 and summary["left_out"] == {"heldout": 10, "test": 6}
+    assert summary["lookup_calls"] == 44 * 3
+    proc = lmlm(*args, "--split", "heldout", "--out", str(tmp_path / "H"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "H" / "summary.json").read_text())
+    assert summary["documents"] == 10 and summary["left_out"] == {"train": 30, "(no split)": 14, "test": 6}
+    proc = lmlm(*args, "--split", "nosuch", "--out", str(tmp_path / "N"))
+    assert proc.returncode == 2 and "no documents of split 'nosuch'" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_dataset_dict_trains_on_its_train_split(tmp_path):
+    import datasets
+    texts = biographies(30)
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"annotated": texts[:20]}),
+                               "test": datasets.Dataset.from_dict({"annotated": texts[20:]})})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    proc = lmlm("train", "--data", str(tmp_path / "dd"), "--model", "gpt2-tiny", "--max-steps", "1",
+                "--tokenizer", "bpe:300", "--batch-size", "4", "--seq-len", "64", "--no-progress", "--out",
+                str(tmp_path / "T"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "T" / "summary.json").read_text())
+    assert summary["documents"] == 20 and summary["left_out"] == {"test": 10}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
@@ -258,15 +259,17 @@ def prepare_shards(corpus: str | Path, tokenizer: LookupTokenizer, out: str | Pa
         while pending:
             _take(pending.popleft().result(), writer, shard_tokens, bar, skip_malformed)
     writer.close()
+    if bar is not None:
+        bar.close()
+    if manifest["documents"] == 0:  # nothing to train on: no shards folder is left behind, complete or not
+        (out / MANIFEST).unlink()
+        shutil.rmtree(out / "tokenizer", ignore_errors=True)
+        raise CorpusError(f"{corpus}: no documents" + (f" of split {split!r}" if split else "") + (
+            f" without a malformed lookup call ({writer.skipped} left out)" if writer.skipped else ""))
     manifest["complete"] = True
     manifest["seconds"] = manifest.get("seconds", 0.0) + time.perf_counter() - t0
     manifest["tokens_per_second_last_run"] = (manifest["tokens"] - tokens_before) / max(time.perf_counter() - t0, 1e-9)
     _write_json(out / MANIFEST, manifest)
-    if bar is not None:
-        bar.close()
-    if manifest["documents"] == 0:
-        raise CorpusError(f"{corpus}: no documents" + (f" of split {split!r}" if split else "") + (
-            f" without a malformed lookup call ({writer.skipped} left out)" if writer.skipped else ""))
     return manifest
 
 

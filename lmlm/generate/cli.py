@@ -21,7 +21,7 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
              model: Path = typer.Option(..., help="checkpoint: ours, or a Hugging Face folder (the authors': "
                                         "add --tokens released)"),
              kb: Optional[Path] = typer.Option(None, help="KB folder, or the authors' database JSON "
-                                               "(default: the checkpoint's KB)"),
+                                               "(default: the checkpoint's KB; a Standard checkpoint needs none)"),
              tokens: Optional[str] = typer.Option(None, help="lookup tokens: 'paper' or 'released' "
                                                   "(default: the checkpoint's)"),
              max_new_tokens: int = typer.Option(64, min=1),
@@ -79,6 +79,8 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
         m, tok, meta = load_model(model, tokens=tokens, weights=llm is None,
                                   device=default_device(device) if llm is None else None)
         kb_path = kb or kb_of(meta, model)
+        if kb is None and meta.get("mode") == "standard":  # a Standard model makes no lookups: no KB to open
+            no_db = True
         if not no_db and kb_path is None:
             _fail("no knowledge base: pass --kb or --no-db")
         base = None if no_db else open_kb(kb_path)

@@ -61,6 +61,8 @@ def train_command(
     data: Optional[str] = typer.Option(None, help="training documents (.jsonl/.json/.parquet/.txt, a datasets "
                                        "folder) or a shards folder from `lmlm data prepare`"),
     eval_data: Optional[str] = typer.Option(None, help="held-out documents or shards, evaluated at the end"),
+    split: Optional[str] = typer.Option(None, help="train on the documents of this split (default: train, and "
+                                        "documents without a split; the others are counted in summary.json)"),
     model: Optional[str] = typer.Option(None, help="model preset trained from scratch (`lmlm presets`); "
                                         "default gpt2-small-cpu"),
     init_from: Optional[str] = typer.Option(None, help="start from these weights: an lmlm checkpoint, a Hugging "
@@ -83,7 +85,8 @@ def train_command(
     grad_checkpointing: Optional[bool] = typer.Option(None, "--grad-checkpointing", help="recompute activations: less memory"),
     report_to: Optional[List[str]] = typer.Option(None, help="also log to these trackers: tensorboard, wandb, all"),
     kb: Optional[str] = typer.Option(None, help="the KB the corpus was annotated against (recorded in the checkpoint)"),
-    out: Optional[Path] = typer.Option(None, "--out", "--out-dir", help="run folder (default runs/train)"),
+    out: Optional[Path] = typer.Option(None, "--out", "--out-dir", help="run folder (default runs/train); a new "
+                                       "run replaces the run it holds (--resume continues that one)"),
     seed: Optional[int] = typer.Option(None, min=0),
     save_every: Optional[int] = typer.Option(None, min=0, help="save the training state every N steps"),
     log_every: Optional[int] = typer.Option(None, min=1, help="log loss, tokens/s and MFU every N steps"),
@@ -96,7 +99,8 @@ def train_command(
     skip_malformed: Optional[bool] = typer.Option(None, "--skip-malformed", help="leave out documents with a "
                                                   "malformed lookup call (counted in summary.json and on stderr); "
                                                   "without it such a document stops the run, named FILE:LINE"),
-    resume: bool = typer.Option(False, help="continue from OUT/state"),
+    resume: bool = typer.Option(False, help="continue from OUT/state (with none saved: start from step 0, and "
+                                "say so)"),
     progress: bool = typer.Option(True, help="show a progress bar"),
 ):
     """Train an LMLM (or the Standard baseline) from scratch or from a pretrained model; writes OUT/checkpoint.
@@ -106,7 +110,7 @@ def train_command(
     """
     from ..cli_errors import fail, user_errors
 
-    options = dict(data=data, eval_data=eval_data, model=model, init_from=init_from, tokenizer=tokenizer,
+    options = dict(data=data, eval_data=eval_data, split=split, model=model, init_from=init_from, tokenizer=tokenizer,
                    mode=mode.value if mode else None, max_steps=max_steps, epochs=epochs, batch_size=batch_size,
                    micro_batch_size=micro_batch_size, max_tokens_per_step=max_tokens_per_step, seq_len=seq_len,
                    packing=packing.value if packing else None,

