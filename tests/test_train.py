@@ -156,6 +156,13 @@ def test_config_validation():
         TrainConfig(max_steps=3, epochs=1)
     with pytest.raises(ValueError, match="unknown field"):
         TrainConfig.from_dict({"learning_rate": 1.0})
+    import importlib.util
+
+    # a tracker whose package is missing: Accelerate only warns and logs nowhere, so the config refuses it
+    missing = next(t for t in ("swanlab", "trackio", "dvclive", "aim", "clearml", "tensorboard", "wandb")
+                   if importlib.util.find_spec(t) is None)
+    with pytest.raises(ValueError, match=f"report_to {missing}: the {missing} package is not installed"):
+        TrainConfig(report_to=[missing])
 
 
 # -- training -------------------------------------------------------------------------------------

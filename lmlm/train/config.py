@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields
@@ -194,6 +196,8 @@ class TrainConfig:
             if t not in known:
                 raise TrainConfigError(f"train config field 'report_to' = {self.report_to!r}: unknown tracker "
                                        f"{t!r}; known: {', '.join(sorted(known))}")
+            if t != "all" and importlib.util.find_spec(t) is None:  # Accelerate would only warn, and log nowhere
+                raise TrainConfigError(f"report_to {t}: the {t} package is not installed: pip install {t}")
         if self.max_steps is not None and self.epochs is not None:
             raise TrainConfigError("train config: give max_steps or epochs, not both")
         if self.batch_size is not None and self.max_tokens_per_step is not None:
