@@ -175,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except exit_ as e:
         return e.exit_code
-    except abort:
-        print("error: aborted", file=sys.stderr)
-        return 1
+    except abort:  # Ctrl-C (Click turns KeyboardInterrupt into Abort)
+        print("error: interrupted", file=sys.stderr)
+        return 130
     return rv if isinstance(rv, int) else 0
 
 

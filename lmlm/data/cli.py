@@ -41,8 +41,15 @@ def prepare(corpus: Path = typer.Argument(..., help="documents (.jsonl/.json/.pa
         elif not corpus.exists():
             raise CorpusError(f"{corpus}: no such file or folder")
         tok = _tokenizer_from_spec(tokenizer)
-        manifest = prepare_shards(corpus, tok, out, workers=workers, shard_tokens=shard_tokens, split=split,
-                                  progress=progress, skip_malformed=skip_malformed)
+        try:
+            manifest = prepare_shards(corpus, tok, out, workers=workers, shard_tokens=shard_tokens, split=split,
+                                      progress=progress, skip_malformed=skip_malformed)
+        except KeyboardInterrupt:
+            import sys
+
+            print(f"interrupted: the shards written so far are kept in {out}; run the same command again to go on",
+                  file=sys.stderr)
+            raise typer.Exit(130) from None
     if manifest.get("skipped_malformed"):
         import sys
 

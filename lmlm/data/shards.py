@@ -80,6 +80,9 @@ _TOK: LookupTokenizer | None = None
 
 def _init_worker(tok_dir: str, tokens: list[str]) -> None:
     global _TOK
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: no traceback per worker
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     torch.set_num_threads(1)
     from ..lookup import LookupTokens
