@@ -240,8 +240,9 @@ def _claim(shards: Path, request: dict[str, Any]) -> None:
         if old.get("annotator") != request["annotator"]:
             raise ValueError(f"{shards.parent}: holds a run of another annotator; {start_over}")
         if old.get("shard_size") != request["shard_size"]:
-            raise ValueError(f"{shards.parent}: holds shards of {old.get('shard_size')} documents, not "
-                             f"{request['shard_size']}: rerun with --shard-size {old.get('shard_size')}, or {start_over}")
+            size = old.get("shard_size")
+            raise ValueError(f"{shards.parent}: holds shards of {size} documents, not {request['shard_size']}: "
+                             f"rerun with --shard-size {size}, or {start_over}")
         if request["documents"] < old["documents"]:
             raise ValueError(f"{shards.parent}: holds a run of the first {old['documents']} documents, more than the "
                              f"{request['documents']} asked (--limit); use --limit {old['documents']} or more, "

@@ -139,7 +139,8 @@ def test_run_corpus_resumes_only_the_same_request(world, trained, tmp_path):
     with pytest.raises(ValueError, match="--limit 13"):
         run_corpus(corpus, out, annotator, shard_size=5, limit=3, progress=False)
     other = tmp_path / "other.jsonl"
-    other.write_text("".join(json.dumps({"id": d.doc_id, "text": d.plain}) + "\n" for d in world.heldout_documents[13:20]))
+    other.write_text("".join(json.dumps({"id": d.doc_id, "text": d.plain}) + "\n"
+                             for d in world.heldout_documents[13:20]))
     with pytest.raises(ValueError, match="another corpus"):
         run_corpus(other, out, annotator, shard_size=5, progress=False)
     # a partial shard of another corpus is never carried over by id
