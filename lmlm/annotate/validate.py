@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Literal, Sequence
 
 from ..corpus import Document
-from ..lookup import Lookup, Segment, Text, parse, plain_text, render, render_lookup, strip
+from ..lookup import PAPER_TOKENS, Lookup, Segment, Text, parse, plain_text, render, render_lookup, strip
 
 __all__ = ["REASONS", "Rejected", "Validated", "ValidationReport", "validate", "insert_calls", "calls_with_offsets",
            "place_facts"]
@@ -166,27 +166,51 @@ def entity_in_context(left: str, entity: str) -> bool:
 # -- parsing the answer ------------------------------------------------------------------------------
 
 def _malformed_spans(annotation: str, problems) -> list[tuple[int, int, str]]:
-    """(start, end, reason) of each malformed call: up to its closing bracket when that comes before the
-    next call, else just the ``[dblookup(...) ->`` head (its value is then left in the text)."""
+    """(start, end, reason) of each malformed call: up to its closing bracket (``<|db_end|>`` in the token
+    form) when that comes before the next call, else just its head, ``[dblookup(...) ->`` or the markers up
+    to ``<|db_retrieve|>`` (its value is then left in the text); a stray marker alone."""
     spans = []
     for p in problems:
         start = p.position
-        nxt = annotation.find("[dblookup(", start + 1)
-        close = annotation.find("]", start)
-        if close >= 0 and (nxt < 0 or close < nxt):
-            end = close + 1
+        if annotation.startswith(PAPER_TOKENS.start, start):
+            end = _malformed_token_call_end(annotation, start)
+        elif not annotation.startswith("[dblookup(", start):
+            end = start + next((len(mk) for mk in PAPER_TOKENS.as_list() if annotation.startswith(mk, start)), 1)
         else:
-            m = _MALFORMED_HEAD.match(annotation, start)
-            end = m.end() if m else start + 1
+            nxt = annotation.find("[dblookup(", start + 1)
+            close = annotation.find("]", start)
+            if close >= 0 and (nxt < 0 or close < nxt):
+                end = close + 1
+            else:
+                m = _MALFORMED_HEAD.match(annotation, start)
+                end = m.end() if m else start + 1
         if spans and start < spans[-1][1]:
             continue
         spans.append((start, end, p.reason))
     return spans
 
 
+def _malformed_token_call_end(annotation: str, start: int) -> int:
+    """Where a malformed call of the token form that opens at ``start`` ends: after its ``<|db_end|>``
+    when that comes before the next call, else after the last of its markers and the spaces that follow."""
+    t = PAPER_TOKENS
+    nxt = annotation.find(t.start, start + 1)
+    nxt = len(annotation) if nxt < 0 else nxt
+    close = annotation.find(t.end, start, nxt)
+    if close >= 0:
+        return close + len(t.end)
+    end = start + len(t.start)
+    for mk in (t.sep, t.retrieve):
+        i = annotation.find(mk, end, nxt)
+        end = i + len(mk) if i >= 0 else end
+    while end < len(annotation) and annotation[end].isspace():
+        end += 1
+    return end
+
+
 def _remove_malformed(annotation: str) -> tuple[str, list[tuple[int, str, str]]]:
     """The annotation without its malformed calls, and (offset in the cleaned text, call, reason) of each."""
-    problems = parse(annotation, form="dblookup").problems
+    problems = parse(annotation).problems  # both forms
     spans = _malformed_spans(annotation, problems)
     out, removed, pos = [], [], 0
     for start, end, reason in spans:
