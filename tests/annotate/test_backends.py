@@ -232,3 +232,46 @@ def test_seed_sends_a_long_document_a_passage_at_a_time(tmp_path):
         assert long_doc[c["at"]:c["at"] + len(c["value"])] == c["value"]
         assert long_doc[:c["at"]].endswith(f"{c['entity']} was born in ")
     assert rows["short"]["calls"] == [{"entity": "Bob Smith", "relation": "Birth City", "value": "Oslo", "at": 22}]
+
+
+@register_backend("factlist")
+class _FactList(Backend):
+    """An LLM that lists the same two facts for any passage, one of them not in it; it keeps every prompt."""
+
+    kind, model, endpoint = "factlist", "factlist", "local"
+    prompts: list = []
+
+    def __init__(self, url, options):
+        pass
+
+    def complete(self, prompts, **params):
+        type(self).prompts += prompts
+        return ["Ada Lovelace | Birth City | London\nAda Lovelace | Death City | Marylebone"] * len(prompts)
+
+
+def test_facts_that_cannot_be_placed_are_rejected_and_placed_text_is_not_reread(tmp_path):
+    texts = ["Ada Lovelace was born in London. ", "Output: Ada Lovelace was born in London.",
+             "```\nAda Lovelace was born in London.\n```"]
+    for v in annotate(texts, backend="factlist:", cache=False, style="facts"):
+        assert not v.text_changed and [c.value for c in v.kept] == ["London"]
+        assert [(r.reason, r.value) for r in v.rejected] == [("value_not_in_text", "Marylebone")]
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)))
+    report = seed_file(corpus, tmp_path / "seed", "factlist:", cache=False, style="facts")
+    assert report["calls"] == 6 and report["kept"] == 3 and report["rejected_by_reason"]["value_not_in_text"] == 3
+    assert report["documents_text_changed"] == 0
+    rejected = [json.loads(r) for r in (tmp_path / "seed" / "rejected.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["reason"]) for r in rejected] == [(str(i), "value_not_in_text") for i in range(3)]
+
+
+def test_the_report_counts_the_examples_the_prompt_shows(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "text": "Ada Lovelace was born in London."}) + "\n")
+    examples = tmp_path / "examples.jsonl"
+    examples.write_text("".join(json.dumps({"annotated": a}) + "\n" for a in (
+        "Bob Smith was born in [dblookup('Bob Smith', 'Birth City') -> Oslo] Oslo.",
+        "Eve Jones studied [dblookup('Eve Jones', 'Major') -> Law] Law.")))
+    for k, examples_from, shown in ((0, examples, 0), (0, None, 0), (1, examples, 1), (2, None, 1), (5, examples, 2)):
+        _FactList.prompts = []
+        report = seed_file(corpus, tmp_path / f"s{k}{shown}", "factlist:", cache=False, k=k, examples_from=examples_from)
+        assert report["examples"] == shown and len(_FactList.prompts[0]) == 2 + 2 * shown, (k, examples_from)
