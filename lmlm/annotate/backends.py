@@ -333,7 +333,10 @@ class HFBackend(Backend):
             raise BackendError(f"backend {url!r} names no model: hf:PATH_OR_NAME")
         self.model = self.endpoint = rest
         self.batch_size = int(options.get("batch_size", 4))
-        self._model, self._tok = load_causal_lm(rest, options.get("device"), options.get("dtype"))
+        try:
+            self._model, self._tok = load_causal_lm(rest, options.get("device"), options.get("dtype"))
+        except OSError as e:  # no such folder, not a model, a hub name that is not one
+            raise BackendError(f"backend {url!r}: cannot load a model from {rest}: {str(e).splitlines()[0]}") from e
         self._tok.padding_side = "left"
         if self._tok.pad_token is None:
             self._tok.pad_token = self._tok.eos_token

@@ -125,6 +125,8 @@ def seed_file(path: str | Path, out: str | Path, backend: str, *, examples_from:
 
     if max_chars < 1:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    if Path(out).exists() and not Path(out).is_dir():  # before any LLM call
+        raise ValueError(f"{out}: is a file, not a folder for the seed's outputs")
     docs = read_documents(path)[:limit]
     examples = None  # the built-in example
     if k == 0:
