@@ -193,7 +193,8 @@ class Recipe:
         return asdict(self)
 
     def validate(self) -> "Recipe":
-        """Check the fields chosen from a list and the numbers' ranges; raise :class:`RecipeError` naming the first bad one."""
+        """Check the fields chosen from a list and the ranges of the numbers; raise :class:`RecipeError`
+        naming the first bad one."""
         def check(name: str, values, allowed) -> None:
             bad = [v for v in (values if isinstance(values, list) else [values]) if v not in allowed]
             if bad:
