@@ -273,5 +273,6 @@ def test_the_report_counts_the_examples_the_prompt_shows(tmp_path):
         "Eve Jones studied [dblookup('Eve Jones', 'Major') -> Law] Law.")))
     for k, examples_from, shown in ((0, examples, 0), (0, None, 0), (1, examples, 1), (2, None, 1), (5, examples, 2)):
         _FactList.prompts = []
-        report = seed_file(corpus, tmp_path / f"s{k}{shown}", "factlist:", cache=False, k=k, examples_from=examples_from)
+        report = seed_file(corpus, tmp_path / f"s{k}{shown}", "factlist:", cache=False, k=k,
+                           examples_from=examples_from)
         assert report["examples"] == shown and len(_FactList.prompts[0]) == 2 + 2 * shown, (k, examples_from)
