@@ -276,3 +276,29 @@ def test_the_report_counts_the_examples_the_prompt_shows(tmp_path):
         report = seed_file(corpus, tmp_path / f"s{k}{shown}", "factlist:", cache=False, k=k,
                            examples_from=examples_from)
         assert report["examples"] == shown and len(_FactList.prompts[0]) == 2 + 2 * shown, (k, examples_from)
+
+
+def test_a_local_server_on_another_port_finds_its_answers_in_the_cache(tmp_path):
+    """The pipeline starts its seed server on any free port: a rerun after a kill must not redo the seed."""
+    from lmlm.pipeline.annotation import _gguf_identity
+
+    servers = [HTTPServer(("127.0.0.1", 0), _SmallContext) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp_path / "a.gguf").write_bytes(b"a" * 10)
+    (tmp_path / "b.gguf").write_bytes(b"b" * 20)
+    name = _gguf_identity(str(tmp_path / "a.gguf"))
+    assert name == _gguf_identity(str(tmp_path / "a.gguf")) != _gguf_identity(str(tmp_path / "b.gguf"))
+    try:
+        urls = [f"http://127.0.0.1:{s.server_port}/v1?model=seed&retries=0" for s in servers]
+        _SmallContext.passages.clear()
+        first = annotate(DOCS, backend=urls[0] + f"&cache_as={name}", cache=tmp_path / "c.sqlite")
+        again = get_backend(urls[1] + f"&cache_as={name}", cache=tmp_path / "c.sqlite")
+        assert annotate(DOCS, backend=again) == first and again.hits == 2 and again.misses == 0
+        other = get_backend(urls[1] + f"&cache_as={_gguf_identity(str(tmp_path / 'b.gguf'))}",
+                            cache=tmp_path / "c.sqlite")
+        annotate(DOCS, backend=other)
+        assert other.misses == 2 and len(_SmallContext.passages) == 4
+    finally:
+        for server in servers:
+            server.shutdown()
