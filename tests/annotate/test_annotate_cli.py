@@ -76,3 +76,16 @@ def test_user_errors_are_one_line_before_any_work(tmp_path):
     res = runner.invoke(app, ["annotate", "wikipedia", str(tmp_path / "cut.xml.bz2"), "--out", str(tmp_path / "w")])
     assert res.exit_code == 2 and "cut.xml.bz2: the dump is truncated or corrupt" in res.output, res.output
     assert not [p for p in (tmp_path / "w").rglob("*") if p.is_file()]
+
+
+def test_serve_gguf_names_a_port_out_of_range_or_in_use():
+    import socket
+
+    res = runner.invoke(app, ["annotate", "serve-gguf", "--port", "99999"])
+    assert res.exit_code == 2 and "--port 99999: a port is a number from 1 to 65535" in res.output
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = runner.invoke(app, ["annotate", "serve-gguf", "--port", str(port)])
+    assert res.exit_code == 2 and f"--port {port}: cannot listen on 127.0.0.1:{port}" in res.output, res.output
