@@ -105,7 +105,7 @@ def validate_file(path: str | Path, out: str | Path) -> dict[str, Any]:
 def seed_file(path: str | Path, out: str | Path, backend: str, *, examples_from: str | Path | None = None,
               k: int = 2, limit: int | None = None, cache: str | Path | bool | None = None,
               batch_size: int = 8, max_tokens: int | None = None, style: str = "inline",
-              max_chars: int = 1000) -> dict[str, Any]:
+              max_chars: int = 1000, progress: bool = True) -> dict[str, Any]:
     """Seed annotation: annotate the documents of ``path`` with an LLM backend and validate them.
 
     Args:
@@ -118,6 +118,7 @@ def seed_file(path: str | Path, out: str | Path, backend: str, *, examples_from:
         max_chars: a longer document goes to the LLM a passage at a time (cut at sentence ends, see
             :func:`~lmlm.annotate.passages.cover_passages`) so that the prompt, the examples and the
             answer fit its context; the passages' calls are joined back into the document.
+        progress: a progress bar on stderr.
     """
     from tqdm.auto import tqdm
 
@@ -141,7 +142,7 @@ def seed_file(path: str | Path, out: str | Path, backend: str, *, examples_from:
                 pieces.append((j, off, p))
             off += len(p)
     results = []
-    for i in tqdm(range(0, len(pieces), batch_size), desc="seed", unit="batch"):
+    for i in tqdm(range(0, len(pieces), batch_size), desc="seed", unit="batch", disable=not progress):
         results += annotate([p for _, _, p in pieces[i:i + batch_size]], backend, examples=examples, cache=cache,
                             batch_size=batch_size, max_tokens=max_tokens, style=style)
     parts: list[list[tuple[int, Validated]]] = [[] for _ in docs]

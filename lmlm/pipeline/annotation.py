@@ -293,7 +293,7 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
         try:
             rep = seed_file(folder / "seed-passages.jsonl", seed_dir, url, examples_from=examples, k=spec.examples,
                             cache=folder / "seed-cache.sqlite", batch_size=max(spec.parallel, 1) * 2,
-                            max_tokens=spec.max_tokens or None, style=spec.style)
+                            max_tokens=spec.max_tokens or None, style=spec.style, progress=progress)
         finally:
             del server
         _finish(seed_dir, {**rep, "seconds": time.time() - t})

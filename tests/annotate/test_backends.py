@@ -302,3 +302,12 @@ def test_a_local_server_on_another_port_finds_its_answers_in_the_cache(tmp_path)
     finally:
         for server in servers:
             server.shutdown()
+
+
+def test_seed_without_progress_prints_no_bar(tmp_path, capfd):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "text": "Ada Lovelace was born in London."}) + "\n")
+    seed_file(corpus, tmp_path / "quiet", "factlist:", cache=False, style="facts", progress=False)
+    assert "seed" not in capfd.readouterr().err
+    seed_file(corpus, tmp_path / "bar", "factlist:", cache=False, style="facts")
+    assert "seed" in capfd.readouterr().err
