@@ -19,6 +19,7 @@ Exercised by ``lmlm annotate distill`` and ``lmlm annotate run``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from .lm import cpu_threads
 from .passages import cover_passages
 from .validate import Validated, validate
 
-__all__ = ["AnnotatorOptions", "Annotator", "ANNOTATOR_FILE", "ANNOTATOR_INSTRUCTIONS", "PASSAGE_CHARS"]
+__all__ = ["AnnotatorOptions", "Annotator", "fingerprint", "ANNOTATOR_FILE", "ANNOTATOR_INSTRUCTIONS", "PASSAGE_CHARS"]
 
 PASSAGE_CHARS = 1200  # about 300 tokens: what the annotator sees at once (its training documents are bios)
 
@@ -94,6 +95,7 @@ class Annotator:
     def __init__(self, model, tokenizer: LookupTokenizer, options: AnnotatorOptions | None = None):
         self.model, self.tok = model.eval(), tokenizer
         self.options = options or AnnotatorOptions()
+        self.fingerprint: str | None = None  # of the folder it was saved to or loaded from (see :func:`fingerprint`)
         self.generated_tokens = 0  # answer tokens written so far (forced text tokens included)
         self.threads: int | None = None  # torch CPU threads while decoding (see lm.cpu_threads)
         # decode over a static KV cache, each one-token step replayed from a CUDA graph
@@ -193,6 +195,7 @@ class Annotator:
         self.tok.save(folder)
         meta = {"options": asdict(self.options), "stats": stats or {}}
         (folder / ANNOTATOR_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        self.fingerprint = fingerprint(folder)
         return folder
 
     @classmethod
@@ -217,7 +220,23 @@ class Annotator:
         else:
             tok = load_tokenizer(folder)
             model = AutoModelForCausalLM.from_pretrained(str(folder)).to(default_device(device))
-        return cls(model, tok, options)
+        annotator = cls(model, tok, options)
+        annotator.fingerprint = fingerprint(folder)
+        return annotator
+
+
+def fingerprint(folder: str | Path) -> str:
+    """A digest of an annotator folder: its weights (model or adapter) and its options, not its statistics,
+    so that the same annotator has the same fingerprint in memory after :meth:`Annotator.save` and on load."""
+    folder = Path(folder)
+    h = hashlib.sha256(json.dumps(json.loads((folder / ANNOTATOR_FILE).read_text())["options"],
+                                  sort_keys=True).encode())
+    for path in sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file()):
+        h.update(path.name.encode())
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 class _RowChoices:

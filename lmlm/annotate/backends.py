@@ -10,7 +10,9 @@
 
 Query options after ``?``: ``model``, ``key_env`` (the environment variable holding the API key;
 default ``LMLM_API_KEY``, then ``OPENAI_API_KEY``), ``timeout`` (seconds), ``retries``, ``rpm``
-(requests per minute), ``concurrency`` (requests in flight), ``device``, ``dtype``, ``batch_size``.
+(requests per minute), ``concurrency`` (requests in flight), ``device``, ``dtype``, ``batch_size``,
+``cache_as`` (a name the response cache keys answers under in place of the endpoint: a local server
+started on whatever port is free, whose answers a rerun on another port should find).
 A backend answers ``complete(prompts)`` where each prompt is a list of chat messages; HTTP calls
 are retried (tenacity) with exponential backoff on timeouts, 429 and 5xx (``Retry-After`` honoured). Every
 answer is cached in SQLite keyed by (backend, model, messages, parameters), so a re-run costs
@@ -56,6 +58,12 @@ class Backend:
     kind = "base"
     model = ""
     endpoint = ""
+    cache_as: str | None = None  # keys the response cache in place of the endpoint (the ``cache_as`` option)
+
+    @property
+    def cache_name(self) -> str:
+        """What the response cache keys answers under, beside the model: the backend and its endpoint."""
+        return f"{self.kind}:{self.cache_as or self.endpoint}"
 
     def complete(self, prompts: Sequence[Messages], *, max_tokens: int = 1024, temperature: float = 0.0,
                  **params: Any) -> list[str]:
@@ -132,7 +140,7 @@ class ResponseCache:
 
     @staticmethod
     def key(backend: Backend, messages: Messages, params: dict[str, Any]) -> str:
-        blob = json.dumps({"backend": f"{backend.kind}:{backend.endpoint}", "model": backend.model,
+        blob = json.dumps({"backend": backend.cache_name, "model": backend.model,
                            "messages": messages, "params": params}, sort_keys=True, ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -144,7 +152,7 @@ class ResponseCache:
     def put(self, key: str, backend: Backend, messages: Messages, response: str) -> None:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
-                             (key, f"{backend.kind}:{backend.endpoint}", backend.model,
+                             (key, backend.cache_name, backend.model,
                               json.dumps(messages, ensure_ascii=False), response, time.time()))
             self._db.commit()
 
@@ -209,7 +217,7 @@ class OpenAIBackend(Backend):
     Args:
         url: ``openai://host:port/v1?model=...``, ``http(s)://host/v1?model=...`` or ``openai:MODEL``.
         options: ``model``, ``key_env``, ``timeout`` (120), ``retries`` (5), ``rpm`` (0: none),
-            ``concurrency`` (4), ``backoff`` (first wait in seconds, 1.0).
+            ``concurrency`` (4), ``backoff`` (first wait in seconds, 1.0), ``cache_as``.
     """
 
     kind = "openai"
@@ -226,6 +234,7 @@ class OpenAIBackend(Backend):
         if not model:
             raise BackendError(f"backend {url!r} names no model: add ?model=NAME")
         self.endpoint, self.model = base, options.get("model", model)
+        self.cache_as = options.get("cache_as")
         key_env = options.get("key_env")
         key = os.environ.get(key_env) if key_env else (os.environ.get("LMLM_API_KEY") or os.environ.get("OPENAI_API_KEY"))
         if key_env and not key:
@@ -333,7 +342,10 @@ class HFBackend(Backend):
             raise BackendError(f"backend {url!r} names no model: hf:PATH_OR_NAME")
         self.model = self.endpoint = rest
         self.batch_size = int(options.get("batch_size", 4))
-        self._model, self._tok = load_causal_lm(rest, options.get("device"), options.get("dtype"))
+        try:
+            self._model, self._tok = load_causal_lm(rest, options.get("device"), options.get("dtype"))
+        except OSError as e:  # no such folder, not a model, a hub name that is not one
+            raise BackendError(f"backend {url!r}: cannot load a model from {rest}: {str(e).splitlines()[0]}") from e
         self._tok.padding_side = "left"
         if self._tok.pad_token is None:
             self._tok.pad_token = self._tok.eos_token

@@ -25,12 +25,20 @@ def annotate_wikipedia(dump: Path = typer.Argument(..., help="MediaWiki XML dump
     """Distant supervision: infobox facts become lookup calls where the article mentions them."""
     from ..annotate.wikipedia import annotate_dump
 
+    _out_folder(out)
     try:
         report = annotate_dump(dump, out, limit=limit)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     console.print_json(json.dumps({k: v for k, v in report.items() if k != "top_relations"}))
     console.print(f"next: lmlm kb build KB --triples {out / 'triples.jsonl'} --aliases {out / 'aliases.jsonl'}")
+
+
+def _out_folder(out: Path) -> Path:
+    """Refuse an ``--out`` that is a file before any work is done (the outputs are a folder)."""
+    if out.exists() and not out.is_dir():
+        _fail(f"--out {out}: is a file, not a folder")
+    return out
 
 
 def _annotate_call(fn, *args, **kwargs):
@@ -92,6 +100,7 @@ def annotate_seed(corpus: Path = typer.Argument(..., help="documents (.jsonl/.js
     """Seed annotation with an LLM: every answer validated, rejected calls listed with reasons."""
     from ..annotate.pipeline import seed_file
 
+    _out_folder(out)
     report = _annotate_call(seed_file, corpus, out, backend, examples_from=examples, k=k, limit=limit,
                             cache=False if no_cache else cache, batch_size=batch_size, style=style,
                             max_tokens=max_tokens, max_chars=max_chars)
@@ -105,6 +114,7 @@ def annotate_validate(annotated: Path = typer.Argument(..., help="documents with
     """Check every call (syntax, unchanged text, value after the call, entity to its left, duplicates)."""
     from ..annotate.pipeline import validate_file
 
+    _out_folder(out)
     console.print_json(json.dumps(_annotate_call(validate_file, annotated, out)))
 
 
@@ -124,6 +134,7 @@ def annotate_correct(seed: Path = typer.Argument(..., help="annotated seed docum
     """Train an under-fitted corrector on the seed, score each call's entity/relation loss, drop the worst."""
     from ..annotate.corrector import CorrectorConfig, correct, summary
 
+    _out_folder(out)
     config = _annotate_call(CorrectorConfig, base=base, preset=preset, drop=drop, score=score, device=device,
                             fit=_fit(steps, batch_size, seq_len, lr, seed_, threads))
     result = _annotate_call(correct, _seed_documents(seed), config, out)
@@ -149,6 +160,7 @@ def annotate_distill(seed: Path = typer.Argument(..., help="cleaned annotated do
     """Train the annotator on cleaned seed annotations (LoRA on a pretrained model, or a small model)."""
     from ..annotate.distill import DistillConfig, distill
 
+    _out_folder(out)
     config = _annotate_call(DistillConfig, base=base, lora=lora, lora_r=lora_r, lora_alpha=lora_alpha, preset=preset,
                             entity=entity, relations=relations, device=device,
                             fit=_fit(steps, batch_size, seq_len, lr, seed_, threads))
@@ -170,6 +182,7 @@ def annotate_run(corpus: Path = typer.Argument(..., help="documents (any documen
     """Annotate a corpus in resumable shards (run it again after a kill to go on)."""
     from ..annotate.distill import run_corpus
 
+    _out_folder(out)
     try:
         k, n = (int(x) for x in worker.split("/"))
     except ValueError:

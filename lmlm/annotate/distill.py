@@ -9,8 +9,10 @@ paper: r=32, alpha=16) or fully (prompt style ``chat``). The loss curve and toke
 :func:`run_corpus` annotates a corpus with a trained annotator in shards: each finished document is
 appended to its shard's ``.partial`` file at once, a shard is renamed when complete, and a run that
 was killed picks up at the first document not yet written. ``worker=(k, n)`` takes every n-th shard,
-so several processes or machines can share a corpus. When every shard is done the shards are merged
-into ``annotated.jsonl``, ``triples.jsonl`` and ``report.json``.
+so several processes or machines can share a corpus. ``shards/manifest.json`` records what the shards
+are made of (the corpus, how many of its documents, the shard size, the annotator): a rerun of the same
+request goes on, one with a larger ``limit`` reopens the last shard, any other is refused. When every
+shard is done the shards are merged into ``annotated.jsonl``, ``triples.jsonl`` and ``report.json``.
 
 Exercised by ``lmlm annotate distill SEED.jsonl --out DIR`` and ``lmlm annotate run CORPUS --annotator
 DIR --out DIR``.
@@ -18,6 +20,7 @@ DIR --out DIR``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -25,6 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+import torch
 
 from ..corpus import Document, iter_documents, read_documents, write_documents
 from ..lookup import Lookup, Segment
@@ -161,6 +166,9 @@ def run_corpus(corpus: str | Path, out_dir: str | Path, annotator: Annotator | s
         worker: ``(k, n)``: this process takes shards k, k+n, k+2n, ...
         limit: annotate only the first ``limit`` documents.
 
+    Raises:
+        ValueError: ``out_dir`` holds shards of another corpus, annotator or shard size, or of more documents.
+
     Returns:
         The report: documents and calls, rejections per reason, documents/s and tokens/s of this
         invocation, and whether every shard is done (then merged).
@@ -170,10 +178,13 @@ def run_corpus(corpus: str | Path, out_dir: str | Path, annotator: Annotator | s
         raise ValueError(f"worker must be (k, n) with 0 <= k < n, got {worker}")
     if shard_size <= 0:
         raise ValueError(f"shard_size must be positive, got {shard_size}")
-    docs = read_documents(corpus)[:limit]
+    docs = read_documents(corpus)
+    corpus_fp, docs = _corpus_fingerprint(docs), docs[:limit]
     out, shards = Path(out_dir), Path(out_dir) / "shards"
-    shards.mkdir(parents=True, exist_ok=True)
     ann = annotator if isinstance(annotator, Annotator) else Annotator.load(annotator)
+    request = {"corpus": corpus_fp, "documents": len(docs), "shard_size": shard_size,
+               "annotator": ann.fingerprint or _weights_fingerprint(ann), "workers": n}
+    _claim(shards, request)
     n_shards = math.ceil(len(docs) / shard_size)
     mine = [s for s in range(n_shards) if s % n == k and not (shards / f"shard-{s:05d}.jsonl").exists()]
     bar = _bar(progress, sum(len(docs[s * shard_size:(s + 1) * shard_size]) for s in mine))
@@ -192,6 +203,67 @@ def run_corpus(corpus: str | Path, out_dir: str | Path, annotator: Annotator | s
         report.update(_merge(out, n_shards))
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+MANIFEST = "manifest.json"
+
+
+def _corpus_fingerprint(docs: list[Document]) -> str:
+    """A digest of the ids and plain texts of the documents, in order."""
+    h = hashlib.sha256()
+    for d in docs:
+        h.update(json.dumps([d.id, d.text], ensure_ascii=False).encode() + b"\n")
+    return h.hexdigest()[:16]
+
+
+def _weights_fingerprint(annotator: Annotator) -> str:
+    """A digest of an annotator that was never saved: its options and its weights."""
+    h = hashlib.sha256(json.dumps(asdict(annotator.options), sort_keys=True).encode())
+    for name, t in sorted(annotator.model.state_dict().items()):
+        h.update(name.encode() + t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _claim(shards: Path, request: dict[str, Any]) -> None:
+    """Check that the shards in ``shards`` were made by the same request, record it in the manifest.
+
+    The shards are slices of the corpus in order, so another worker split only changes who writes which
+    shard, and a larger ``limit`` (more documents) reopens the last shards to take the new documents.
+    Another corpus, annotator or shard size, or fewer documents, is refused: their shards cannot be merged.
+    """
+    path = shards / MANIFEST
+    if path.exists():
+        old = json.loads(path.read_text())
+        start_over = f"use another --out, or delete {shards.parent} to start over"
+        if old.get("corpus") != request["corpus"]:
+            raise ValueError(f"{shards.parent}: holds a run on another corpus; {start_over}")
+        if old.get("annotator") != request["annotator"]:
+            raise ValueError(f"{shards.parent}: holds a run of another annotator; {start_over}")
+        if old.get("shard_size") != request["shard_size"]:
+            size = old.get("shard_size")
+            raise ValueError(f"{shards.parent}: holds shards of {size} documents, not {request['shard_size']}: "
+                             f"rerun with --shard-size {size}, or {start_over}")
+        if request["documents"] < old["documents"]:
+            raise ValueError(f"{shards.parent}: holds a run of the first {old['documents']} documents, more than the "
+                             f"{request['documents']} asked (--limit); use --limit {old['documents']} or more, "
+                             "or another --out")
+        if request["documents"] > old["documents"]:  # the last shards of the smaller run take the new documents
+            size = request["shard_size"]
+            for s in range(old["documents"] // size, math.ceil(old["documents"] / size)):
+                final = shards / f"shard-{s:05d}.jsonl"
+                if final.exists():
+                    final.rename(final.with_name(final.name + ".partial"))
+            for name in ("annotated.jsonl", "triples.jsonl"):
+                (shards.parent / name).unlink(missing_ok=True)
+        if request == old:
+            return
+    elif shards.is_dir() and any(shards.glob("shard-*")):
+        raise ValueError(f"{shards}: holds shards no manifest describes (of an earlier lmlm?); use another --out, "
+                         f"or delete {shards.parent} to start over")
+    shards.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{MANIFEST}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(request, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def _merge(out: Path, n_shards: int) -> dict[str, Any]:

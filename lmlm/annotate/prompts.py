@@ -23,8 +23,8 @@ from typing import Iterable, Sequence
 
 from ..lookup import parse, strip
 
-__all__ = ["INSTRUCTIONS", "FACT_INSTRUCTIONS", "Example", "DEFAULT_EXAMPLE", "select_examples", "build_messages",
-           "extract_annotation", "fact_lines", "parse_fact_lines", "STYLES"]
+__all__ = ["INSTRUCTIONS", "FACT_INSTRUCTIONS", "Example", "DEFAULT_EXAMPLE", "select_examples", "prompt_examples",
+           "build_messages", "extract_annotation", "fact_lines", "parse_fact_lines", "STYLES"]
 
 STYLES = ("inline", "facts")  # how the LLM answers: the annotated passage, or a list of facts
 
@@ -94,7 +94,7 @@ def select_examples(annotated: Iterable[str], k: int = 2, max_chars: int = 700) 
 
     Args:
         annotated: annotated documents (``[dblookup(...)]`` form).
-        k: examples to return.
+        k: examples to return (0: none).
         max_chars: longest passage to show.
     """
     scored = []
@@ -108,11 +108,11 @@ def select_examples(annotated: Iterable[str], k: int = 2, max_chars: int = 700) 
     scored.sort(key=lambda s: s[:2])
     chosen, entities = [], set()
     for *_, text, doc, entity in scored:
+        if len(chosen) >= k:
+            break
         if entity not in entities:
             chosen.append(Example(text, doc))
             entities.add(entity)
-        if len(chosen) == k:
-            break
     return chosen
 
 
@@ -136,7 +136,13 @@ def parse_fact_lines(answer: str) -> list[tuple[str, str, str]]:
     return list(out)
 
 
-def build_messages(text: str, examples: Sequence[Example] = (), instructions: str | None = None,
+def prompt_examples(examples: Sequence[Example] | None) -> Sequence[Example]:
+    """The few-shot examples a prompt shows: ``examples``, or :data:`DEFAULT_EXAMPLE` when none are given
+    (``None``); an empty sequence shows none."""
+    return (DEFAULT_EXAMPLE,) if examples is None else examples
+
+
+def build_messages(text: str, examples: Sequence[Example] | None = None, instructions: str | None = None,
                    style: str = "inline") -> list[dict]:
     """Chat messages asking to annotate ``text``: the instructions, few-shot turns, then the passage.
 
@@ -148,7 +154,7 @@ def build_messages(text: str, examples: Sequence[Example] = (), instructions: st
         raise ValueError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
     default = INSTRUCTIONS if style == "inline" else FACT_INSTRUCTIONS
     messages = [{"role": "system", "content": instructions or default}]
-    for ex in examples or (DEFAULT_EXAMPLE,):
+    for ex in prompt_examples(examples):
         answer = ex.annotated if style == "inline" else fact_lines(ex.annotated)
         messages += [{"role": "user", "content": ex.text}, {"role": "assistant", "content": answer}]
     return messages + [{"role": "user", "content": text}]

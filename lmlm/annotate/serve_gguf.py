@@ -11,6 +11,7 @@ Exercised by ``lmlm annotate serve-gguf [MODEL.gguf] --port 8080``
 from __future__ import annotations
 
 import importlib.util
+import socket
 import time
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def start_gguf_server(model: str | Path | None = None, host: str = "127.0.0.1", 
             on a CPU several small requests together beat one at a time.
         quiet: no log lines from llama.cpp.
     """
+    check_port(host, port)  # before loading: llama.cpp's own message would only say it failed to start
     try:
         import xllamacpp
     except ImportError:
@@ -71,6 +73,18 @@ def start_gguf_server(model: str | Path | None = None, host: str = "127.0.0.1", 
     if api_key:
         params.api_keys = [api_key]
     return xllamacpp.Server(params)
+
+
+def check_port(host: str, port: int) -> None:
+    """Raise ``ValueError`` naming ``port`` if it is out of range or ``host`` has it in use already."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--port {port}: a port is a number from 1 to 65535")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ValueError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror}; "
+                             "is a server already running there?)") from None
 
 
 def serve_gguf(model: str | Path | None = None, host: str = "127.0.0.1", port: int = 8080, **options) -> None:

@@ -37,12 +37,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Literal, Sequence
 
 from ..corpus import Document
-from ..lookup import Lookup, Segment, Text, parse, plain_text, render, render_lookup, strip
+from ..lookup import PAPER_TOKENS, Lookup, Segment, Text, parse, plain_text, render, render_lookup, strip
 
-__all__ = ["REASONS", "Rejected", "Validated", "ValidationReport", "validate", "insert_calls", "calls_with_offsets",
-           "place_facts"]
+__all__ = ["REASONS", "Rejected", "Validated", "ValidationReport", "validate", "validate_facts", "insert_calls",
+           "calls_with_offsets", "place_facts"]
 
-REASONS = ("malformed", "text_changed", "value_not_after_call", "entity_not_in_left_context", "duplicate")
+REASONS = ("malformed", "text_changed", "value_not_after_call", "entity_not_in_left_context", "duplicate",
+           "value_not_in_text")
 _WORD = re.compile(r"\w+", re.UNICODE)
 # particles that a full name may carry without the text repeating them
 _NAME_PARTICLES = {"the", "of", "and", "de", "da", "del", "der", "di", "du", "la", "le", "van", "von", "y"}
@@ -168,27 +169,51 @@ def entity_in_context(left: str, entity: str) -> bool:
 # -- parsing the answer ------------------------------------------------------------------------------
 
 def _malformed_spans(annotation: str, problems) -> list[tuple[int, int, str]]:
-    """(start, end, reason) of each malformed call: up to its closing bracket when that comes before the
-    next call, else just the ``[dblookup(...) ->`` head (its value is then left in the text)."""
+    """(start, end, reason) of each malformed call: up to its closing bracket (``<|db_end|>`` in the token
+    form) when that comes before the next call, else just its head, ``[dblookup(...) ->`` or the markers up
+    to ``<|db_retrieve|>`` (its value is then left in the text); a stray marker alone."""
     spans = []
     for p in problems:
         start = p.position
-        nxt = annotation.find("[dblookup(", start + 1)
-        close = annotation.find("]", start)
-        if close >= 0 and (nxt < 0 or close < nxt):
-            end = close + 1
+        if annotation.startswith(PAPER_TOKENS.start, start):
+            end = _malformed_token_call_end(annotation, start)
+        elif not annotation.startswith("[dblookup(", start):
+            end = start + next((len(mk) for mk in PAPER_TOKENS.as_list() if annotation.startswith(mk, start)), 1)
         else:
-            m = _MALFORMED_HEAD.match(annotation, start)
-            end = m.end() if m else start + 1
+            nxt = annotation.find("[dblookup(", start + 1)
+            close = annotation.find("]", start)
+            if close >= 0 and (nxt < 0 or close < nxt):
+                end = close + 1
+            else:
+                m = _MALFORMED_HEAD.match(annotation, start)
+                end = m.end() if m else start + 1
         if spans and start < spans[-1][1]:
             continue
         spans.append((start, end, p.reason))
     return spans
 
 
+def _malformed_token_call_end(annotation: str, start: int) -> int:
+    """Where a malformed call of the token form that opens at ``start`` ends: after its ``<|db_end|>``
+    when that comes before the next call, else after the last of its markers and the spaces that follow."""
+    t = PAPER_TOKENS
+    nxt = annotation.find(t.start, start + 1)
+    nxt = len(annotation) if nxt < 0 else nxt
+    close = annotation.find(t.end, start, nxt)
+    if close >= 0:
+        return close + len(t.end)
+    end = start + len(t.start)
+    for mk in (t.sep, t.retrieve):
+        i = annotation.find(mk, end, nxt)
+        end = i + len(mk) if i >= 0 else end
+    while end < len(annotation) and annotation[end].isspace():
+        end += 1
+    return end
+
+
 def _remove_malformed(annotation: str) -> tuple[str, list[tuple[int, str, str]]]:
     """The annotation without its malformed calls, and (offset in the cleaned text, call, reason) of each."""
-    problems = parse(annotation, form="dblookup").problems
+    problems = parse(annotation).problems  # both forms
     spans = _malformed_spans(annotation, problems)
     out, removed, pos = [], [], 0
     for start, end, reason in spans:
@@ -311,22 +336,50 @@ def insert_calls(text: str, placed: Iterable[tuple[int, Lookup]]) -> list[Segmen
 def place_facts(text: str, facts: Iterable[tuple[str, str, str]]) -> str:
     """``text`` annotated with ``facts``: each call goes right before the first mention of its value
     (whole words, any case) that has the entity's words to its left; the value is written as the text
-    spells it. Facts whose value is never mentioned so are left out. The result strips back to ``text``.
+    spells it. Facts whose value is never mentioned so are left out (:func:`validate_facts` lists them).
+    The result strips back to ``text``.
 
     Examples:
         >>> place_facts("Ada Lovelace was born in London.", [("Ada Lovelace", "Birth City", "london")])
         "Ada Lovelace was born in [dblookup('Ada Lovelace', 'Birth City') -> London] London."
     """
+    return render(insert_calls(text, _place_facts(text, facts)[0]))
+
+
+def _place_facts(text: str, facts: Iterable[tuple[str, str, str]]
+                 ) -> tuple[list[tuple[int, Lookup]], list[tuple[str, str, str]]]:
+    """The calls of :func:`place_facts` with their offsets in ``text``, and the facts it could not place."""
     placed: list[tuple[int, Lookup]] = []
+    unplaced: list[tuple[str, str, str]] = []
     for entity, relation, value in facts:
         if not _words(value):
+            unplaced.append((entity, relation, value))
             continue
         pattern = r"(?<!\w)" + re.escape(value.strip()) + r"(?!\w)"
         for m in re.finditer(pattern, text, flags=re.IGNORECASE):
             if entity_in_context(text[:m.start()], entity):
                 placed.append((m.start(), Lookup(entity, relation, m.group(0))))
                 break
-    return render(insert_calls(text, placed))
+        else:
+            unplaced.append((entity, relation, value))
+    return placed, unplaced
+
+
+def validate_facts(text: str, facts: Iterable[tuple[str, str, str]], **kwargs) -> Validated:
+    """Validate ``facts``, ``(entity, relation, value)`` an LLM listed for ``text``, placed in it by
+    :func:`place_facts`; a fact that cannot be placed (no mention of its value with its entity to the
+    left) is rejected as ``value_not_in_text``. ``kwargs`` go to :func:`validate`.
+
+    Examples:
+        >>> v = validate_facts("Ada Lovelace was born in London.", [("Ada Lovelace", "Birth City", "London"),
+        ...                                                       ("Ada Lovelace", "Death City", "Marylebone")])
+        >>> [c.value for c in v.kept], [r.reason for r in v.rejected], v.text_changed
+        (['London'], ['value_not_in_text'], False)
+    """
+    placed, unplaced = _place_facts(text, facts)
+    v = validate(text, render(insert_calls(text, placed)), **kwargs)
+    v.rejected += [Rejected("value_not_in_text", f"{e} | {r} | {val}", -1, e, r, val) for e, r, val in unplaced]
+    return v
 
 
 def calls_with_offsets(segments: Sequence[Segment]) -> list[tuple[int, Lookup]]:

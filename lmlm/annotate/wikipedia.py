@@ -182,6 +182,10 @@ def annotate_dump(dump: str | Path, out: str | Path, limit: int | None = None, p
     ``triples.jsonl`` (ready for ``lmlm kb build --triples``), ``aliases.jsonl`` (redirects and
     infobox names, for ``--aliases``) and ``report.json``
     (articles, infoboxes, triples, calls per article, the most frequent relations). Returns the report.
+
+    Raises:
+        ValueError: the dump is truncated or corrupt (its compressed stream or its XML); nothing is left
+            written in ``out``.
     """
     from tqdm.auto import tqdm
 
@@ -213,7 +217,14 @@ def annotate_dump(dump: str | Path, out: str | Path, limit: int | None = None, p
                 yield Document(art["doc_id"], render(art["segments"], "dblookup"), art["plain"], source=art["title"],
                                meta={"infobox": art["infobox"]})
 
-        write_documents(out / "documents.jsonl", documents())
+        try:
+            write_documents(out / "documents.jsonl", documents())
+        except (EOFError, OSError, ValueError) as e:  # a cut-short or damaged dump: no partial triples left
+            ft.close()
+            triples_tmp.unlink(missing_ok=True)
+            if isinstance(e, (EOFError, OSError)) and not isinstance(e, FileNotFoundError):
+                raise ValueError(f"{dump}: the dump is truncated or corrupt ({e})") from None
+            raise
     triples_tmp.replace(out / "triples.jsonl")
     aliases = list(dict.fromkeys(redirects + names))
     with open(out / "aliases.jsonl", "w", encoding="utf-8") as fa:

@@ -19,6 +19,7 @@ Each document records which method wrote each call (``call_methods``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import socket
@@ -212,7 +213,18 @@ def _seed_backend(spec: LLMSpec):
     except RuntimeError as e:  # xllamacpp missing
         raise BackendError(f"annotate.llm.model: {e}") from None
     _wait_healthy(f"http://127.0.0.1:{port}/health")
-    return f"openai://127.0.0.1:{port}/v1?model=seed&timeout=1800&concurrency={spec.parallel}", server
+    return (f"openai://127.0.0.1:{port}/v1?model=seed&timeout=1800&concurrency={spec.parallel}"
+            f"&cache_as={_gguf_identity(spec.model)}"), server
+
+
+def _gguf_identity(model: str) -> str:
+    """A name for the GGUF the seed's server runs, the same on any port: its file and size, hashed
+    (the response cache keys on it, so a rerun finds the answers of a run cut short)."""
+    from ..annotate.serve_gguf import smollm2_gguf_path
+
+    path = Path(model).resolve() if model else smollm2_gguf_path()
+    size = path.stat().st_size if path and path.is_file() else 0
+    return "gguf-" + hashlib.sha256(f"{path}:{size}".encode()).hexdigest()[:16]
 
 
 def _seed_choice(passages: list[Document], n: int, covered: set[str] = frozenset(), min_chars: int = 120
@@ -281,7 +293,7 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
         try:
             rep = seed_file(folder / "seed-passages.jsonl", seed_dir, url, examples_from=examples, k=spec.examples,
                             cache=folder / "seed-cache.sqlite", batch_size=max(spec.parallel, 1) * 2,
-                            max_tokens=spec.max_tokens or None, style=spec.style)
+                            max_tokens=spec.max_tokens or None, style=spec.style, progress=progress)
         finally:
             del server
         _finish(seed_dir, {**rep, "seconds": time.time() - t})

@@ -193,7 +193,8 @@ class Recipe:
         return asdict(self)
 
     def validate(self) -> "Recipe":
-        """Check the fields whose values are chosen from a list; raise :class:`RecipeError` naming the first bad one."""
+        """Check the fields chosen from a list and the ranges of the numbers; raise :class:`RecipeError`
+        naming the first bad one."""
         def check(name: str, values, allowed) -> None:
             bad = [v for v in (values if isinstance(values, list) else [values]) if v not in allowed]
             if bad:
@@ -215,15 +216,28 @@ class Recipe:
         if self.annotate.llm.negatives < 0:
             raise RecipeError(f"recipe {self.name}: annotate.llm.negatives = {self.annotate.llm.negatives} "
                               "must be at least 0")
-        for name in ("train.max_steps", "train.batch_size", "train.seq_len", "annotate.llm.seed_passages",
-                     "annotate.llm.passage_chars", "annotate.llm.parallel", "evaluate.max_new_tokens"):
-            section, _, key = name.rpartition(".")
-            obj = self
-            for part in section.split("."):
-                obj = getattr(obj, part)
-            if getattr(obj, key) < 1:
-                raise RecipeError(f"recipe {self.name}: {name} = {getattr(obj, key)} must be at least 1")
+        for least, names in ((1, ("train.max_steps", "train.batch_size", "train.seq_len", "annotate.llm.seed_passages",
+                                  "annotate.llm.passage_chars", "annotate.llm.parallel", "annotate.llm.threads",
+                                  "annotate.llm.correct_steps", "annotate.llm.distill_steps",
+                                  "annotate.llm.run_batch_size", "evaluate.max_new_tokens")),
+                             (0, ("annotate.llm.examples", "annotate.llm.max_tokens", "annotate.llm.run_passages"))):
+            for name in names:
+                if self._field(name) < least:
+                    raise RecipeError(f"recipe {self.name}: {name} = {self._field(name)} must be at least {least}")
+        llm = self.annotate.llm
+        if not 0 <= llm.correct_drop < 1:
+            raise RecipeError(f"recipe {self.name}: annotate.llm.correct_drop = {llm.correct_drop} must be in [0, 1)")
+        for name in ("annotate.llm.min_f1", "annotate.llm.call_threshold"):
+            if not 0 <= self._field(name) <= 1:
+                raise RecipeError(f"recipe {self.name}: {name} = {self._field(name)} must be in [0, 1]")
         return self
+
+    def _field(self, name: str) -> Any:
+        """The value of the field ``name`` (``section.key``)."""
+        obj = self
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        return obj
 
 
 def _build(cls, data: dict[str, Any], where: str):

@@ -353,15 +353,25 @@ def _differences(before: dict, now: dict, where: str = "") -> dict[str, tuple]:
     return out
 
 
-# the folders of the first stage that reads each recipe field or section (any other: the corpus's)
+# the folders (or files) of the first stage that reads each recipe field or section (any other: the corpus's);
+# the LLM path's fields each by the step that first reads them: seed, correct, distill, run, then the merge
+_LLM = "annotate/llm"
 _FIRST_STAGE = {"annotate": ("annotate",), "train": ("train-lmlm", "train-standard"), "evaluate": ("eval",),
-                "train.chunk_chars": ("data",), "train.tokenizer": ("data",), "train.init_from": ("data",)}
+                "train.chunk_chars": ("data",), "train.tokenizer": ("data",), "train.init_from": ("data",),
+                "annotate.llm": (_LLM,),  # the seed's: model, style, seed_passages, examples, passage_chars, ...
+                **{f"annotate.llm.{k}": (f"{_LLM}/correct",) for k in ("correct_drop", "correct_steps")},
+                **{f"annotate.llm.{k}": (f"{_LLM}/annotator",) for k in (
+                    "distill_steps", "distill_preset", "distill_from", "distill_base", "negatives", "min_f1",
+                    "call_bias", "call_threshold", "run_batch_size")},
+                "annotate.llm.run_passages": (f"{_LLM}/run",), "annotate.llm.keep": ("annotate/documents.jsonl",)}
 
 
 def _begun(out: Path, key: str) -> bool:
     """Whether the first stage that reads recipe field ``key`` (``section.name``) has begun in ``out``."""
-    folders = _FIRST_STAGE.get(key, _FIRST_STAGE.get(key.split(".")[0], ("corpus",)))
-    return any((out / f).exists() for f in folders)
+    parts = key.split(".")
+    prefix = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in _FIRST_STAGE),
+                  None)
+    return any((out / f).exists() for f in _FIRST_STAGE.get(prefix, ("corpus",)))
 
 
 def _check_folder(recipe: Recipe, out: Path, fresh: bool, until: str | None) -> None:

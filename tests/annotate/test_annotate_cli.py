@@ -57,3 +57,43 @@ def test_bad_input_is_named(tmp_path):
     assert res.exit_code == 2
     res = runner.invoke(app, ["annotate", "seed", str(tmp_path / "none.jsonl"), "--backend", "x", "--out", "o"])
     assert res.exit_code == 2 and "none.jsonl" in res.output
+
+
+def test_user_errors_are_one_line_before_any_work(tmp_path):
+    import bz2
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(json.dumps({"id": "a", "text": "Ada Lovelace was born in London."}) + "\n")
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder\n")
+    commands = [["validate", str(docs)], ["correct", str(docs), "--steps", "1"], ["distill", str(docs), "--steps", "1"],
+                ["run", str(docs), "--annotator", str(tmp_path)], ["wikipedia", str(tmp_path / "dump.xml")],
+                ["seed", str(docs), "--backend", "openai://127.0.0.1:1/v1?model=m", "--no-cache"]]
+    for cmd in commands:
+        res = runner.invoke(app, ["annotate", *cmd, "--out", str(afile)])
+        assert res.exit_code == 2 and "afile: is a file" in res.output, (cmd, res.output)
+        assert len(res.output.strip().splitlines()) == 1
+    res = runner.invoke(app, ["annotate", "seed", str(docs), "--backend", "hf:/nonexistent", "--no-cache",
+                              "--out", str(tmp_path / "s")])
+    assert res.exit_code == 2 and "/nonexistent" in res.output and res.exception.__class__ is SystemExit
+    # a dump cut short: named as such, and no partial file left
+    pages = "".join(f"<page><title>P{i}</title><ns>0</ns><id>{i}</id><revision><text>Person {i} was born in "
+                    f"City{i}. {'Filler text. ' * 300}</text></revision></page>" for i in range(200))
+    data = bz2.compress(f"<mediawiki>{pages}</mediawiki>".encode())
+    (tmp_path / "cut.xml.bz2").write_bytes(data[:len(data) // 2])
+    res = runner.invoke(app, ["annotate", "wikipedia", str(tmp_path / "cut.xml.bz2"), "--out", str(tmp_path / "w")])
+    assert res.exit_code == 2 and "cut.xml.bz2: the dump is truncated or corrupt" in res.output, res.output
+    assert not [p for p in (tmp_path / "w").rglob("*") if p.is_file()]
+
+
+def test_serve_gguf_names_a_port_out_of_range_or_in_use():
+    import socket
+
+    res = runner.invoke(app, ["annotate", "serve-gguf", "--port", "99999"])
+    assert res.exit_code == 2 and "--port 99999: a port is a number from 1 to 65535" in res.output
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = runner.invoke(app, ["annotate", "serve-gguf", "--port", str(port)])
+    assert res.exit_code == 2 and f"--port {port}: cannot listen on 127.0.0.1:{port}" in res.output, res.output

@@ -117,3 +117,36 @@ def test_run_corpus_in_shards_resumes_after_a_kill(world, trained, tmp_path):
     assert report["documents_per_second"] > 0
     with pytest.raises(ValueError, match="worker"):
         run_corpus(corpus, out, annotator, worker=(2, 2))
+
+
+def test_run_corpus_resumes_only_the_same_request(world, trained, tmp_path):
+    annotator, _, folder = trained
+    docs = world.heldout_documents[:13]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": d.doc_id, "text": d.plain}) + "\n" for d in docs))
+    ref = run_corpus(corpus, tmp_path / "ref", annotator, shard_size=5, batch_size=4, progress=False)
+    out = tmp_path / "run"
+    # a trial on the first 7 documents, then the whole corpus: the trial's last shard takes the rest
+    trial = run_corpus(corpus, out, annotator, shard_size=5, batch_size=4, limit=7, progress=False)
+    assert trial["documents"] == 7 and trial["shards_done"] == 2
+    full = run_corpus(corpus, out, folder, shard_size=5, batch_size=4, progress=False)
+    assert full["documents"] == 13 and full["documents_this_run"] == 6 and full["kept"] == ref["kept"]
+    assert (out / "annotated.jsonl").read_text() == (tmp_path / "ref" / "annotated.jsonl").read_text()
+    assert json.loads((out / "shards" / "manifest.json").read_text())["documents"] == 13
+    # another shard size, fewer documents, another corpus: refused, the folder left as it was
+    with pytest.raises(ValueError, match="--shard-size 5"):
+        run_corpus(corpus, out, annotator, shard_size=4, progress=False)
+    with pytest.raises(ValueError, match="--limit 13"):
+        run_corpus(corpus, out, annotator, shard_size=5, limit=3, progress=False)
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"id": d.doc_id, "text": d.plain}) + "\n"
+                             for d in world.heldout_documents[13:20]))
+    with pytest.raises(ValueError, match="another corpus"):
+        run_corpus(other, out, annotator, shard_size=5, progress=False)
+    # a partial shard of another corpus is never carried over by id
+    (tmp_path / "p" / "shards").mkdir(parents=True)
+    (tmp_path / "p" / "shards" / "shard-00000.jsonl.partial").write_text(
+        (out / "shards" / "shard-00000.jsonl").read_text())
+    with pytest.raises(ValueError, match="no manifest"):
+        run_corpus(other, tmp_path / "p", annotator, shard_size=5, progress=False)
+    assert (out / "annotated.jsonl").read_text() == (tmp_path / "ref" / "annotated.jsonl").read_text()

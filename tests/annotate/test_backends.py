@@ -232,3 +232,82 @@ def test_seed_sends_a_long_document_a_passage_at_a_time(tmp_path):
         assert long_doc[c["at"]:c["at"] + len(c["value"])] == c["value"]
         assert long_doc[:c["at"]].endswith(f"{c['entity']} was born in ")
     assert rows["short"]["calls"] == [{"entity": "Bob Smith", "relation": "Birth City", "value": "Oslo", "at": 22}]
+
+
+@register_backend("factlist")
+class _FactList(Backend):
+    """An LLM that lists the same two facts for any passage, one of them not in it; it keeps every prompt."""
+
+    kind, model, endpoint = "factlist", "factlist", "local"
+    prompts: list = []
+
+    def __init__(self, url, options):
+        pass
+
+    def complete(self, prompts, **params):
+        type(self).prompts += prompts
+        return ["Ada Lovelace | Birth City | London\nAda Lovelace | Death City | Marylebone"] * len(prompts)
+
+
+def test_facts_that_cannot_be_placed_are_rejected_and_placed_text_is_not_reread(tmp_path):
+    texts = ["Ada Lovelace was born in London. ", "Output: Ada Lovelace was born in London.",
+             "```\nAda Lovelace was born in London.\n```"]
+    for v in annotate(texts, backend="factlist:", cache=False, style="facts"):
+        assert not v.text_changed and [c.value for c in v.kept] == ["London"]
+        assert [(r.reason, r.value) for r in v.rejected] == [("value_not_in_text", "Marylebone")]
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts)))
+    report = seed_file(corpus, tmp_path / "seed", "factlist:", cache=False, style="facts")
+    assert report["calls"] == 6 and report["kept"] == 3 and report["rejected_by_reason"]["value_not_in_text"] == 3
+    assert report["documents_text_changed"] == 0
+    rejected = [json.loads(r) for r in (tmp_path / "seed" / "rejected.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["reason"]) for r in rejected] == [(str(i), "value_not_in_text") for i in range(3)]
+
+
+def test_the_report_counts_the_examples_the_prompt_shows(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "text": "Ada Lovelace was born in London."}) + "\n")
+    examples = tmp_path / "examples.jsonl"
+    examples.write_text("".join(json.dumps({"annotated": a}) + "\n" for a in (
+        "Bob Smith was born in [dblookup('Bob Smith', 'Birth City') -> Oslo] Oslo.",
+        "Eve Jones studied [dblookup('Eve Jones', 'Major') -> Law] Law.")))
+    for k, examples_from, shown in ((0, examples, 0), (0, None, 0), (1, examples, 1), (2, None, 1), (5, examples, 2)):
+        _FactList.prompts = []
+        report = seed_file(corpus, tmp_path / f"s{k}{shown}", "factlist:", cache=False, k=k,
+                           examples_from=examples_from)
+        assert report["examples"] == shown and len(_FactList.prompts[0]) == 2 + 2 * shown, (k, examples_from)
+
+
+def test_a_local_server_on_another_port_finds_its_answers_in_the_cache(tmp_path):
+    """The pipeline starts its seed server on any free port: a rerun after a kill must not redo the seed."""
+    from lmlm.pipeline.annotation import _gguf_identity
+
+    servers = [HTTPServer(("127.0.0.1", 0), _SmallContext) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp_path / "a.gguf").write_bytes(b"a" * 10)
+    (tmp_path / "b.gguf").write_bytes(b"b" * 20)
+    name = _gguf_identity(str(tmp_path / "a.gguf"))
+    assert name == _gguf_identity(str(tmp_path / "a.gguf")) != _gguf_identity(str(tmp_path / "b.gguf"))
+    try:
+        urls = [f"http://127.0.0.1:{s.server_port}/v1?model=seed&retries=0" for s in servers]
+        _SmallContext.passages.clear()
+        first = annotate(DOCS, backend=urls[0] + f"&cache_as={name}", cache=tmp_path / "c.sqlite")
+        again = get_backend(urls[1] + f"&cache_as={name}", cache=tmp_path / "c.sqlite")
+        assert annotate(DOCS, backend=again) == first and again.hits == 2 and again.misses == 0
+        other = get_backend(urls[1] + f"&cache_as={_gguf_identity(str(tmp_path / 'b.gguf'))}",
+                            cache=tmp_path / "c.sqlite")
+        annotate(DOCS, backend=other)
+        assert other.misses == 2 and len(_SmallContext.passages) == 4
+    finally:
+        for server in servers:
+            server.shutdown()
+
+
+def test_seed_without_progress_prints_no_bar(tmp_path, capfd):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "text": "Ada Lovelace was born in London."}) + "\n")
+    seed_file(corpus, tmp_path / "quiet", "factlist:", cache=False, style="facts", progress=False)
+    assert "seed" not in capfd.readouterr().err
+    seed_file(corpus, tmp_path / "bar", "factlist:", cache=False, style="facts")
+    assert "seed" in capfd.readouterr().err

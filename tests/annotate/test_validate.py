@@ -67,6 +67,29 @@ def test_token_form_and_code_free_answers():
     assert [c.value for c in v.kept] == ["London"]
 
 
+
+def test_malformed_calls_of_the_token_form_are_rejected(tmp_path):
+    import json
+
+    from lmlm.annotate.pipeline import validate_file
+
+    text = "Ada Lovelace was born in London. She died in 1852."
+    unclosed = ("Ada Lovelace was born in <|db_start|> Ada Lovelace <|sep|> Birth City <|db_retrieve|> London London. "
+                "She died in <|db_start|> Ada Lovelace <|sep|> Death Year <|db_retrieve|> 1852 <|db_end|> 1852.")
+    v = validate(text, unclosed)
+    assert [(r.reason, r.at) for r in v.rejected] == [("malformed", 25)] and [c.value for c in v.kept] == ["1852"]
+    no_entity = text.replace("in 1852", "in <|db_start|> <|sep|> Death Year<|db_retrieve|>1852<|db_end|> 1852")
+    stray = text.replace("born in", "born <|sep|> in")
+    for ann in (no_entity, stray):
+        v = validate(text, ann)
+        assert [r.reason for r in v.rejected] == ["malformed"] and not v.kept and not v.text_changed
+        assert strip(v.segments) == text
+    (tmp_path / "a.jsonl").write_text(json.dumps({"id": "a", "text": text, "annotated": unclosed}) + "\n")
+    report = validate_file(tmp_path / "a.jsonl", tmp_path / "v")
+    assert report["calls"] == 2 and report["kept"] == 1 and report["rejected_by_reason"]["malformed"] == 1
+    assert [json.loads(r)["reason"] for r in (tmp_path / "v" / "rejected.jsonl").read_text().splitlines()] == \
+        ["malformed"]
+
 def test_insert_calls_places_calls_before_their_words():
     call = Lookup("Ada", "Birth City", "London")
     segs = insert_calls("Ada was born in London.", [(16, call), (16, Lookup("Ada", "Birth Country", "England"))])

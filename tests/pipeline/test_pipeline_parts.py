@@ -46,6 +46,13 @@ def test_shipped_recipes_load_and_take_overrides():
     (['annotate.llm.keep="some"'], "annotate.llm.keep = 'some' is not one of all, consistent, known"),
     (['annotate.methods=["llm"]', 'annotate.llm.keep="known"'], "has neither 'infobox' nor 'given'"),
     (["nonsense"], "expected section.key=value"),
+    (["annotate.llm.distill_steps=-5"], "annotate.llm.distill_steps = -5 must be at least 1"),
+    (["annotate.llm.correct_steps=0"], "annotate.llm.correct_steps = 0 must be at least 1"),
+    (["annotate.llm.run_batch_size=0"], "annotate.llm.run_batch_size = 0 must be at least 1"),
+    (["annotate.llm.correct_drop=1.5"], r"annotate.llm.correct_drop = 1.5 must be in \[0, 1\)"),
+    (["annotate.llm.min_f1=2"], r"annotate.llm.min_f1 = 2.0 must be in \[0, 1\]"),
+    (["annotate.llm.examples=-1"], "annotate.llm.examples = -1 must be at least 0"),
+    (["annotate.llm.run_passages=-1"], "annotate.llm.run_passages = -1 must be at least 0"),
 ])
 def test_bad_recipe_fields_are_named(overrides, message):
     with pytest.raises(RecipeError, match=message):
@@ -267,3 +274,24 @@ def test_a_users_corpus_splits_calls_and_edits_at_the_pipelines_joints(tmp_path)
     res = CliRunner().invoke(app, [*run[:2], "--corpus", str(tmp_path / "plain.txt"), "--out", str(tmp_path / "Q"),
                                    "--set", 'annotate.methods=["given"]'])
     assert res.exit_code == 2 and "none of the 2 documents" in " ".join(res.output.split()), res.output
+
+
+def test_a_field_of_the_llm_path_may_change_until_the_step_that_reads_it_has_begun(tmp_path):
+    from lmlm.pipeline.run import _check_folder
+
+    out = tmp_path / "P"
+    _check_folder(load_recipe("wiki-cpu", corpus="dump.xml.bz2"), out, fresh=False, until="correct")
+    for step in ("seed", "correct"):  # a run stopped by --until correct
+        _finish(out / "annotate" / "llm" / step, {})
+    later = ["annotate.llm.distill_steps=50", "annotate.llm.min_f1=0.5", "annotate.llm.run_passages=9",
+             'annotate.llm.keep="consistent"']
+    _check_folder(load_recipe("wiki-cpu", later, corpus="dump.xml.bz2"), out, fresh=False, until="distill")
+    assert json.loads((out / "recipe.json").read_text())["annotate"]["llm"]["distill_steps"] == 50
+    for done in ("annotate.llm.correct_drop=0.2", "annotate.llm.seed_passages=8", "annotate.llm.style=\"inline\"",
+                 'annotate.methods=["infobox"]'):
+        with pytest.raises(RecipeError, match=f"holds a run of another recipe \\({done.split('=')[0]}"):
+            _check_folder(load_recipe("wiki-cpu", later + [done], corpus="dump.xml.bz2"), out, fresh=False,
+                          until="distill")
+    # invalid is invalid, on a folder or not
+    with pytest.raises(RecipeError, match="distill_steps = -5 must be at least 1"):
+        load_recipe("wiki-cpu", ["annotate.llm.distill_steps=-5"], corpus="dump.xml.bz2")
