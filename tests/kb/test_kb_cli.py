@@ -368,7 +368,8 @@ def test_authors_triplets_skipped_are_said_and_piped_lines_are_not_wrapped(tmp_p
     """The authors' release skips triplets that are not three non-empty fields, and says how many;
     text output piped to a file keeps each line whole (rich wrapped it at 80 columns)."""
     db = tmp_path / "auth.json"
-    db.write_text(json.dumps({"entities": ["Ada Lovelace"], "relationships": ["Birth City"], "return_values": ["London"],
+    db.write_text(json.dumps({"entities": ["Ada Lovelace"], "relationships": ["Birth City"],
+                              "return_values": ["London"],
                               "triplets": [["Ada Lovelace", "Birth City", "London"], ["Broken", "Only two"],
                                            ["X", "Y", ""]]}))
     r = CliRunner().invoke(app, ["kb", "build", str(tmp_path / "kb"), "--triples", str(db), "--no-embed"])
