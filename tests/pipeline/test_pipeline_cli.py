@@ -234,6 +234,10 @@ def test_pipeline_wiki_cpu_reduced_then_resumed(tmp_path, shared_data):
     rows = [json.loads(a) for a in (tmp_path / "P" / "corpus" / "wikipedia" / "aliases.jsonl").read_text().splitlines()]
     pairs = {(normalize_text(r["alias"]), normalize_text(r["entity"])) for r in rows}
     assert report["kb"]["aliases"] == sum(a != e for a, e in pairs)  # a name equal to its entity's is no alias
+    # the annotation's triples.jsonl holds a fact once per mention; the KB holds each fact once
+    annotated = json.loads((tmp_path / "P" / "annotate" / "report.json").read_text())
+    lines = (tmp_path / "P" / "annotate" / "triples.jsonl").read_text().splitlines()
+    assert annotated["triple_lines"] == len(lines) >= report["kb"]["triples"] and "kb_triples" not in annotated
     assert len(report["call_samples"]) == min(20, corpus["lookup_calls"])
     for sample in report["call_samples"]:  # the value the call stands before is what is marked
         assert "⟦" + sample["value"] + "⟧" in sample["context"], sample
