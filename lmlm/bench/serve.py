@@ -312,13 +312,14 @@ def _check_server(url: str, token: str | None, editors: int) -> None:
     import httpx
 
     from ..cli_errors import fail
+    from ..serve.schemas import MAX_ID
 
     if editors and token is None:
         fail("--url with editors needs --token (or LMLM_SERVE_TOKEN); --editors 0 needs none")
     try:
         httpx.get(f"{url.rstrip('/')}/api/health", timeout=10).raise_for_status()
         if editors:  # a delete of an id no KB holds: a 404 with the right token, 401 without; nothing changes
-            r = httpx.post(f"{url.rstrip('/')}/api/kb/delete", json={"triple_ids": [2**63 - 1], "why": "token check"},
+            r = httpx.post(f"{url.rstrip('/')}/api/kb/delete", json={"triple_ids": [MAX_ID], "why": "token check"},
                            headers={"Authorization": f"Bearer {token}"}, timeout=10)
             if r.status_code in (401, 403):
                 fail(f"{url} refused the token ({r.status_code}: {r.text[:200]})")
