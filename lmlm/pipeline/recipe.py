@@ -210,6 +210,9 @@ class Recipe:
             raise RecipeError(f"recipe {self.name}: annotate.llm.keep = {self.annotate.llm.keep!r} checks the LLM's "
                               "calls against reference facts, but annotate.methods has neither 'infobox' nor 'given'")
         check("train.modes", self.train.modes, ("lmlm", "standard"))
+        for name in ("annotate.methods", "train.modes"):
+            if not self._field(name):
+                raise RecipeError(f"recipe {self.name}: {name} is empty: name at least one")
         check("train.precision", self.train.precision, ("auto", "no", "bf16", "fp16"))
         if not 0 <= self.corpus.heldout < 1:
             raise RecipeError(f"recipe {self.name}: corpus.heldout = {self.corpus.heldout} must be in [0, 1)")
@@ -220,7 +223,10 @@ class Recipe:
                                   "annotate.llm.passage_chars", "annotate.llm.parallel", "annotate.llm.threads",
                                   "annotate.llm.correct_steps", "annotate.llm.distill_steps",
                                   "annotate.llm.run_batch_size", "evaluate.max_new_tokens")),
-                             (0, ("annotate.llm.examples", "annotate.llm.max_tokens", "annotate.llm.run_passages"))):
+                             (0, ("annotate.llm.examples", "annotate.llm.max_tokens", "annotate.llm.run_passages",
+                                  "corpus.limit", "train.chunk_chars", "train.threads", "train.warmup_steps",
+                                  "evaluate.cloze_per_split", "evaluate.edits", "evaluate.samples")),
+                             (1, ("evaluate.batch_size",))):
             for name in names:
                 if self._field(name) < least:
                     raise RecipeError(f"recipe {self.name}: {name} = {self._field(name)} must be at least {least}")
@@ -230,7 +236,32 @@ class Recipe:
         for name in ("annotate.llm.min_f1", "annotate.llm.call_threshold"):
             if not 0 <= self._field(name) <= 1:
                 raise RecipeError(f"recipe {self.name}: {name} = {self._field(name)} must be in [0, 1]")
+        self._check_training()
         return self
+
+    def _check_training(self) -> None:
+        """The training fields as ``lmlm train`` checks them (learning rate, seed, tokenizer, the model preset
+        and its overrides), so that a bad one stops the run before its first stage, named as the recipe's field."""
+        import re
+
+        from ..models import ModelConfig
+        from ..train.config import TrainConfig, TrainConfigError
+
+        t = self.train
+        try:
+            TrainConfig(mode="lmlm", model=None if t.init_from else t.model, model_overrides=t.model_overrides,
+                        init_from=t.init_from or None, tokenizer=None if t.init_from else t.tokenizer,
+                        seq_len=t.seq_len, batch_size=t.batch_size, max_steps=t.max_steps, lr=t.lr,
+                        warmup_steps=t.warmup_steps, precision=t.precision, seed=self.seed, compile=t.compile)
+        except TrainConfigError as e:
+            raise RecipeError(f"recipe {self.name}: " + re.sub(
+                r"train config field '(\w+)'", lambda m: m[1] if m[1] == "seed" else f"train.{m[1]}", str(e))) from None
+        if not t.init_from:
+            try:
+                ModelConfig.from_name(t.model, **t.model_overrides)
+            except (ValueError, TypeError) as e:
+                raise RecipeError(f"recipe {self.name}: train.model = {t.model!r}"
+                                  f"{' with train.model_overrides' if t.model_overrides else ''}: {e}") from None
 
     def _field(self, name: str) -> Any:
         """The value of the field ``name`` (``section.key``)."""

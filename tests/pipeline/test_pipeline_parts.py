@@ -53,6 +53,19 @@ def test_shipped_recipes_load_and_take_overrides():
     (["annotate.llm.min_f1=2"], r"annotate.llm.min_f1 = 2.0 must be in \[0, 1\]"),
     (["annotate.llm.examples=-1"], "annotate.llm.examples = -1 must be at least 0"),
     (["annotate.llm.run_passages=-1"], "annotate.llm.run_passages = -1 must be at least 0"),
+    # every field is checked before the first stage, not when the stage that reads it fails or runs on it
+    (["evaluate.edits=-1"], "evaluate.edits = -1 must be at least 0"),
+    (["evaluate.cloze_per_split=-5"], "evaluate.cloze_per_split = -5 must be at least 0"),
+    (["evaluate.batch_size=0"], "evaluate.batch_size = 0 must be at least 1"),
+    (["corpus.limit=-2"], "corpus.limit = -2 must be at least 0"),
+    (["train.chunk_chars=-1"], "train.chunk_chars = -1 must be at least 0"),
+    (["train.modes=[]"], "train.modes is empty"),
+    (["annotate.methods=[]"], "annotate.methods is empty"),
+    (["train.lr=-1"], "train.lr = -1.0: must be a positive number"),
+    (["seed=-1"], "seed = -1: must be a non-negative integer"),
+    (["train.tokenizer=bpe:abc"], "train.tokenizer = 'bpe:abc': 'bpe:N' needs a vocabulary size"),
+    (['train.model="nope"'], "train.model = 'nope': unknown model preset 'nope'"),
+    (["train.model_overrides={n_layer=0}"], "train.model_overrides: n_layer must be positive"),
 ])
 def test_bad_recipe_fields_are_named(overrides, message):
     with pytest.raises(RecipeError, match=message):
