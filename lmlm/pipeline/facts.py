@@ -109,7 +109,7 @@ def choose_edits(facts: list[ClozeFact], n: int, seed: int = 0) -> list[dict[str
     values: dict[str, list[str]] = {}
     for f in facts:
         values.setdefault(f.relation, [])
-        if f.value not in values[f.relation]:
+        if f.value.casefold() not in {v.casefold() for v in values[f.relation]}:  # "Greek" and "greek": one value
             values[f.relation].append(f.value)
     rng = random.Random(seed)
     pool = [f for f in facts if len(values[f.relation]) > 1]

@@ -214,6 +214,10 @@ def test_cloze_prompts_in_trex_format_per_split(tmp_path):
     assert [(e["entity"], e["relation"]) for e in edits] in ([("Abraham Lincoln", "Spouse"), ("Ada Lovelace", "Spouse")],
                                                              [("Ada Lovelace", "Spouse"), ("Abraham Lincoln", "Spouse")])
     assert all(e["new_value"] != e["old_value"] for e in edits)
+    # a relation whose values differ only in case has no other value to give
+    cased = [ClozeFact("Aristotle", "Nationality", "Greek", "Aristotle was", "train", "d4", 0),
+             ClozeFact("Plato", "Nationality", "greek", "Plato was", "train", "d5", 0)]
+    assert choose_edits(cased, 5, seed=0) == []
 
 
 def test_training_chunks_are_headed_by_their_title_and_keep_their_calls():
