@@ -41,7 +41,7 @@ def role_losses(logps: Sequence[np.ndarray], roles: Sequence[Sequence[int]]) -> 
     sums = np.zeros(len(ROLE_NAMES))
     counts = np.zeros(len(ROLE_NAMES))
     for lp, rl in zip(logps, roles):
-        r = np.asarray(rl[1:len(lp) + 1])
+        r = np.asarray(rl[1:len(lp) + 1], dtype=np.int64)  # an empty document's: no index, not a float array
         np.add.at(sums, r, -lp)
         np.add.at(counts, r, 1)
     return {name: float(sums[k] / counts[k]) for k, name in enumerate(ROLE_NAMES) if counts[k]}

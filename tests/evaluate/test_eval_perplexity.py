@@ -77,3 +77,14 @@ def test_a_document_longer_than_the_context_is_scored_whole(world):
     assert dyn["org_tokens"] == st["org_tokens"] and dyn["lookups"] == 24
     sp = standard_perplexity(world.model, world.tok, [strip(segments)])
     assert sp["org_tokens"] >= 0.9 * st["org_tokens"]
+
+
+def test_an_empty_document_is_scored_as_no_tokens(world):
+    """A corpus with an empty document (a blank record of a user's file) scores as the others alone."""
+    docs = _docs(world, world.people[:3])
+    st, alone = static_perplexity(world.model, world.tok, docs + [[]]), static_perplexity(world.model, world.tok, docs)
+    assert st["org_tokens"] == alone["org_tokens"] and st["static"] == pytest.approx(alone["static"])
+    assert st["role_loss"] == pytest.approx(alone["role_loss"])
+    dyn = dynamic_perplexity(LookupGenerator(world.model, world.tok, DictKB(world.facts)), docs + [[]])
+    assert dyn["org_tokens"] == st["org_tokens"] and dyn["lookups"] == 6
+    assert standard_perplexity(world.model, world.tok, [strip(d) for d in docs] + [""])["org_tokens"] > 0
