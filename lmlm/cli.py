@@ -140,14 +140,18 @@ def world(out: Path = typer.Argument(..., help="folder to write the world to"),
           preset: str = typer.Option("default", help="smoke, default or large"),
           seed: int = typer.Option(0)):
     """Generate a synthetic biography world: annotated documents, people, triples."""
+    from .cli_errors import user_errors
     from .worlds.bios import BiosConfig, BiosWorld
 
     try:
         cfg = BiosConfig.from_name(preset, seed=seed)
     except ValueError as e:
         _fail(str(e))
+    if out.exists() and not out.is_dir():
+        _fail(f"{out}: is a file, not a folder to write the world to")
     w = BiosWorld.generate(cfg)
-    w.save(out)
+    with user_errors():  # a folder that cannot be made: one line, as every bad path
+        w.save(out)
     console.print_json(json.dumps(w.stats()))
 
 

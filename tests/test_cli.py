@@ -86,6 +86,13 @@ def test_presets_json_matches_paper(shared_data):
             assert abs(row["non_embedding"] - non_emb) / non_emb < 0.002
 
 
+def test_world_refuses_a_file_or_an_unmakeable_folder_in_one_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    for out, msg in ((tmp_path / "afile", "is a file, not a folder"), (tmp_path / "afile" / "w", "afile")):
+        res = runner.invoke(app, ["world", str(out), "--preset", "smoke"])
+        assert res.exit_code == 2 and msg in res.output, res.output  # a traceback exits 1
+
+
 def test_world_and_kb_commands(tmp_path):
     world = tmp_path / "world"
     assert runner.invoke(app, ["world", str(world), "--preset", "smoke"]).exit_code == 0
