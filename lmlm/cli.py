@@ -14,7 +14,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .cli_errors import fail as _fail
+from .cli_errors import fail as _fail, out_folder
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -57,6 +57,7 @@ def quickstart(out: Path = typer.Option(Path("runs/quickstart"), help="output fo
 
     if preset not in QUICKSTART_PRESETS:
         _fail(f"unknown preset {preset!r}; known: {', '.join(QUICKSTART_PRESETS)}")
+    out_folder(out)
     report = run(out, preset=preset, fresh=fresh, seed=seed)
     fp, u = report["factual_precision"], report["unlearning"]
     console.print_json(json.dumps({
@@ -83,6 +84,7 @@ def reproduce(out: Path = typer.Option(Path("runs/reproduce"), help="output fold
 
     if preset not in REPRODUCE_PRESETS:
         _fail(f"unknown preset {preset!r}; known: {', '.join(REPRODUCE_PRESETS)}")
+    out_folder(out)
     if nlu_data is not None:  # read now: not after the hours of stages before the one that scores it
         from .evaluate.nlu import read_bigbench_mc
 
@@ -147,8 +149,7 @@ def world(out: Path = typer.Argument(..., help="folder to write the world to"),
         cfg = BiosConfig.from_name(preset, seed=seed)
     except ValueError as e:
         _fail(str(e))
-    if out.exists() and not out.is_dir():
-        _fail(f"{out}: is a file, not a folder to write the world to")
+    out_folder(out, "OUT")
     w = BiosWorld.generate(cfg)
     with user_errors():  # a folder that cannot be made: one line, as every bad path
         w.save(out)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator, NoReturn
 
 import typer
 
-__all__ = ["fail", "user_errors", "check_device", "USER_ERRORS"]
+__all__ = ["fail", "user_errors", "check_device", "out_folder", "USER_ERRORS"]
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
@@ -59,3 +60,13 @@ def check_device(device: str | None, option: str = "--device") -> None:
             fail(f"{option} {device}: only {torch.cuda.device_count()} CUDA device(s) here")
     elif d.type not in ("cpu", "mps"):
         fail(f"{option} {device!r}: lmlm runs on cpu or cuda")
+
+
+def out_folder(out: Path, option: str = "--out") -> Path:
+    """Refuse, before any work, an output folder that is a file or under a file (its outputs are a folder)."""
+    if out.exists() and not out.is_dir():
+        fail(f"{option} {out}: is a file, not a folder")
+    above = next((p for p in Path(out).absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        fail(f"{option} {out}: {above} is a file, not a folder")
+    return out

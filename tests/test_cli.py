@@ -86,11 +86,17 @@ def test_presets_json_matches_paper(shared_data):
             assert abs(row["non_embedding"] - non_emb) / non_emb < 0.002
 
 
-def test_world_refuses_a_file_or_an_unmakeable_folder_in_one_line(tmp_path):
+@pytest.mark.parametrize("cmd", [["world", "{out}", "--preset", "smoke"],
+                                 ["quickstart", "--preset", "smoke", "--out", "{out}"],
+                                 ["reproduce", "--preset", "tiny", "--out", "{out}"],
+                                 ["pipeline", "wiki-cpu", "--corpus", "dump.xml", "--out", "{out}"]],
+                         ids=lambda c: c[0])
+def test_an_output_folder_that_is_a_file_is_refused_in_one_line(tmp_path, cmd):
     (tmp_path / "afile").write_text("x")
-    for out, msg in ((tmp_path / "afile", "is a file, not a folder"), (tmp_path / "afile" / "w", "afile")):
-        res = runner.invoke(app, ["world", str(out), "--preset", "smoke"])
+    for out, msg in ((tmp_path / "afile", "is a file, not a folder"), (tmp_path / "afile" / "w", "afile is a file")):
+        res = runner.invoke(app, [a.format(out=out) for a in cmd])
         assert res.exit_code == 2 and msg in res.output, res.output  # a traceback exits 1
+    assert (tmp_path / "afile").read_text() == "x"
 
 
 def test_world_and_kb_commands(tmp_path):

@@ -35,10 +35,9 @@ def annotate_wikipedia(dump: Path = typer.Argument(..., help="MediaWiki XML dump
 
 
 def _out_folder(out: Path) -> Path:
-    """Refuse an ``--out`` that is a file before any work is done (the outputs are a folder)."""
-    if out.exists() and not out.is_dir():
-        _fail(f"--out {out}: is a file, not a folder")
-    return out
+    from ..cli_errors import out_folder
+
+    return out_folder(out)
 
 
 def _annotate_call(fn, *args, **kwargs):
