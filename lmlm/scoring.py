@@ -41,7 +41,7 @@ def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, ignore_index: i
 
 @torch.no_grad()
 def token_logprobs(model, sequences: Sequence[Sequence[int]], batch_size: int = 16, max_length: int | None = None,
-                   banned: Sequence[int] = (), greedy: bool = False) -> list:
+                   banned: Sequence[int] = (), greedy: bool = False, progress: str | None = None) -> list:
     """Log-probability of every token given its prefix; entry ``t`` scores ``ids[t + 1]``.
 
     Args:
@@ -53,6 +53,7 @@ def token_logprobs(model, sequences: Sequence[Sequence[int]], batch_size: int = 
         banned: token ids removed from the distribution first (their logits set to -inf), e.g. the
             lookup tokens when an LMLM is scored as a plain language model.
         greedy: also return, per sequence, whether each token is the model's argmax.
+        progress: a progress bar on stderr over the tokens scored, with this label (``None``: none).
 
     Returns:
         One ``float32`` array of ``len(ids) - 1`` scores per sequence, in input order; with
@@ -76,6 +77,10 @@ def token_logprobs(model, sequences: Sequence[Sequence[int]], batch_size: int = 
             start += max(ctx // 2, 1)
     parts: list[list] = [[] for _ in sequences]
     order = sorted(range(len(windows)), key=lambda k: -len(windows[k][3]))
+    bar = None
+    if progress is not None:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=sum(len(w[3]) for w in windows), desc=progress, unit="tok", unit_scale=True)
     for b in range(0, len(order), batch_size):
         idx = order[b:b + batch_size]
         seqs = [windows[k][3] for k in idx]
@@ -95,6 +100,10 @@ def token_logprobs(model, sequences: Sequence[Sequence[int]], batch_size: int = 
             i, own, start, _ = windows[k]
             n = len(s) - 1
             parts[i].append((start, lp[r, own:n], hit[r, own:n] if greedy else None))
+        if bar is not None:
+            bar.update(sum(len(s) for s in seqs))
+    if bar is not None:
+        bar.close()
     out: list = []
     for ps in parts:
         ps.sort(key=lambda x: x[0])

@@ -215,7 +215,9 @@ def _documents(path: Path, heldout: bool = False):
 @eval_app.command()
 def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path | None = OUT,
                limit: int | None = LIMIT, batch_size: int = BATCH,
-               dynamic: bool = typer.Option(True, help="also the dynamic perplexity (LMLM: the model writes its queries)")):
+               dynamic: bool = typer.Option(True, help="also the dynamic perplexity (LMLM: the model writes its "
+                                            "queries)"),
+               progress: bool = typer.Option(True, help="progress bars on stderr")):
     """Perplexity on annotated documents: static, dynamic, normalized (LMLM) or plain (Standard), per-role losses."""
     from ..lookup import strip
     from .base import Protocol
@@ -235,15 +237,15 @@ def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out
     protocol = Protocol("perplexity", "perplexity_static", greater_is_better=False,
                         paper="LMLM appendix A.3, static / dynamic / normalized perplexity")
     if meta.get("mode") == "standard":
-        res = standard_perplexity(m, tok, [strip(d) for d in docs], batch_size)
+        res = standard_perplexity(m, tok, [strip(d) for d in docs], batch_size, progress=progress)
         metrics = {"perplexity_static": res["perplexity"], "perplexity_org_tokens": float(res["org_tokens"])}
     else:
-        st = static_perplexity(m, tok, docs, batch_size)
+        st = static_perplexity(m, tok, docs, batch_size, progress=progress)
         metrics = {"perplexity_static": st["static"], "perplexity_normalized": st["normalized"],
                    "perplexity_org_tokens": float(st["org_tokens"])}
         metrics.update({f"perplexity_loss_{k}": v for k, v in st["role_loss"].items()})
         if gen is not None:
-            dyn = dynamic_perplexity(gen, docs, batch_size)
+            dyn = dynamic_perplexity(gen, docs, batch_size, progress=progress)
             metrics.update(perplexity_dynamic=dyn["dynamic"], perplexity_dynamic_lookup_found=dyn["lookup_found_rate"])
     _finish(protocol, metrics, [], out, {"model": str(model), "data": str(data), "documents": len(docs)}, gen)
 

@@ -77,10 +77,10 @@ def _by_group(agg: dict, **keys: str) -> dict:
 
 
 def static_perplexity(model, tok: LookupTokenizer, documents: Sequence[Sequence[Segment]],
-                      batch_size: int = 16, groups: Sequence[str] | None = None) -> dict:
-    """Static (oracle) and normalized perplexity of an LMLM on annotated documents."""
+                      batch_size: int = 16, groups: Sequence[str] | None = None, progress: bool = False) -> dict:
+    """Static (oracle) and normalized perplexity of an LMLM on annotated documents (``progress``: a bar on stderr)."""
     encs = [tok.encode(d) for d in documents]
-    logps = token_logprobs(model, [e.input_ids for e in encs], batch_size)
+    logps = token_logprobs(model, [e.input_ids for e in encs], batch_size, progress="static" if progress else None)
     agg = _org_and_train(logps, encs, tok.end_id, groups)
     out = {
         "static": _ppl(agg["org_nll"], agg["org_tokens"]),
@@ -94,10 +94,10 @@ def static_perplexity(model, tok: LookupTokenizer, documents: Sequence[Sequence[
 
 
 def standard_perplexity(model, tok: LookupTokenizer, texts: Sequence[str], batch_size: int = 16,
-                        groups: Sequence[str] | None = None) -> dict:
-    """Perplexity of a Standard model on plain text (all tokens are ``org``)."""
+                        groups: Sequence[str] | None = None, progress: bool = False) -> dict:
+    """Perplexity of a Standard model on plain text (all tokens are ``org``; ``progress``: a bar on stderr)."""
     encs = [tok.encode_plain(t) for t in texts]
-    logps = token_logprobs(model, [e.input_ids for e in encs], batch_size)
+    logps = token_logprobs(model, [e.input_ids for e in encs], batch_size, progress="perplexity" if progress else None)
     agg = _org_and_train(logps, encs, tok.end_id, groups)
     out = {"perplexity": _ppl(agg["org_nll"], agg["org_tokens"]), "org_tokens": agg["org_tokens"]}
     if groups is not None:
@@ -106,13 +106,14 @@ def standard_perplexity(model, tok: LookupTokenizer, texts: Sequence[str], batch
 
 
 def dynamic_perplexity(generator, documents: Sequence[Sequence[Segment]], batch_size: int = 16,
-                       groups: Sequence[str] | None = None) -> dict:
+                       groups: Sequence[str] | None = None, progress: bool = False) -> dict:
     """Dynamic perplexity: at each reference call position the model writes its own query.
 
     ``generator`` is a :class:`lmlm.generate.LookupGenerator` (its model, tokenizer and KB are
     used). Calls are completed in rounds, the k-th call of every document in one batch. A lookup
     counts as found (``lookup_found_rate``) when the KB's fact is about the reference call's entity;
     ``lookup_matched_rate`` counts any answer, ``lookup_wrong_entity`` the answers about someone else.
+    ``progress``: bars on stderr over the calls written, then the tokens scored.
     """
     tok: LookupTokenizer = generator.tok
     oracle = [tok.encode(d) for d in documents]
@@ -142,6 +143,10 @@ def dynamic_perplexity(generator, documents: Sequence[Sequence[Segment]], batch_
 
     answers = Answerer(tok, generator.kb, matching=generator.options.get("matching"))  # as generation asks the KB
     seen = max_positions(generator.model)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=sum(n_calls), desc="dynamic: calls", unit="call")
     for k in range(max(n_calls, default=0)):
         rows = [d for d in range(len(documents)) if n_calls[d] > k]
         prefixes = [built[d].input_ids + [tok.start_id] for d in rows]
@@ -158,7 +163,12 @@ def dynamic_perplexity(generator, documents: Sequence[Sequence[Segment]], batch_
             right = m is not None and same_entity(m.entity, refs[d][k].entity if k < len(refs[d]) else None)
             queries_made.append({"entity": e, "relation": r, "matched": m is not None, "found": right,
                                  "group": None if groups is None else groups[d]})
-    logps = token_logprobs(generator.model, [b.input_ids for b in built], batch_size)
+        if bar is not None:
+            bar.update(len(rows))
+    if bar is not None:
+        bar.close()
+    logps = token_logprobs(generator.model, [b.input_ids for b in built], batch_size,
+                           progress="dynamic: score" if progress else None)
     agg = _org_and_train(logps, built, tok.end_id, groups)
     ref_orgs = sum(sum(1 for r in e.roles[1:] if r == ORG) for e in oracle)
     if agg["org_tokens"] != ref_orgs:

@@ -88,3 +88,16 @@ def test_an_empty_document_is_scored_as_no_tokens(world):
     dyn = dynamic_perplexity(LookupGenerator(world.model, world.tok, DictKB(world.facts)), docs + [[]])
     assert dyn["org_tokens"] == st["org_tokens"] and dyn["lookups"] == 6
     assert standard_perplexity(world.model, world.tok, [strip(d) for d in docs] + [""])["org_tokens"] > 0
+
+
+def test_long_scoring_shows_progress_on_stderr(world, capsys):
+    """Perplexity over a user's corpus can take minutes: each part shows a bar on stderr, nothing on stdout."""
+    docs = _docs(world, world.people[:4])
+    quiet = static_perplexity(world.model, world.tok, docs)
+    assert capsys.readouterr().err == ""
+    st = static_perplexity(world.model, world.tok, docs, progress=True)
+    dyn = dynamic_perplexity(LookupGenerator(world.model, world.tok, DictKB(world.facts)), docs, progress=True)
+    standard_perplexity(world.model, world.tok, [strip(d) for d in docs], progress=True)
+    out = capsys.readouterr()
+    assert st["static"] == quiet["static"] and dyn["lookups"] == 8 and out.out == ""
+    assert all(label in out.err for label in ("static", "dynamic: calls", "8/8", "dynamic: score", "perplexity"))
