@@ -229,6 +229,7 @@ def stage_kb(recipe: Recipe, out: Path) -> dict:
 
 def _train_config(recipe: Recipe, out: Path, mode: str, tokenizer: Path | None, progress: bool = True):
     from ..train import TrainConfig
+    from ..train.folder import holds_run
 
     spec = recipe.train
     return TrainConfig(
@@ -238,7 +239,8 @@ def _train_config(recipe: Recipe, out: Path, mode: str, tokenizer: Path | None, 
         if (out / "data" / "heldout.jsonl").exists() else None, kb=str((out / "kb").resolve()),
         seq_len=spec.seq_len, batch_size=spec.batch_size, micro_batch_size=math.gcd(spec.batch_size, 16),
         max_steps=spec.max_steps, lr=spec.lr, warmup_steps=min(spec.warmup_steps, max(spec.max_steps // 5, 1)),
-        precision=spec.precision, seed=recipe.seed, out_dir=str(out / f"train-{mode}"), resume=True,
+        precision=spec.precision, seed=recipe.seed, out_dir=str(out / f"train-{mode}"),
+        resume=holds_run(out / f"train-{mode}"),  # a first run starts without saying there was nothing to resume
         save_every=max(spec.max_steps // 4, 25), cpu=recipe.device == "cpu", threads=spec.threads or None,
         compile=spec.compile, progress=progress)
 

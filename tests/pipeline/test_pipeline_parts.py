@@ -312,3 +312,16 @@ def test_a_field_of_the_llm_path_may_change_until_the_step_that_reads_it_has_beg
     # invalid is invalid, on a folder or not
     with pytest.raises(RecipeError, match="distill_steps = -5 must be at least 1"):
         load_recipe("wiki-cpu", ["annotate.llm.distill_steps=-5"], corpus="dump.xml.bz2")
+
+
+def test_training_resumes_only_a_run_its_folder_holds(tmp_path):
+    """A first training run of the pipeline is not a resume (which said there was no state to resume); a run
+    cut short before its first saved state is, so that it says so."""
+    from lmlm.pipeline.run import _train_config
+
+    recipe = load_recipe("wiki-cpu", corpus="dump.xml.bz2")
+    assert not _train_config(recipe, tmp_path, "lmlm", None).resume
+    (tmp_path / "train-lmlm").mkdir()
+    (tmp_path / "train-lmlm" / "train_config.json").write_text("{}")
+    assert _train_config(recipe, tmp_path, "lmlm", None).resume
+    assert not _train_config(recipe, tmp_path, "standard", None).resume
