@@ -411,15 +411,39 @@ def _check_folder(recipe: Recipe, out: Path, fresh: bool, until: str | None) -> 
 def run_pipeline(recipe: Recipe, out: str | Path, fresh: bool = False, progress: bool = True,
                  until: str | None = None) -> dict | None:
     """Run every stage of ``recipe`` into ``out`` (skipping finished ones) and return the report, or
-    ``None`` when ``until`` (one of :data:`UNTIL`) stopped the run after that stage."""
-    from .report import write_pipeline_report
-
+    ``None`` when ``until`` (one of :data:`UNTIL`) stopped the run after that stage. A run stopped before it
+    wrote anything (a corpus refused) leaves no record in ``runs.jsonl``."""
     if until is not None and until not in UNTIL:
         raise RecipeError(f"until: {until!r} is not a stage to stop after; one of {', '.join(UNTIL)}")
     if until in LLM_STEPS and "llm" not in recipe.annotate.methods:
         raise RecipeError(f"until: {until!r} is a step of the LLM path, and annotate.methods has no 'llm'")
     out = Path(out)
     _check_folder(recipe, out, fresh, until)
+    before = _outputs(out)
+    try:
+        return _run_stages(recipe, out, progress, until)
+    except BaseException:
+        if _outputs(out) == before:  # refused before it wrote anything (a bad corpus file): no part of the run
+            _drop_last_run(out)
+        raise
+
+
+def _outputs(out: Path) -> dict[str, int]:
+    """Every file of a run folder but its run records, by its time of last change."""
+    return {str(p): p.stat().st_mtime_ns for p in out.rglob("*")
+            if p.is_file() and not (p.parent == out and p.name in ("runs.jsonl", "recipe.json"))}
+
+
+def _drop_last_run(out: Path) -> None:
+    path = out / "runs.jsonl"
+    lines = path.read_text().splitlines(True) if path.exists() else []
+    if lines:
+        path.write_text("".join(lines[:-1]))
+
+
+def _run_stages(recipe: Recipe, out: Path, progress: bool, until: str | None) -> dict | None:
+    from .report import write_pipeline_report
+
     if not progress:  # nor the bars transformers draws while loading a model
         from transformers.utils import logging as hf_logging
 

@@ -325,3 +325,22 @@ def test_training_resumes_only_a_run_its_folder_holds(tmp_path):
     (tmp_path / "train-lmlm" / "train_config.json").write_text("{}")
     assert _train_config(recipe, tmp_path, "lmlm", None).resume
     assert not _train_config(recipe, tmp_path, "standard", None).resume
+
+
+def test_a_run_refused_before_it_wrote_anything_is_no_part_of_the_run(tmp_path):
+    """A corpus refused at its first stage (a duplicate id) leaves no record; the run that then reads the
+    fixed file is the only one the report's "Run in parts" could name."""
+    from lmlm.pipeline.run import run_pipeline
+
+    docs = tmp_path / "docs.jsonl"
+    rows = [{"id": "d1", "annotated": "[dblookup('Ada', 'Birth City') -> London] London."},
+            {"id": "d1", "annotated": "Ada wrote notes."}]
+    docs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = load_recipe("wiki-cpu", ['annotate.methods=["given"]'], corpus=str(docs))
+    with pytest.raises(Exception, match="duplicate document id 'd1'"):
+        run_pipeline(recipe, tmp_path / "P", progress=False, until="corpus")
+    assert (tmp_path / "P" / "runs.jsonl").read_text() == ""
+    rows[1]["id"] = "d2"
+    docs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert run_pipeline(recipe, tmp_path / "P", progress=False, until="corpus") is None
+    assert len((tmp_path / "P" / "runs.jsonl").read_text().splitlines()) == 1
