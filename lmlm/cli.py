@@ -113,15 +113,18 @@ def presets(tokenizer: List[str] = typer.Option(
     from rich.table import Table
 
     from .models import TOKENIZER_VOCAB, preset_table
-    from .tokens import load_tokenizer
+    from .train.config import TrainConfigError
+    from .train.inputs import _tokenizer_from_spec
 
     toks: dict = dict(TOKENIZER_VOCAB)  # the paper's tokenizers' sizes; a file given replaces its entry
     for spec in tokenizer or ():
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             _fail(f"--tokenizer takes NAME=PATH, got {spec!r}")
-        try:
-            toks[name] = load_tokenizer(path)
+        try:  # as lmlm train reads --tokenizer: a local path that is not there is named so
+            toks[name] = _tokenizer_from_spec(path)
+        except TrainConfigError as e:
+            _fail(f"--tokenizer {name}: {e}")
         except Exception as e:  # a clear message naming the tokenizer
             _fail(f"cannot load tokenizer {name!r} from {path}: {e}")
     rows = preset_table(toks)

@@ -70,6 +70,11 @@ def test_help_loads_neither_torch_nor_transformers():
     assert out.strip() == "[]"
 
 
+def test_presets_names_a_tokenizer_path_that_is_not_there(tmp_path):
+    res = runner.invoke(app, ["presets", "--tokenizer", f"gpt2={tmp_path / 'missing'}"])
+    assert res.exit_code == 2 and "--tokenizer gpt2: tokenizer" in res.output and "no such file or folder" in res.output
+
+
 def test_presets_json_matches_paper(shared_data):
     result = runner.invoke(app, ["presets", "--json",
                                  "--tokenizer", f"gpt2={shared_data / 'tokenizers' / 'gpt2'}",
