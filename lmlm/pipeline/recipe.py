@@ -134,8 +134,9 @@ class TrainSpec:
         seq_len, batch_size, max_steps, lr, warmup_steps, precision, threads, compile: see
             :class:`lmlm.train.TrainConfig`.
         model_overrides: single fields of the preset (``{n_layer = 2}``).
-        chunk_chars: the documents are cut into chunks of about this many characters, each headed by
-            its title, so a model always sees whose facts it reads (0: whole documents).
+        chunk_chars: the documents are cut into their paragraphs (one longer than this many characters at
+            sentence ends), each chunk headed by its title, so a model always sees whose facts it reads
+            (0: whole documents). A heading line is a chunk of its own.
     """
 
     modes: list[str] = field(default_factory=lambda: ["lmlm", "standard"])

@@ -246,7 +246,7 @@ def _train_config(recipe: Recipe, out: Path, mode: str, tokenizer: Path | None, 
 
 
 def _chunks(docs: list[Document], max_chars: int) -> list[Document]:
-    """Documents cut into chunks of paragraphs (about ``max_chars`` characters), each headed by its
+    """Documents cut into their paragraphs (one over ``max_chars`` characters at sentence ends), each headed by its
     document's title (``source``) on a line of its own, calls kept: a model reading a chunk always sees
     whose facts it states (an article's calls name the article's entity, which a block from its middle
     would not show). LMLM and Standard train on the same chunks; 0 keeps whole documents."""
