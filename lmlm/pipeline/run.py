@@ -298,9 +298,11 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
             console.rule(f"train {mode.upper()}")
             train(_train_config(recipe, out, mode, tokenizer, progress))
         meta = read_meta(run / "checkpoint")
-        stats[mode] = {k: meta.get("stats", {}).get(k) for k in
-                       ("steps", "tokens", "trained_tokens", "seconds", "final_loss", "tokens_per_second",
-                        "parameters", "documents", "lookup_calls", "eval")}
+        got = meta.get("stats", {})
+        stats[mode] = {k: got.get(k) for k in ("steps", "tokens", "trained_tokens", "seconds", "final_loss",
+                                               "tokens_per_second", "parameters")}
+        # the model trained on chunks of the training documents (train.chunk_chars), not on the documents
+        stats[mode].update(chunks=got.get("documents"), lookup_calls=got.get("lookup_calls"), eval=got.get("eval"))
     return stats
 
 

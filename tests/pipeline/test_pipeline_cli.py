@@ -273,3 +273,32 @@ def test_init_from_the_offline_smollm2_gguf(tmp_path):
     assert tok.convert_tokens_to_ids("<|db_start|>") == 49152  # the four lookup tokens follow the vocabulary
     summary = json.loads((tmp_path / "T" / "summary.json").read_text())
     assert summary["lookup_calls"] == 4 and summary["steps"] == 2
+
+
+def test_a_users_own_annotated_corpus_end_to_end(tmp_path):
+    """A recipe naming the user's own JSONL (a BOM, CRLF line ends, an empty record, unicode) with its own
+    calls: the pipeline runs to its report, whose counts are those of the file, the KB and the chunks."""
+    rows = [{"id": f"p{i}", "source": n, "annotated": f"{n} was born in [dblookup('{n}', 'Birth City') -> {c}] "
+             f"{c}.\n\nEarly life\n{n.split()[0]} grew up in {c}, café and naïve."}
+            for i, (n, c) in enumerate(PEOPLE)]
+    rows.append({"id": "blank", "annotated": ""})
+    docs = tmp_path / "mine.jsonl"
+    docs.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows).encode())
+    recipe = tmp_path / "mine.toml"
+    recipe.write_text(f'name = "mine"\n[corpus]\npath = "{docs}"\nheldout = 0.25\n[annotate]\nmethods = ["given"]\n'
+                      '[train]\nmodel = "gpt2-tiny"\ntokenizer = "bpe:400"\nseq_len = 64\nbatch_size = 4\n'
+                      'max_steps = 3\n[evaluate]\ncloze_per_split = 4\nedits = 2\nmax_new_tokens = 8\n')
+    res = lmlm("pipeline", recipe, "--out", tmp_path / "P", "--no-progress")
+    assert "no saved training state to resume" not in res.stderr  # a first run is no resume
+    report = json.loads((tmp_path / "P" / "report.json").read_text())
+    corpus = report["corpus"]
+    assert corpus["documents"] == 21 and corpus["lookup_calls"] == 20 and corpus["calls_by_method"] == {"given": 20}
+    assert corpus["splits"] == {"train": 16, "heldout": 5} and corpus["text_unchanged"] == 1.0
+    assert report["kb"]["triples"] == 20
+    from lmlm.corpus import read_documents
+    train = read_documents(tmp_path / "P" / "data" / "train.jsonl")
+    for mode in ("lmlm", "standard"):  # the models count what they trained on: chunks, not documents
+        m = report["models"][mode]
+        assert m["steps"] == 3 and m["chunks"] == len(train) and "documents" not in m
+    assert report["models"]["lmlm"]["lookup_calls"] == sum(d.num_calls for d in train) == 15
+    assert len(report["runs"]) == 1 and "Run in parts" not in (tmp_path / "P" / "report.md").read_text()
