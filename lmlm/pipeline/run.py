@@ -95,7 +95,8 @@ def stage_corpus(recipe: Recipe, out: Path) -> dict:
         raise RecipeError(f"recipe {recipe.name} names no corpus: pass --corpus (a Wikipedia dump or a document file)")
     src = Path(recipe.corpus.path).expanduser()
     if not src.exists():
-        raise FileNotFoundError(f"no corpus at {src}")
+        where = "" if src.is_absolute() else f" (a relative path is read from the current folder, {Path.cwd()})"
+        raise FileNotFoundError(f"no corpus at {src}{where}")
     methods = recipe.annotate.methods
     limit = recipe.corpus.limit or None
     info: dict[str, Any] = {"path": str(src), "fingerprint": _fingerprint(src)}

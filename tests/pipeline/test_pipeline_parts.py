@@ -80,6 +80,9 @@ def test_cli_errors_are_one_line(tmp_path):
     res = runner.invoke(app, ["pipeline", "wiki-cpu", "--corpus", str(tmp_path / "missing.xml.bz2"),
                               "--out", str(tmp_path / "p")])
     assert res.exit_code == 2 and "no corpus at" in res.output and "Traceback" not in res.output
+    # a recipe's relative corpus path is read from the current folder, not the recipe's: the error says so
+    res = runner.invoke(app, ["pipeline", "wiki-cpu", "--corpus", "no-such-dump.xml.bz2", "--out", str(tmp_path / "p")])
+    assert res.exit_code == 2 and "a relative path is read from the current folder" in res.output
     docs = tmp_path / "docs.jsonl"
     docs.write_text(json.dumps({"id": "a", "text": "plain"}) + "\n")
     res = runner.invoke(app, ["pipeline", "wiki-cpu", "--corpus", str(docs), "--out", str(tmp_path / "q")])
