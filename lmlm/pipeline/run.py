@@ -116,6 +116,11 @@ def stage_corpus(recipe: Recipe, out: Path) -> dict:
                               f"{len(annotated)} documents of {src} has one: annotate them first (lmlm annotate), "
                               f"or add another method")
     annotated = _assign_splits(annotated, recipe.corpus.heldout, recipe.seed, lambda d: d.num_calls > 0)
+    if not any(d.split == "train" for d in annotated):  # found now, not by the training after the KB
+        why = ("its documents' split fields name no 'train' document" if recipe.corpus.heldout == 0 or
+               any(d.split != "heldout" for d in annotated) else f"corpus.heldout = {recipe.corpus.heldout} holds "
+               f"out all {len(annotated)} of its documents")
+        raise RecipeError(f"{src}: nothing to train on: {why}")
     plain = [Document(d.id, d.text, d.text, d.source, d.split, d.meta) for d in annotated]
     write_documents(folder / "documents.jsonl", plain)
     if any(d.num_calls for d in annotated):

@@ -347,3 +347,21 @@ def test_a_run_refused_before_it_wrote_anything_is_no_part_of_the_run(tmp_path):
     docs.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert run_pipeline(recipe, tmp_path / "P", progress=False, until="corpus") is None
     assert len((tmp_path / "P" / "runs.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_corpus_with_nothing_to_train_on_is_refused_at_its_first_stage(tmp_path):
+    """A held-out share that takes every document, or a file whose splits name no 'train' document, stops the
+    corpus stage with the reason, not the training stage after the KB with 'data/train.jsonl: no documents'."""
+    from lmlm.pipeline.run import run_pipeline
+
+    docs = tmp_path / "docs.jsonl"
+    rows = [{"id": f"d{i}", "annotated": f"{n} was born in [dblookup('{n}', 'Birth City') -> London] London."}
+            for i, n in enumerate(["Ada Lind", "Bo Moss", "Cy Roe"])]
+    docs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = load_recipe("wiki-cpu", ['annotate.methods=["given"]', "corpus.heldout=0.9"], corpus=str(docs))
+    with pytest.raises(RecipeError, match="nothing to train on: corpus.heldout = 0.9 holds out all 3"):
+        run_pipeline(recipe, tmp_path / "P", progress=False, until="corpus")
+    docs.write_text("".join(json.dumps({**r, "split": "test"}) + "\n" for r in rows))
+    recipe = load_recipe("wiki-cpu", ['annotate.methods=["given"]'], corpus=str(docs))
+    with pytest.raises(RecipeError, match="split fields name no 'train' document"):
+        run_pipeline(recipe, tmp_path / "Q", progress=False, until="corpus")
