@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import typer
@@ -197,19 +198,20 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
                                                "claims": claims, "gamma": gamma}, gen)
 
 
-def _documents(path: Path, heldout: bool = False):
-    """Annotated documents of any file :mod:`lmlm.corpus` reads, as segment lists; with ``heldout``, a
-    file whose documents carry splits gives its held-out documents only."""
+def _documents(path: Path, heldout: bool = False, limit: int | None = None):
+    """Annotated documents of any file :mod:`lmlm.corpus` reads, as segment lists (the first ``limit``); with
+    ``heldout``, a file whose documents carry splits gives its held-out documents only."""
     from ..corpus import read_documents
 
     docs = read_documents(path)
     if heldout and any(d.split == "heldout" for d in docs):
         kept = [d for d in docs if d.split == "heldout"]
         if len(kept) < len(docs):
-            typer.echo(f"scoring the {len(kept)} held-out documents of {len(docs)} in {path} (the file marks "
-                       "splits; the others were trained on)", err=True)
+            first = f"the first {limit} of " if limit is not None and limit < len(kept) else ""
+            typer.echo(f"scoring {first}the {len(kept)} held-out documents of {len(docs)} in {path} (the file "
+                       "marks splits; the others were trained on)", err=True)
         docs = kept
-    return [d.segments for d in docs]
+    return [d.segments for d in docs][:limit]
 
 
 @eval_app.command()
@@ -217,7 +219,7 @@ def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out
                limit: int | None = LIMIT, batch_size: int = BATCH,
                dynamic: bool = typer.Option(True, help="also the dynamic perplexity (LMLM: the model writes its "
                                             "queries)"),
-               progress: bool = typer.Option(True, help="progress bars on stderr")):
+               progress: bool = typer.Option(True, help="progress bars on stderr (when it is a terminal)")):
     """Perplexity on annotated documents: static, dynamic, normalized (LMLM) or plain (Standard), per-role losses."""
     from ..lookup import strip
     from .base import Protocol
@@ -225,7 +227,8 @@ def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out
 
     from ..lookup import Lookup
 
-    docs = _read(_documents, data, heldout=True)[:limit]
+    progress = progress and sys.stderr.isatty()  # a log of both streams keeps the results JSON on a line of its own
+    docs = _read(_documents, data, heldout=True, limit=limit)
     if not docs:
         _fail(f"no documents in {data}")
     if dynamic and _mode(model) != "standard" and not any(isinstance(s, Lookup) for d in docs for s in d):

@@ -58,6 +58,14 @@ def test_perplexity_command(run_dir, tmp_path):
     assert res.exit_code == 0 and "no lookup calls" in res.output, res.output
     metrics = json.loads(res.output.strip().splitlines()[-1])["metrics"]
     assert "perplexity_dynamic" not in metrics and metrics["perplexity_static"] > 1  # not the static number again
+    # a file that marks splits: its held-out documents, and with --limit the message says how many are scored
+    marked = tmp_path / "marked.jsonl"
+    marked.write_text("".join(json.dumps({"text": line["text"], "split": s}) + "\n" for line, s in zip(
+        map(json.loads, (run_dir / "docs.jsonl").read_text().splitlines()), ["train"] + ["heldout"] * 5)))
+    res = runner.invoke(eval_app, ["perplexity", "--model", str(run_dir / "lmlm"), "--data", str(marked),
+                                   "--limit", "2", "--no-dynamic", "--out", str(tmp_path / "limited.json")])
+    assert res.exit_code == 0 and "scoring the first 2 of the 5 held-out documents of 6" in res.output, res.output
+    assert json.loads((tmp_path / "limited.json").read_text())["config"]["documents"] == 2
 
 
 def test_a_missing_kb_names_the_commands_own_options(world, run_dir, tmp_path):
