@@ -186,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     except abort:  # Ctrl-C (Click turns KeyboardInterrupt into Abort)
         print("error: interrupted", file=sys.stderr)
         return 130
+    if rv == 130:  # Typer turns Ctrl-C into exit code 130, returned without a word
+        print("error: interrupted", file=sys.stderr)
     return rv if isinstance(rv, int) else 0
 
 

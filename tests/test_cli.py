@@ -167,3 +167,21 @@ def test_bench_options_a_run_cannot_take_are_one_line_and_exit_2(tmp_path):
         r = subprocess.run([sys.executable, "-m", "lmlm.cli", "bench", *args], capture_output=True, text=True,
                            cwd=tmp_path, timeout=300)
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-800:])
+
+
+def test_ctrl_c_says_the_command_was_interrupted(tmp_path):
+    """Typer turns Ctrl-C into exit code 130 with nothing said; the command says it was interrupted."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "lmlm.cli", "world", str(tmp_path / "w"), "--preset", "large"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(3)  # the large world takes several seconds to generate
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "error: interrupted", err

@@ -49,7 +49,7 @@ def prepare(corpus: Path = typer.Argument(..., help="documents (.jsonl/.json/.pa
 
             print(f"interrupted: the shards written so far are kept in {out}; run the same command again to go on",
                   file=sys.stderr)
-            raise typer.Exit(130) from None
+            raise SystemExit(130) from None  # its own line said it all: not Typer's exit code 130 too
     if manifest.get("skipped_malformed"):
         import sys
 
