@@ -54,7 +54,14 @@ def pipeline_command(
                            device=device.value if device else None)
         if not spec.corpus.path:
             fail(f"recipe {spec.name} names no corpus: pass --corpus (a Wikipedia dump or a document file)")
-        report = run_pipeline(spec, out, fresh=fresh, progress=progress, until=until.value if until else None)
+        try:
+            report = run_pipeline(spec, out, fresh=fresh, progress=progress, until=until.value if until else None)
+        except KeyboardInterrupt:
+            import sys
+
+            print(f"interrupted: the finished stages and the last saved training state are kept in {out}; the same "
+                  "command goes on from there", file=sys.stderr)
+            raise SystemExit(130) from None
     if report is None:
         print(json.dumps({"stopped_after": until.value, "out": str(out)}))
         return

@@ -302,3 +302,30 @@ def test_a_users_own_annotated_corpus_end_to_end(tmp_path):
         assert m["steps"] == 3 and m["chunks"] == len(train) and "documents" not in m
     assert report["models"]["lmlm"]["lookup_calls"] == sum(d.num_calls for d in train) == 15
     assert len(report["runs"]) == 1 and "Run in parts" not in (tmp_path / "P" / "report.md").read_text()
+
+
+def test_an_interrupted_run_says_how_to_go_on_and_the_same_command_finishes(tmp_path):
+    import signal
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"p{i}", "annotated": f"{n} was born in [dblookup('{n}', 'Birth City') "
+                                        f"-> {c}] {c}."}) + "\n" for i, (n, c) in enumerate(PEOPLE)))
+    args = ["pipeline", "wiki-cpu", "--corpus", docs, "--out", tmp_path / "P", "--no-progress", "--set",
+            'annotate.methods=["given"]', "--set", "train.model=gpt2-tiny", "--set", "train.tokenizer=bpe:400",
+            "--set", "train.seq_len=32", "--set", "train.batch_size=2", "--set", "train.max_steps=2", "--set",
+            "evaluate.cloze_per_split=2", "--set", "evaluate.edits=0"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "lmlm.cli", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    for _ in range(600):  # Ctrl-C once the corpus stage is done (the KB's encoder is loading)
+        if (tmp_path / "P" / "annotate" / "done.json").exists() or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "the same command goes on from there" in err.strip().splitlines()[-1], err
+    assert not (tmp_path / "P" / "report.json").exists()
+    lmlm(*args)
+    report = json.loads((tmp_path / "P" / "report.json").read_text())
+    assert report["corpus"]["lookup_calls"] == 20 and report["kb"]["triples"] == 20 and len(report["runs"]) == 2
