@@ -312,14 +312,14 @@ def test_an_interrupted_run_says_how_to_go_on_and_the_same_command_finishes(tmp_
                                         f"-> {c}] {c}."}) + "\n" for i, (n, c) in enumerate(PEOPLE)))
     args = ["pipeline", "wiki-cpu", "--corpus", docs, "--out", tmp_path / "P", "--no-progress", "--set",
             'annotate.methods=["given"]', "--set", "train.model=gpt2-tiny", "--set", "train.tokenizer=bpe:400",
-            "--set", "train.seq_len=32", "--set", "train.batch_size=2", "--set", "train.max_steps=2", "--set",
+            "--set", "train.seq_len=32", "--set", "train.batch_size=2", "--set", "train.max_steps=200", "--set",
             "evaluate.cloze_per_split=2", "--set", "evaluate.edits=0"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "lmlm.cli", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    for _ in range(600):  # Ctrl-C once the corpus stage is done (the KB's encoder is loading)
-        if (tmp_path / "P" / "annotate" / "done.json").exists() or proc.poll() is not None:
+    for _ in range(3000):  # Ctrl-C once the LMLM's training has saved a state
+        if (tmp_path / "P" / "train-lmlm" / "state" / "trainer_state.json").exists() or proc.poll() is not None:
             break
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
@@ -329,3 +329,6 @@ def test_an_interrupted_run_says_how_to_go_on_and_the_same_command_finishes(tmp_
     lmlm(*args)
     report = json.loads((tmp_path / "P" / "report.json").read_text())
     assert report["corpus"]["lookup_calls"] == 20 and report["kb"]["triples"] == 20 and len(report["runs"]) == 2
+    steps = [json.loads(x)["step"] for x in (tmp_path / "P" / "train-lmlm" / "train_log.jsonl").read_text().splitlines()
+             if "loss" in json.loads(x)]
+    assert steps == sorted(set(steps)) and report["models"]["lmlm"]["steps"] == 200  # no step logged twice
