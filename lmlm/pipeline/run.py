@@ -214,13 +214,18 @@ def _write_triples(path: Path, merged: list[Document], infobox_triples: Path, ca
 # -- 3. knowledge base ----------------------------------------------------------------------------------
 
 def stage_kb(recipe: Recipe, out: Path) -> dict:
-    from ..kb import build
+    from ..kb import NotAKnowledgeBase, build
 
     folder = out / "kb"
     if (info := _done(folder)) is not None:
         return info
     t = time.time()
-    kb = build(folder, out / "annotate" / "triples.jsonl", who="lmlm pipeline", why=f"recipe {recipe.name}")
+    args = dict(who="lmlm pipeline", why=f"recipe {recipe.name}")
+    try:
+        kb = build(folder, out / "annotate" / "triples.jsonl", **args)
+    except NotAKnowledgeBase:  # its creation was cut short (Ctrl-C) before it held anything: made again
+        shutil.rmtree(folder)
+        kb = build(folder, out / "annotate" / "triples.jsonl", **args)
     aliases = out / "corpus" / "wikipedia" / "aliases.jsonl"  # redirects and infobox names (`lmlm kb build --aliases`)
     if aliases.exists() and aliases.stat().st_size and not kb.aliases():  # a resumed stage does not add them twice
         from ..kb.formats import read_aliases

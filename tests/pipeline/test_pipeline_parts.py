@@ -365,3 +365,22 @@ def test_a_corpus_with_nothing_to_train_on_is_refused_at_its_first_stage(tmp_pat
     recipe = load_recipe("wiki-cpu", ['annotate.methods=["given"]'], corpus=str(docs))
     with pytest.raises(RecipeError, match="split fields name no 'train' document"):
         run_pipeline(recipe, tmp_path / "Q", progress=False, until="corpus")
+
+
+def test_a_kb_whose_creation_was_cut_short_is_made_again(tmp_path):
+    """Ctrl-C while the KB stage creates its database leaves an SQLite file not yet marked as a KB; the rerun
+    made it again (it stopped with 'is an SQLite file but not an lmlm knowledge base')."""
+    import sqlite3
+
+    from lmlm.pipeline.run import run_pipeline
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "annotated": f"{n} was born in [dblookup('{n}', 'Birth City') "
+                                        f"-> London] London."}) + "\n" for i, n in enumerate(["Ada Lind", "Bo Moss"])))
+    recipe = load_recipe("wiki-cpu", ['annotate.methods=["given"]', "corpus.heldout=0.0"], corpus=str(docs))
+    assert run_pipeline(recipe, tmp_path / "P", progress=False, until="annotate") is None
+    (tmp_path / "P" / "kb").mkdir()
+    with sqlite3.connect(tmp_path / "P" / "kb" / "kb.sqlite") as db:
+        db.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT)")
+    assert run_pipeline(recipe, tmp_path / "P", progress=False, until="kb") is None
+    assert json.loads((tmp_path / "P" / "kb" / "done.json").read_text())["triples"] == 2
