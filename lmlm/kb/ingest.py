@@ -94,8 +94,10 @@ def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int 
     mark, here = f"build:{fp}", f"import:{source.resolve()}"
     meta = kb.store.meta()
     done, before = int(meta.get(mark, 0)), json.loads(meta.get(here, "null"))
-    if not done and before and _grew(source, before):
+    grew = not done and before and _grew(source, before)
+    if grew:
         done = before["facts"]  # lines added at the end of a file imported whole: only they are new
+    recount = not before or grew  # a changed file read again: its unchanged sourceless facts were counted
     show = (total or 0) >= PROGRESS_MIN if progress is None else progress
     it = islice(facts, done, None)  # a resumed build reads past what is already in
     chunks, longest = 0, 0.0
@@ -105,7 +107,7 @@ def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int 
             end = done + len(chunk)
             t = time.perf_counter()
             kb.store.write_facts(chunk, "import", who, f"{why}: {source.name} facts {done + 1}-{end}",
-                                 batch_size=batch_size, meta={mark: str(end)})
+                                 batch_size=batch_size, meta={mark: str(end)}, recount=recount)
             chunks, longest = chunks + 1, max(longest, time.perf_counter() - t)
             done = end
             bar.update(len(chunk))
