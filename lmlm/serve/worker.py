@@ -44,6 +44,7 @@ class GenParams:
     repetition_penalty: float = 1.0
     max_lookups: int | None = None  # None: the server's
     num_beams: int = 1
+    stop: tuple[str, ...] = ()  # a row stops once its text outside calls ends with one of these
 
     def batch_key(self) -> tuple:
         return astuple(self) + ((next(_seeded),) if self.seed is not None else ())
@@ -197,7 +198,8 @@ class ModelWorker:
                                    force_lookup=p.force_lookup, do_sample=p.do_sample, temperature=p.temperature,
                                    top_p=p.top_p, top_k=p.top_k, seed=p.seed, cache=cache,
                                    repetition_penalty=p.repetition_penalty, max_lookups=p.max_lookups,
-                                   num_beams=p.num_beams, **({"streamer": streamer} if streamer else {}))
+                                   num_beams=p.num_beams, stop_strings=list(p.stop) or None,
+                                   **({"streamer": streamer} if streamer else {}))
             run_s = time.perf_counter() - start
             k = 0
             for job in group:
