@@ -128,6 +128,11 @@ class LookupGenerator:
             raise ValueError(f"num_beams={num_beams} is beam search; it does not combine with do_sample=True")
         if max_lookups is not None and max_lookups < 0:
             raise ValueError(f"max_lookups must be >= 0, got {max_lookups}")
+        if (force_lookup or force_lookup_at) and (self.options["max_lookups"] if max_lookups is None
+                                                  else max_lookups) == 0:
+            raise ValueError("force_lookup and force_lookup_at open a call: they need max_lookups >= 1")
+        if stop_strings is not None and (isinstance(stop_strings, str) or not all(stop_strings)):
+            raise ValueError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r}")
         if stop_strings and ignore_eos:
             raise ValueError("stop_strings and ignore_eos exclude each other (a stopped row is padded with eos)")
         force_at = _force_offsets(force_lookup_at, len(prompts))
