@@ -17,7 +17,7 @@ from .answers import Answerer, query_key
 from .loop import LOOP_KWARGS, decode
 from .packed import pack_linears, packing
 from .processor import PAPER_LOGIT_BIAS, LookupLogitsProcessor
-from .trace import GenerationResult, build_result, open_call
+from .trace import GenerationResult, build_result, open_call, prompt_row
 
 if TYPE_CHECKING:
     from .stream import StreamEvent
@@ -81,8 +81,8 @@ class LookupGenerator:
         return LookupLogitsProcessor(self.tok, self.kb, **{"constraint": self.trie, **self.options, **overrides})
 
     def prompt_ids(self, prompt: str, force_lookup: bool = False) -> list[int]:
-        """``doc_id``, the prompt's ids and, with ``force_lookup``, ``<|db_start|>``."""
-        return [self.tok.doc_id, *self.tok.encode_text(prompt)] + ([self.tok.start_id] if force_lookup else [])
+        """``doc_id``, the prompt's ids and, with ``force_lookup``, ``<|db_start|>`` (:func:`prompt_row`)."""
+        return prompt_row(self.tok, prompt, force_lookup)
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[str], *, max_new_tokens: int = 64, batch_size: int = 16,

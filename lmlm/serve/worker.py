@@ -164,6 +164,9 @@ class ModelWorker:
         gen = self.generators[job.params.use_db]
         try:
             job.prompt_ids = [gen.prompt_ids(p, job.params.force_lookup) for p in job.prompts]
+        except ValueError as e:  # a prompt that ends inside a call's value, ...: said as it is
+            job.future.set_exception(e)
+            return False
         except Exception as e:  # a prompt the tokenizer cannot read
             job.future.set_exception(ValueError(f"cannot tokenize the prompt: {e}"))
             return False

@@ -58,3 +58,13 @@ def test_a_completion_stops_at_its_stop_sequence(client, demo):
     assert cut["usage"]["completion_tokens"] < full["usage"]["completion_tokens"]
     assert c["lmlm"]["text"].count("[dblookup(") == len(c["lmlm"]["trace"]) < len(full["choices"][0]["lmlm"]["trace"])
     assert c["lmlm"]["text"].endswith(".")
+
+
+def test_a_prompt_ending_inside_a_value_is_a_422(client, demo):
+    name, relation, _ = demo.facts[0]
+    prompt = f"{name} was born in <|db_start|> {name} <|sep|> {relation} <|db_retrieve|> Atlantis"
+    for path, body in (("/api/generate", {"prompt": prompt, "max_new_tokens": 4}),
+                       ("/api/generate", {"prompt": prompt, "max_new_tokens": 4, "stream": True}),
+                       ("/v1/completions", {"prompt": prompt, "max_tokens": 4})):
+        r = client.post(path, json=body)
+        assert r.status_code == 422 and "ends inside a call's value" in r.text, (path, r.text)
