@@ -72,6 +72,8 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
     llm = _vllm_options(backend, vllm_option or [], stream=stream, num_beams=num_beams, stop=bool(stop),
                         device=device)
     check_device(device)
+    if not all(prompt):
+        _fail(f"prompt {prompt.index('') + 1} is empty: give the text to continue")
     if force_lookup and max_lookups == 0:
         _fail("--force-lookup opens a call: it needs --max-lookups >= 1")
     if stop and not all(stop):

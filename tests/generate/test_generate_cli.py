@@ -39,8 +39,8 @@ def test_a_standard_checkpoint_generates_without_a_kb(tmp_path):
 
 
 def test_options_that_do_not_go_together_are_one_line_before_anything_is_printed(tmp_path):
-    """A forced call with no lookups allowed, an empty stop text, streaming with beam search: exit 2 with
-    one line naming the options, the prompt never printed (each ran, or printed the prompt first)."""
+    """A forced call with no lookups allowed, an empty stop text, streaming with beam search, an empty
+    prompt: exit 2 with one line naming them, the prompt never printed (each ran, or printed it first)."""
     from typer.testing import CliRunner
 
     from lmlm.cli import app
@@ -58,6 +58,8 @@ def test_options_that_do_not_go_together_are_one_line_before_anything_is_printed
         lines = [x for x in res.output.splitlines() if x.strip() and not x.startswith("Loading weights")]
         assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], \
             res.output
+    res = CliRunner().invoke(app, ["generate", prompt, "", "--model", str(demo.model_dir), "--kb", str(demo.kb_dir)])
+    assert res.exit_code == 2 and "error: prompt 2 is empty" in res.output, res.output  # as the server's 422
     model, tok, _ = load_checkpoint(demo.model_dir)
     gen = LookupGenerator(model, tok, KnowledgeBase.open(demo.kb_dir), max_lookups=0)
     for kwargs in (dict(force_lookup=True), dict(force_lookup_at=[0]), dict(stop_strings=[""])):
