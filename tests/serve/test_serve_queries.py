@@ -68,3 +68,12 @@ def test_a_prompt_ending_inside_a_value_is_a_422(client, demo):
                        ("/v1/completions", {"prompt": prompt, "max_tokens": 4})):
         r = client.post(path, json=body)
         assert r.status_code == 422 and "ends inside a call's value" in r.text, (path, r.text)
+
+
+def test_a_422_for_a_text_field_speaks_of_characters(client, auth):
+    for path, body, headers in (("/api/generate", {"prompt": ""}, {}),
+                                ("/api/kb/edit", {"entity": "Ada Lind", "relation": "Birth City", "value": ""}, auth)):
+        r = client.post(path, json=body, headers=headers)
+        assert r.status_code == 422 and "at least 1 character" in r.text and "item" not in r.text, r.text
+    r = client.post("/api/generate", json={"prompt": "x" * 5000})
+    assert r.status_code == 422 and "at most 4000 characters" in r.text, r.text
