@@ -199,15 +199,17 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
 
 def _documents(path: Path, heldout: bool = False):
     """Annotated documents of any file :mod:`lmlm.corpus` reads, as segment lists; with ``heldout``, a
-    file whose documents carry splits gives its held-out documents only."""
+    file whose documents carry splits gives its held-out documents only: those of any split but ``train``
+    (``heldout``, ``test``, ``validation`` ...), since ``lmlm train`` trains on ``train`` and unsplit ones."""
     from ..corpus import read_documents
 
     docs = read_documents(path)
-    if heldout and any(d.split == "heldout" for d in docs):
-        kept = [d for d in docs if d.split == "heldout"]
+    kept = [d for d in docs if d.split not in (None, "train")]
+    if heldout and kept:
         if len(kept) < len(docs):
-            typer.echo(f"scoring the {len(kept)} held-out documents of {len(docs)} in {path} (the file marks "
-                       "splits; the others were trained on)", err=True)
+            names = ", ".join(sorted({d.split for d in kept}))
+            typer.echo(f"scoring the {len(kept)} held-out documents ({names}) of {len(docs)} in {path} (the file "
+                       "marks splits; the others were trained on)", err=True)
         docs = kept
     return [d.segments for d in docs]
 

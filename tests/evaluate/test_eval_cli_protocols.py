@@ -60,6 +60,21 @@ def test_perplexity_command(run_dir, tmp_path):
     assert "perplexity_dynamic" not in metrics and metrics["perplexity_static"] > 1  # not the static number again
 
 
+def test_perplexity_scores_the_documents_of_any_held_out_split(run_dir, tmp_path):
+    """A file whose documents carry ``train`` and ``test`` (or ``validation``): the held-out ones only,
+    as ``lmlm train`` trains on ``train``; the same number as a file of the held-out documents alone."""
+    lines = (run_dir / "docs.jsonl").read_text().splitlines()
+    split = [{**json.loads(x), "split": "train" if k < 3 else "test"} for k, x in enumerate(lines)]
+    (tmp_path / "split.jsonl").write_text("".join(json.dumps(d) + "\n" for d in split))
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(d) + "\n" for d in split[3:]))
+    args = ["perplexity", "--model", str(run_dir / "lmlm"), "--no-dynamic"]
+    res = runner.invoke(eval_app, args + ["--data", str(tmp_path / "split.jsonl"), "--out", str(tmp_path / "a.json")])
+    assert res.exit_code == 0 and "the 3 held-out documents (test) of 6" in res.output, res.output
+    both = json.loads(res.output.strip().splitlines()[-1])["metrics"]
+    alone = _run(args + ["--data", str(tmp_path / "test.jsonl"), "--out", str(tmp_path / "b.json")])
+    assert both == alone and json.loads((tmp_path / "a.json").read_text())["config"]["documents"] == 3
+
+
 def test_a_missing_kb_names_the_commands_own_options(world, run_dir, tmp_path):
     """An LMLM checkpoint that names no KB: one line naming options the command has, then the way out works."""
     save_checkpoint(tmp_path / "no-kb", world.model, world.tok, {"mode": "lmlm"})
