@@ -175,6 +175,9 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
     topics = _read(read_topics, data)[:limit]
     if not topics:
         _fail(f"no topics in {data}")
+    if claims == "lookups" and (no_db or _mode(model) == "standard"):
+        _fail("--claims lookups scores the facts the model looked up, and " + ("--no-db" if no_db else
+              f"{model}, a Standard model,") + " makes no lookups: use --claims text (the facts its text states)")
     _, _, meta, gen, _ = _load(model, kb, no_db)
     truth = world or kb or (Path(meta["kb"]) if meta.get("kb") else None)
     if truth is None:

@@ -85,6 +85,22 @@ def test_popqa_and_factscore_commands(world, run_dir, tmp_path):
     assert res.exit_code == 2 and "supported by construction" in " ".join(res.output.split()), res.output
 
 
+def test_factscore_lookups_of_a_model_that_makes_none_is_refused(world, run_dir, tmp_path):
+    """A Standard model, or an LMLM with --no-db, makes no lookups: --claims lookups (the default) would score
+    no claim at all and exit 0 with every score null; one line says to read the text's claims instead."""
+    save_checkpoint(tmp_path / "standard", world.model, world.tok, {"mode": "standard"})
+    topics = tmp_path / "topics.txt"
+    topics.write_text("\n".join(n for n, _, _ in world.people[:2]))
+    for args in (["--model", str(tmp_path / "standard")], ["--model", str(run_dir / "checkpoint"), "--no-db"]):
+        res = runner.invoke(eval_app, ["factscore", *args, "--data", str(topics), "--world", str(run_dir / "kb"),
+                                       "--out", str(tmp_path / "fs.json")])
+        assert res.exit_code == 2 and "makes no lookups" in res.output and "--claims text" in res.output, res.output
+        assert not (tmp_path / "fs.json").exists()
+    m = _run(["factscore", "--model", str(tmp_path / "standard"), "--data", str(topics), "--world", str(run_dir / "kb"),
+              "--claims", "text", "--max-new-tokens", "16", "--out", str(tmp_path / "fs.json")])["metrics"]
+    assert m["factscore_n"] == 2
+
+
 def test_nlu_command(run_dir, shared_data, tmp_path):
     m = _run(["nlu", "--model", str(run_dir / "checkpoint"), "--data", str(shared_data / "bigbench" / "social_iqa.json"),
               "--limit", "4", "--out", str(tmp_path / "nlu.json")])["metrics"]
