@@ -155,7 +155,10 @@ def nlu(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
     items = _read(read_bigbench_mc, data, template=template, limit=limit)
     m, tok, _, _, _ = _load(model, None, no_db=True, need_generator=False)
     records: list = []
-    metrics = nlu_eval(m, tok, items, batch_size=batch_size, records=records)
+    try:
+        metrics = nlu_eval(m, tok, items, batch_size=batch_size, records=records)
+    except ValueError as e:
+        _fail(f"{data}: {e}")
     _finish(NLU, metrics, records, out, {"model": str(model), "data": str(data), "template": template})
 
 

@@ -157,6 +157,14 @@ def choice_scores(model, tok: LookupTokenizer, items: Sequence[MCItem], *, batch
                   ban_lookup: bool = True) -> list[list[Score]]:
     """One :class:`Score` per choice of every item (each choice scored as ``" " + choice``)."""
     pairs = [split_pair(tok, it.context, " " + c) for it in items for c in it.choices]
+    max_len, k = max_positions(model), 0
+    for it in items:
+        for c in it.choices:
+            if len(pairs[k][1]) >= max_len:
+                raise ValueError(f"example {int(it.uid) + 1 if it.uid.isdigit() else it.uid}: the choice "
+                                 f"{c[:40]!r}{'...' if len(c) > 40 else ''} is {len(pairs[k][1])} tokens, which do "
+                                 f"not fit the model's context of {max_len}")
+            k += 1
     flat = score_continuations(model, pairs, banned=tok.call_ids if ban_lookup else (), batch_size=batch_size)
     out, k = [], 0
     for it in items:

@@ -107,6 +107,17 @@ def test_nlu_command(run_dir, shared_data, tmp_path):
     assert m["nlu_n"] == 4 and 0 <= m["nlu_acc_norm"] <= 1
 
 
+def test_nlu_choice_longer_than_the_context_is_one_line(run_dir, tmp_path):
+    """A choice of more tokens than the model reads: one line naming the file and the example, exit 2."""
+    task = {"examples": [{"input": "Pick one.", "target_scores": {"yes": 1, "no": 0}},
+                         {"input": "Pick one.", "target_scores": {"yes": 1, "no " * 200: 0}}]}
+    (tmp_path / "task.json").write_text(json.dumps(task))
+    res = runner.invoke(eval_app, ["nlu", "--model", str(run_dir / "checkpoint"), "--data", str(tmp_path / "task.json"),
+                                   "--out", str(tmp_path / "nlu.json")])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "task.json: example 2: the choice 'no no" in res.output and "context of 128" in res.output, res.output
+
+
 def test_errors(run_dir, tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     res = runner.invoke(eval_app, ["trex", "--model", str(run_dir / "checkpoint"), "--data", str(tmp_path / "empty.jsonl")])
