@@ -360,6 +360,8 @@ def offloading(lmlm: Path = typer.Option(..., "--lmlm", help="the LMLM checkpoin
 
     originals = _read(read_documents, data)[:limit]  # ids, splits and fields go on into the corpora
     docs = [d.segments for d in originals]
+    if not any(d.num_calls for d in originals):
+        _fail(f"no lookup calls in {data}: offloading ranks the facts of an annotated corpus's calls")
     for path, option, want in ((lmlm, "--lmlm", "lmlm"), (standard, "--standard", "standard")):
         if _mode(path) != want:
             _fail(f"{option} {path} is a {_mode(path)} checkpoint; {option} takes the {want} one")
@@ -369,6 +371,8 @@ def offloading(lmlm: Path = typer.Option(..., "--lmlm", help="the LMLM checkpoin
         _fail(f"--lmlm and --standard have different tokenizers ({len(tok.hf)} and {len(stok.hf)} tokens): "
               "the loss after each call is compared token by token, so both must be trained with the same one")
     deltas = fact_loss_differences(lm, sm, tok, docs, n_tokens=n_tokens, batch_size=batch_size)
+    if not deltas:
+        _fail(f"no call in {data} has text after it: the loss difference is over the tokens that follow a call")
     thresholds = offload_thresholds(deltas, rs)
     metrics = {"offloading_facts": float(len(deltas))}
     metrics.update({f"offloading_threshold_{round(r * 100)}": t for r, t in thresholds.items() if t is not None})

@@ -132,6 +132,15 @@ def test_offloading_command(run_dir, tmp_path):
     assert swapped.exit_code == 2 and "is a standard checkpoint" in " ".join(swapped.output.split()), swapped.output
 
 
+def test_offloading_of_a_corpus_without_calls_is_refused(run_dir, tmp_path):
+    """Plain documents have no fact to rank: one line, exit 2, no results file (was exit 0 with 0 facts)."""
+    (tmp_path / "plain.jsonl").write_text(json.dumps({"text": "Ada Lind was born in Paris."}) + "\n")
+    res = runner.invoke(eval_app, ["offloading", "--lmlm", str(run_dir / "lmlm"), "--standard", str(run_dir / "standard"),
+                                   "--data", str(tmp_path / "plain.jsonl"), "--out", str(tmp_path / "off.json")])
+    assert res.exit_code == 2 and "no lookup calls in" in res.output and "plain.jsonl" in res.output, res.output
+    assert not (tmp_path / "off.json").exists()
+
+
 def test_rag_command(world, run_dir, tmp_path):
     data = tmp_path / "P19.jsonl"
     data.write_text("".join(json.dumps({"uuid": str(k), "obj_label": c, "sub_label": n, "predicate_id": "P19",
