@@ -204,7 +204,7 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
 
 
 def _documents(path: Path, heldout: bool = False):
-    """Annotated documents of any file :mod:`lmlm.corpus` reads, as segment lists; with ``heldout``, a
+    """Annotated documents of any file :mod:`lmlm.corpus` reads (:class:`lmlm.corpus.Document`); with ``heldout``, a
     file whose documents carry splits gives its held-out documents only: those of any split but ``train``
     (``heldout``, ``test``, ``validation`` ...), since ``lmlm train`` trains on ``train`` and unsplit ones."""
     from ..corpus import read_documents
@@ -217,7 +217,7 @@ def _documents(path: Path, heldout: bool = False):
             typer.echo(f"scoring the {len(kept)} held-out documents ({names}) of {len(docs)} in {path} (the file "
                        "marks splits; the others were trained on)", err=True)
         docs = kept
-    return [d.segments for d in docs]
+    return docs
 
 
 @eval_app.command()
@@ -231,7 +231,8 @@ def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out
 
     from ..lookup import Lookup
 
-    docs = _read(_documents, data, heldout=True)[:limit]
+    read = _read(_documents, data, heldout=True)[:limit]
+    docs = [d.segments for d in read]
     if not docs:
         _fail(f"no documents in {data}")
     if dynamic and _mode(model) != "standard" and not any(isinstance(s, Lookup) for d in docs for s in d):
@@ -252,8 +253,14 @@ def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out
         metrics.update({f"perplexity_loss_{k}": v for k, v in st["role_loss"].items()})
         if gen is not None:
             dyn = dynamic_perplexity(gen, docs, batch_size)
-            metrics.update(perplexity_dynamic=dyn["dynamic"], perplexity_dynamic_lookup_found=dyn["lookup_found_rate"])
-    _finish(protocol, metrics, [], out, {"model": str(model), "data": str(data), "documents": len(docs)}, gen)
+            metrics.update(perplexity_dynamic=dyn["dynamic"], perplexity_dynamic_lookup_found=dyn["lookup_found_rate"],
+                           perplexity_dynamic_lookup_answered=dyn["lookup_matched_rate"],
+                           perplexity_dynamic_lookup_wrong_entity=float(dyn["lookup_wrong_entity"]),
+                           perplexity_dynamic_lookups=float(dyn["lookups"]))
+    metrics["perplexity_documents"] = float(len(docs))
+    records = [{k: read[v].id if k == "document" else v for k, v in q.items() if k != "group"}
+               for q in dyn["queries"]] if metrics.get("perplexity_dynamic_lookups") else []  # to read the misses by
+    _finish(protocol, metrics, records, out, {"model": str(model), "data": str(data), "documents": len(docs)}, gen)
 
 
 def _mode(model: Path) -> str:
@@ -403,7 +410,7 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
 
     if task not in ("trex", "popqa", "factscore"):
         _fail(f"--task must be trex, popqa or factscore, got {task!r}")
-    texts = [strip(d) for d in _read(_documents, corpus)]
+    texts = [strip(d.segments) for d in _read(_documents, corpus)]
     m, tok, _, gen, _ = _load(model, None, no_db=True)
     try:
         retriever = BM25Retriever(corpus_passages(texts, words))

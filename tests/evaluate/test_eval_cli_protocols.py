@@ -43,11 +43,18 @@ def _run(args):
     return json.loads(res.output.strip().splitlines()[-1])["metrics"]
 
 
-def test_perplexity_command(run_dir, tmp_path):
+def test_perplexity_command(world, run_dir, tmp_path):
     m = _run(["perplexity", "--model", str(run_dir / "lmlm"), "--data", str(run_dir / "docs.jsonl"),
               "--out", str(tmp_path / "ppl.json")])
     assert m["perplexity_static"] > 1 and m["perplexity_normalized"] > 1 and m["perplexity_dynamic"] > 1
     assert m["perplexity_dynamic_lookup_found"] >= 0 and "perplexity_loss_value" in m
+    # n: the documents and the queries the model wrote, each query a record to read the misses by
+    assert m["perplexity_documents"] == 6 and m["perplexity_dynamic_lookups"] == 12
+    records = json.loads((tmp_path / "ppl.json").read_text())["records"]
+    assert len(records) == 12 and records[0]["document"] == "1" and records[-1]["document"] == "6"
+    assert records[0]["reference"] == [world.people[0][0], "Birth City"] and records[6]["reference"][1] == "Occupation"
+    assert sum(r["found"] for r in records) == round(m["perplexity_dynamic_lookup_found"] * 12)
+    assert m["perplexity_dynamic_lookup_wrong_entity"] == sum(r["matched"] and not r["found"] for r in records)
     s = _run(["perplexity", "--model", str(run_dir / "standard"), "--data", str(run_dir / "docs.jsonl"),
               "--out", str(tmp_path / "ppl-std.json")])
     assert s["perplexity_org_tokens"] == m["perplexity_org_tokens"]     # the same text tokens are scored
@@ -135,8 +142,9 @@ def test_offloading_command(run_dir, tmp_path):
 def test_offloading_of_a_corpus_without_calls_is_refused(run_dir, tmp_path):
     """Plain documents have no fact to rank: one line, exit 2, no results file (was exit 0 with 0 facts)."""
     (tmp_path / "plain.jsonl").write_text(json.dumps({"text": "Ada Lind was born in Paris."}) + "\n")
-    res = runner.invoke(eval_app, ["offloading", "--lmlm", str(run_dir / "lmlm"), "--standard", str(run_dir / "standard"),
-                                   "--data", str(tmp_path / "plain.jsonl"), "--out", str(tmp_path / "off.json")])
+    res = runner.invoke(eval_app, ["offloading", "--lmlm", str(run_dir / "lmlm"), "--standard",
+                                   str(run_dir / "standard"), "--data", str(tmp_path / "plain.jsonl"),
+                                   "--out", str(tmp_path / "off.json")])
     assert res.exit_code == 2 and "no lookup calls in" in res.output and "plain.jsonl" in res.output, res.output
     assert not (tmp_path / "off.json").exists()
 
