@@ -142,7 +142,8 @@ def popqa(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Pat
     metrics = popqa_eval(gen, items, force_lookup=force_lookup and uses_db, max_new_tokens=max_new_tokens,
                          batch_size=batch_size, records=records)
     _finish(POPQA, metrics, records, out, {"model": str(model), "data": str(data), "max_new_tokens": max_new_tokens,
-                                           "max_popularity": max_popularity, "limit": limit}, gen)
+                                           "max_popularity": max_popularity, "limit": limit,
+                                           "force_lookup": force_lookup and uses_db}, gen)
 
 
 @eval_app.command()

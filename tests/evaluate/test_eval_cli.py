@@ -75,6 +75,11 @@ def test_popqa_and_factscore_commands(world, run_dir, tmp_path):
     m = _run(["popqa", "--model", str(run_dir / "checkpoint"), "--kb", str(run_dir / "kb"), "--data", str(data),
               "--out", str(tmp_path / "popqa.json"), "--max-new-tokens", "12"])["metrics"]
     assert m["popqa_n"] == 3 and 0 <= m["popqa_accuracy"] <= 1
+    forced = _run(["popqa", "--model", str(run_dir / "checkpoint"), "--data", str(data), "--force-lookup",
+                   "--out", str(tmp_path / "forced.json"), "--max-new-tokens", "4"])["metrics"]
+    config = {f: json.loads((tmp_path / f"{f}.json").read_text())["config"] for f in ("popqa", "forced")}
+    assert config["popqa"]["force_lookup"] is False and config["forced"]["force_lookup"] is True  # which protocol ran
+    assert forced["popqa_lookup_answered"] > 0  # lookups opened right after the prompts
     topics = tmp_path / "topics.txt"
     topics.write_text("\n".join(n for n, _, _ in world.people[:2]))
     m = _run(["factscore", "--model", str(run_dir / "checkpoint"), "--data", str(topics), "--max-new-tokens", "24",
