@@ -18,8 +18,8 @@ from typing import Any
 
 from ..lookup import PAPER_TOKENS, LookupTokens
 
-__all__ = ["Protocol", "mean", "output_text", "outputs_of", "read_json_records", "trace_dicts", "write_results",
-           "same_entity", "lookup_metrics"]
+__all__ = ["Protocol", "mean", "output_text", "outputs_of", "progress_option", "read_json_records", "trace_dicts",
+           "write_results", "same_entity", "lookup_metrics"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,12 @@ def answer_budget(generator, max_new_tokens: int) -> int:
     Standard model answer in the same number of text tokens, the calls not taken from the LMLM's."""
     calls = getattr(generator, "options", {}).get("use_db", False) and getattr(generator, "kb", None) is not None
     return max_new_tokens + (CALL_ROOM if calls else 0)
+
+
+def progress_option(progress: bool) -> dict:
+    """``generate``'s keyword for a progress bar over its batches, only when one is asked for (a backend
+    without the option, such as vLLM's, is then called as before)."""
+    return {"progress": True} if progress else {}
 
 
 def trace_dicts(result) -> list[dict]:

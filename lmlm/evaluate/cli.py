@@ -112,7 +112,7 @@ def trex(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
     _, _, _, gen, uses_db = _load(model, kb, no_db, on_miss="skip")  # a missed lookup goes on as text
     records: list = []
     metrics = trex_eval(gen, items, force_lookup=uses_db, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                        records=records)
+                        records=records, progress=True)
     _finish(TREX, metrics, records, out, {"model": str(model), "data": str(data), "force_lookup": uses_db,
                                           "max_new_tokens": max_new_tokens, "limit": limit}, gen)
 
@@ -140,7 +140,7 @@ def popqa(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Pat
     _, _, _, gen, uses_db = _load(model, kb, no_db)
     records: list = []
     metrics = popqa_eval(gen, items, force_lookup=force_lookup and uses_db, max_new_tokens=max_new_tokens,
-                         batch_size=batch_size, records=records)
+                         batch_size=batch_size, records=records, progress=True)
     _finish(POPQA, metrics, records, out, {"model": str(model), "data": str(data), "max_new_tokens": max_new_tokens,
                                            "max_popularity": max_popularity, "limit": limit,
                                            "force_lookup": force_lookup and uses_db}, gen)
@@ -197,7 +197,8 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
     records: list = []
     try:
         metrics = factscore_eval(gen, topics, facts, claims=claims, gamma=gamma, max_new_tokens=max_new_tokens,
-                                 repetition_penalty=repetition_penalty, batch_size=batch_size, records=records)
+                                 repetition_penalty=repetition_penalty, batch_size=batch_size, records=records,
+                                 progress=True)
     except ValueError as e:
         _fail(str(e))
     _finish(FACTSCORE, metrics, records, out, {"model": str(model), "data": str(data), "world": str(truth),
@@ -425,13 +426,14 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
         if not items:
             _fail(f"no usable T-REx facts in {data}")
         metrics = trex_eval(rag_gen, items, force_lookup=False, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                            records=records)
+                            records=records, progress=True)
     elif task == "popqa":
         from .popqa import popqa_eval, read_qa
         items = _read(read_qa, data, limit=limit)
         if not items:
             _fail(f"no questions in {data}")
-        metrics = popqa_eval(rag_gen, items, max_new_tokens=max_new_tokens, batch_size=batch_size, records=records)
+        metrics = popqa_eval(rag_gen, items, max_new_tokens=max_new_tokens, batch_size=batch_size, records=records,
+                             progress=True)
     else:
         from ..kb import KBError, KnowledgeBase
         from .factscore import factscore_eval, read_topics, world_from_kb
@@ -445,7 +447,7 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
         if not topics:
             _fail(f"no topics in {data}")
         metrics = factscore_eval(rag_gen, topics, facts, claims="text", max_new_tokens=max_new_tokens,
-                                 batch_size=batch_size, records=records)
+                                 batch_size=batch_size, records=records, progress=True)
     metrics = {f"rag_{k_}": v for k_, v in metrics.items() if "_lookup_" not in k_}  # a Standard reader makes none
     kept = rag_gen.last_passages
     if len(kept) == len(records):  # what each prompt was given, to read beside its answer

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..lookup import Lookup, parse
-from .base import Protocol, mean, normal_text, outputs_of, read_json_records, trace_dicts
+from .base import Protocol, mean, normal_text, outputs_of, progress_option, read_json_records, trace_dicts
 from .popqa import normalize_answer
 
 __all__ = [
@@ -327,7 +327,7 @@ def _pooled(scored: Sequence[dict], stated: bool) -> tuple[float, int]:
 def factscore_eval(generator, topics: Sequence[str], world: World, *, claims: str = "lookups",
                    prompt: str = BIO_PROMPT, gamma: int = GAMMA, max_new_tokens: int = 256,
                    repetition_penalty: float = 1.2, batch_size: int = 16, patterns: ClaimPatterns | None = None,
-                   records: list | None = None) -> dict[str, float]:
+                   records: list | None = None, progress: bool = False) -> dict[str, float]:
     """Generate a biography per topic and score its claims against ``world``.
 
     Args:
@@ -340,6 +340,7 @@ def factscore_eval(generator, topics: Sequence[str], world: World, *, claims: st
         max_new_tokens, repetition_penalty: the paper's decoding (256, 1.2), greedy.
         patterns: the phrasings ``claims="text"`` reads (default: the biography world's).
         records (list, optional): appended with one dict per topic.
+        progress (bool, default False): a progress bar over the generation's batches.
 
     Returns:
         ``factscore_score_no_penalty`` (mean precision over responding topics), ``factscore_score``
@@ -353,7 +354,7 @@ def factscore_eval(generator, topics: Sequence[str], world: World, *, claims: st
     patterns = patterns or (ClaimPatterns() if claims == "text" else None)
     prompts = [prompt.format(name=t) for t in topics]
     results = generator.generate(prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                 repetition_penalty=repetition_penalty)
+                                 repetition_penalty=repetition_penalty, **progress_option(progress))
     scored = []
     for topic, p, r, text in zip(topics, prompts, results, outputs_of(generator, results)):
         if claims == "lookups":

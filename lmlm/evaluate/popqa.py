@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import (Protocol, answer_budget, lookup_metrics, mean, normal_fields, outputs_of, read_json_records,
-                   trace_dicts)
+from .base import (Protocol, answer_budget, lookup_metrics, mean, normal_fields, outputs_of, progress_option,
+                   read_json_records, trace_dicts)
 
 __all__ = [
     "COMPLETIONS",
@@ -233,7 +233,8 @@ def read_qa(path: str | Path, **kwargs) -> list[QAItem]:
 
 
 def popqa_eval(generator, items: Sequence[QAItem], *, force_lookup: bool = False, max_new_tokens: int = 32,
-               batch_size: int = 32, by_relation: bool = True, records: list | None = None) -> dict[str, float]:
+               batch_size: int = 32, by_relation: bool = True, records: list | None = None,
+               progress: bool = False) -> dict[str, float]:
     """Greedy PopQA evaluation of a :class:`lmlm.generate.LookupGenerator`.
 
     Args:
@@ -244,6 +245,7 @@ def popqa_eval(generator, items: Sequence[QAItem], *, force_lookup: bool = False
             :data:`~lmlm.evaluate.base.CALL_ROOM` more (:func:`~lmlm.evaluate.base.answer_budget`).
         by_relation (bool, default True): also report ``popqa_accuracy_<relation>``.
         records (list, optional): appended with one dict per item.
+        progress (bool, default False): a progress bar over the generation's batches.
 
     Returns:
         ``popqa_accuracy`` (any gold answer in the lookup-stripped output), ``popqa_n``,
@@ -251,7 +253,7 @@ def popqa_eval(generator, items: Sequence[QAItem], *, force_lookup: bool = False
         ``popqa_lookup_wrong_entity``: items answered only about someone else) and per-relation accuracy.
     """
     results = generator.generate([it.prompt for it in items], max_new_tokens=answer_budget(generator, max_new_tokens),
-                                 batch_size=batch_size, force_lookup=force_lookup)
+                                 batch_size=batch_size, force_lookup=force_lookup, **progress_option(progress))
     outputs = outputs_of(generator, results, max_new_tokens)
     hits = [answer_in_output(o, it.answers) for o, it in zip(outputs, items)]
     out = {POPQA.key("accuracy"): mean(hits), POPQA.key("n"): float(len(items)),

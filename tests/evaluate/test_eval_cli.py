@@ -32,7 +32,7 @@ def run_dir(world, tmp_path_factory):
 def _run(args):
     res = runner.invoke(eval_app, args)
     assert res.exit_code == 0, res.output
-    return json.loads(res.output.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -63,6 +63,7 @@ def test_trex_command(world, run_dir, tmp_path):
     res = runner.invoke(eval_app, ["trex", "--model", str(run_dir / "checkpoint"), "--data", str(data),
                                    "--out", str(out)])
     assert res.exit_code == 0 and "1 of 5 T-REx records left out" in res.output, res.output
+    assert "generate: 100%" in res.output  # a progress bar over the batches (a full T-REx run takes hours)
 
 
 def test_popqa_and_factscore_commands(world, run_dir, tmp_path):

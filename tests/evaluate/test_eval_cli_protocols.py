@@ -40,7 +40,7 @@ def run_dir(world, tmp_path_factory):
 def _run(args):
     res = runner.invoke(eval_app, args)
     assert res.exit_code == 0, res.output
-    return json.loads(res.output.strip().splitlines()[-1])["metrics"]
+    return json.loads(res.stdout.strip().splitlines()[-1])["metrics"]
 
 
 def test_perplexity_command(world, run_dir, tmp_path):
@@ -63,7 +63,7 @@ def test_perplexity_command(world, run_dir, tmp_path):
     res = runner.invoke(eval_app, ["perplexity", "--model", str(run_dir / "lmlm"), "--data", str(plain),
                                    "--out", str(tmp_path / "plain.json")])
     assert res.exit_code == 0 and "no lookup calls" in res.output, res.output
-    metrics = json.loads(res.output.strip().splitlines()[-1])["metrics"]
+    metrics = json.loads(res.stdout.strip().splitlines()[-1])["metrics"]
     assert "perplexity_dynamic" not in metrics and metrics["perplexity_static"] > 1  # not the static number again
 
 
@@ -77,7 +77,7 @@ def test_perplexity_scores_the_documents_of_any_held_out_split(run_dir, tmp_path
     args = ["perplexity", "--model", str(run_dir / "lmlm"), "--no-dynamic"]
     res = runner.invoke(eval_app, args + ["--data", str(tmp_path / "split.jsonl"), "--out", str(tmp_path / "a.json")])
     assert res.exit_code == 0 and "the 3 held-out documents (test) of 6" in res.output, res.output
-    both = json.loads(res.output.strip().splitlines()[-1])["metrics"]
+    both = json.loads(res.stdout.strip().splitlines()[-1])["metrics"]
     alone = _run(args + ["--data", str(tmp_path / "test.jsonl"), "--out", str(tmp_path / "b.json")])
     assert both == alone and json.loads((tmp_path / "a.json").read_text())["config"]["documents"] == 3
 
