@@ -120,15 +120,21 @@ def lookup_metrics(protocol: Protocol, results, subjects) -> dict[str, float]:
     """How the lookups of ``results`` (one per item about ``subjects[i]``) were answered.
 
     ``lookup_found``: share of items with a lookup the KB answered with a fact about the item's
-    subject (the matched entity, or the query's entity that the KB resolved, is the subject; any
-    answer where an item names no subject); ``lookup_answered``: with any answer;
-    ``lookup_wrong_entity``: items whose answers were all about someone else.
+    subject (the matched entity, or the query's entity that the KB resolved by name, is the subject;
+    any answer where an item names no subject); ``lookup_answered``: with any answer;
+    ``lookup_wrong_entity``: items whose answers were all about someone else. The paper's match of
+    the whole key (``via == "key"``) resolves no name: a query naming the subject that it answers with
+    a namesake's fact ("Darren Rios" -> Ian Rios's) is about someone else.
     """
+    def about(t, subject: str) -> bool:
+        matched = getattr(t, "matched_entity", None)
+        return (not subject or same_entity(matched, subject)
+                or (same_entity(t.query_entity, subject) and (matched is None or getattr(t, "via", None) != "key")))
+
     found, answered, wrong = [], [], 0
     for r, subject in zip(results, subjects):
         got = [t for t in getattr(r, "trace", []) if getattr(t, "found", False)]
-        right = any(not subject or same_entity(getattr(t, "matched_entity", None), subject)
-                    or same_entity(t.query_entity, subject) for t in got)
+        right = any(about(t, subject) for t in got)
         found.append(right)
         answered.append(bool(got))
         wrong += bool(got) and not right
