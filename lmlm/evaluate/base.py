@@ -144,11 +144,16 @@ def lookup_metrics(protocol: Protocol, results, subjects) -> dict[str, float]:
 
 def write_results(path: str | Path, protocol: Protocol, metrics: Mapping[str, float],
                   records: list[dict] | None = None, config: Mapping[str, Any] | None = None) -> Path:
-    """Write ``{"protocol", "metrics", "config", "records"}`` as JSON to ``path`` (folders created)."""
+    """Write ``{"protocol", "metrics", "config", "records"}`` as JSON to ``path`` (folders created).
+
+    ``protocol.primary`` is null when the metrics do not hold it (forget quality without a retain model,
+    the offloading ranking, which trains no model): a reader of the file finds the metric it names."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"protocol": asdict(protocol), "metrics": dict(metrics), "config": dict(config or {}),
-           "records": records or []}
+    about = asdict(protocol)
+    if protocol.primary not in metrics:
+        about["primary"] = None
+    doc = {"protocol": about, "metrics": dict(metrics), "config": dict(config or {}), "records": records or []}
     path.write_text(json.dumps(_no_nan(doc), indent=2, default=str, allow_nan=False) + "\n")
     return path
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -460,4 +461,6 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
             golds = [[it.gold] if task == "trex" else list(it.answers) for it in items]
             metrics["rag_answer_in_passages"] = sum(answer_in_output(" ".join(ps), g) for ps, g in zip(kept, golds)) \
                 / max(1, len(kept))
-    _finish(RAG, metrics, records, out, {"model": str(model), "corpus": str(corpus), "task": task, "k": k, "words": words})
+    primary = {"trex": "trex_exact_match", "popqa": "popqa_accuracy", "factscore": "factscore_score_no_penalty"}[task]
+    _finish(replace(RAG, primary=f"rag_{primary}"), metrics, records, out,
+            {"model": str(model), "corpus": str(corpus), "task": task, "k": k, "words": words})

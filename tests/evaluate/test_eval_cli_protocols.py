@@ -131,7 +131,9 @@ def test_offloading_command(run_dir, tmp_path):
           "--out", str(tmp_path / "off2.json")])
     kept = [json.loads(x) for x in (tmp_path / "c2" / "ratio-050.jsonl").read_text().splitlines()]
     assert [(d["id"], d["split"], d["person"]) for d in kept] == [(d["id"], d["split"], d["person"]) for d in given]
-    records = json.loads((tmp_path / "off.json").read_text())["records"]
+    doc = json.loads((tmp_path / "off.json").read_text())
+    assert doc["protocol"]["primary"] is None  # a ranking: the perplexity per ratio needs a model trained on each
+    records = doc["records"]
     diffs = [r["loss_difference"] for r in records]
     assert diffs == sorted(diffs, reverse=True)
     swapped = runner.invoke(eval_app, ["offloading", "--lmlm", str(run_dir / "standard"), "--standard",
@@ -161,6 +163,15 @@ def test_rag_command(world, run_dir, tmp_path):
     assert all(1 <= len(r["passages"]) <= 2 for r in records) and not any("_lookup_" in k for k in m)
     # the docs state each person's city, and BM25 finds a passage naming the person: the ceiling is met
     assert m["rag_answer_in_passages"] == sum(r["gold"] in " ".join(r["passages"]) for r in records) / 3
+    assert json.loads((tmp_path / "rag.json").read_text())["protocol"]["primary"] == "rag_trex_exact_match"
+    qa = tmp_path / "qa.jsonl"  # PopQA's columns as JSON lines: the results file names the metric it holds
+    qa.write_text("".join(json.dumps({"question": f"Where was {n} born?", "subj": n, "prop": "place of birth",
+                                      "possible_answers": json.dumps([c])}) + "\n" for n, c, _ in world.people[:2]))
+    m = _run(["rag", "--model", str(run_dir / "standard"), "--corpus", str(run_dir / "docs.jsonl"), "--data", str(qa),
+              "--task", "popqa", "-k", "2", "--words", "20", "--max-new-tokens", "6",
+              "--out", str(tmp_path / "qa.json")])
+    primary = json.loads((tmp_path / "qa.json").read_text())["protocol"]["primary"]
+    assert primary == "rag_popqa_accuracy" and m[primary] == m["rag_popqa_accuracy"]
     res = runner.invoke(eval_app, ["rag", "--model", str(run_dir / "standard"), "--corpus", str(run_dir / "docs.jsonl"),
                                    "--data", str(data), "--task", "nope"])
     assert res.exit_code == 2 and "--task" in res.output
