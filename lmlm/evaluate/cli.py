@@ -21,9 +21,20 @@ MODEL = typer.Option(..., "--model", help="checkpoint folder (written by lmlm tr
 KB = typer.Option(None, "--kb", help="KB folder (default: the checkpoint's KB; ignored for Standard models)")
 DATA = typer.Option(..., "--data", help="the benchmark file, in its official format")
 def _check_out(out: Path | None) -> Path | None:
-    """``--out`` is a file to write, checked before the evaluation runs."""
-    if out is not None and out.is_dir():
+    """``--out`` is a file that can be written, checked before the evaluation runs (not after it)."""
+    import os
+
+    if out is None:
+        return out
+    if out.is_dir():
         raise typer.BadParameter(f"{out} is a folder: give a file to write, e.g. {out / 'results.json'}")
+    folder = out.absolute().parent
+    while not folder.exists():  # the first folder that is there: the others are made when the results are written
+        folder = folder.parent
+    if not folder.is_dir():
+        raise typer.BadParameter(f"{folder} is a file, so {out} cannot be written under it")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise typer.BadParameter(f"{folder} is not writable, so {out} cannot be written")
     return out
 
 

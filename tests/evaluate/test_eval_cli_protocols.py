@@ -192,3 +192,8 @@ def test_results_files_are_strict_json_and_out_is_a_file(tmp_path):
     res = CliRunner().invoke(eval_app, ["trex", "--model", str(tmp_path / "none"), "--data", str(tmp_path / "d.jsonl"),
                                         "--out", str(tmp_path / "results")])
     assert res.exit_code == 2 and "Invalid value for '--out'" in res.output and "folder" in res.output, res.output
+    (tmp_path / "d.jsonl").write_text("")  # a path under a file: refused at once, not after the evaluation
+    res = CliRunner().invoke(eval_app, ["trex", "--model", str(tmp_path / "none"), "--data", str(tmp_path / "d.jsonl"),
+                                        "--out", str(tmp_path / "d.jsonl" / "sub" / "r.json")])
+    said = " ".join(res.output.replace("│", " ").split())  # the message as one line, the error box's frame gone
+    assert res.exit_code == 2 and "is a file, so" in said and "cannot be written" in said, res.output
