@@ -186,7 +186,8 @@ def predictions(item: MCItem, scores: Sequence[Score]) -> dict[str, int]:
 
 def nlu_eval(model, tok: LookupTokenizer, items: Sequence[MCItem], *, batch_size: int = 16,
              ban_lookup: bool = True, records: list | None = None) -> dict[str, float]:
-    """Multiple-choice accuracy of a causal LM: ``nlu_acc``, ``nlu_acc_norm``, ``nlu_acc_per_token``, ``nlu_n``.
+    """Multiple-choice accuracy of a causal LM: ``nlu_acc``, ``nlu_acc_norm``, ``nlu_acc_per_token``, ``nlu_n``,
+    and ``nlu_chance``, the accuracy of a uniform guess (the mean of 1 / choices).
 
     Args:
         model: a Hugging Face causal LM (an LMLM checkpoint or a Standard one).
@@ -199,6 +200,7 @@ def nlu_eval(model, tok: LookupTokenizer, items: Sequence[MCItem], *, batch_size
     preds = [predictions(it, s) for it, s in zip(items, scores)]
     out = {NLU.key(rule): mean(p[rule] == it.gold for p, it in zip(preds, items))
            for rule in ("acc", "acc_norm", "acc_per_token")}
+    out[NLU.key("chance")] = mean(1 / len(it.choices) for it in items)  # what guessing scores, to read the rest by
     out[NLU.key("n")] = float(len(items))
     if records is not None:
         records.extend({"context": it.context, "choices": list(it.choices), "gold": it.gold,
