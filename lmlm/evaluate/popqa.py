@@ -243,14 +243,14 @@ def popqa_eval(generator, items: Sequence[QAItem], *, force_lookup: bool = False
         force_lookup (bool, default False): open a lookup right after the prompt.
         max_new_tokens (int, default 32): tokens of the answer's text; a model's calls take up to
             :data:`~lmlm.evaluate.base.CALL_ROOM` more (:func:`~lmlm.evaluate.base.answer_budget`).
-        by_relation (bool, default True): also report ``popqa_accuracy_<relation>``.
+        by_relation (bool, default True): also report ``popqa_accuracy_<relation>`` and its ``popqa_n_<relation>``.
         records (list, optional): appended with one dict per item.
         progress (bool, default False): a progress bar over the generation's batches.
 
     Returns:
         ``popqa_accuracy`` (any gold answer in the lookup-stripped output), ``popqa_n``,
         ``popqa_lookup_found`` (a KB fact about the item's subject; ``popqa_lookup_answered``: any,
-        ``popqa_lookup_wrong_entity``: items answered only about someone else) and per-relation accuracy.
+        ``popqa_lookup_wrong_entity``: items answered only about someone else) and per-relation accuracy and n.
     """
     results = generator.generate([it.prompt for it in items], max_new_tokens=answer_budget(generator, max_new_tokens),
                                  batch_size=batch_size, force_lookup=force_lookup, **progress_option(progress))
@@ -260,8 +260,9 @@ def popqa_eval(generator, items: Sequence[QAItem], *, force_lookup: bool = False
            **lookup_metrics(POPQA, results, [it.subject for it in items])}
     if by_relation:
         for rel in sorted({it.relation for it in items if it.relation}):
-            key = POPQA.key("accuracy_" + rel.replace(" ", "_"))
-            out[key] = mean(h for h, it in zip(hits, items) if it.relation == rel)
+            name = rel.replace(" ", "_")
+            out[POPQA.key("accuracy_" + name)] = mean(h for h, it in zip(hits, items) if it.relation == rel)
+            out[POPQA.key("n_" + name)] = float(sum(it.relation == rel for it in items))
     if records is not None:
         records.extend({"question": it.question, "prompt": it.prompt, "answers": list(it.answers),
                         "relation": it.relation, "output": o, "text": r.text, "correct": h,

@@ -158,7 +158,8 @@ def trex_eval(generator, items: Sequence[TrexItem], *, force_lookup: bool = True
         max_new_tokens (int, default 16): tokens of the answer's text; a model's calls take up to
             :data:`~lmlm.evaluate.base.CALL_ROOM` more (:func:`~lmlm.evaluate.base.answer_budget`).
         n_words (int, default 5): content words searched for the exact match.
-        by_relation (bool, default True): also report ``trex_exact_match_<predicate_id>``.
+        by_relation (bool, default True): also report ``trex_exact_match_<predicate_id>`` and its
+            ``trex_n_<predicate_id>``.
         records (list, optional): appended with one dict per item (prompt, gold, output, verdicts, lookups).
         progress (bool, default False): a progress bar over the generation's batches.
 
@@ -166,7 +167,7 @@ def trex_eval(generator, items: Sequence[TrexItem], *, force_lookup: bool = True
         ``trex_exact_match``, ``trex_precision_at_1``, ``trex_n``, ``trex_lookup_found`` (share of
         items whose output used a KB fact about the item's subject; ``trex_lookup_answered``: any
         fact, ``trex_lookup_wrong_entity``: items answered only about someone else) and per-relation
-        exact match.
+        exact match and n.
     """
     results = generator.generate([it.prompt for it in items], max_new_tokens=answer_budget(generator, max_new_tokens),
                                  batch_size=batch_size, force_lookup=force_lookup, **progress_option(progress))
@@ -179,6 +180,7 @@ def trex_eval(generator, items: Sequence[TrexItem], *, force_lookup: bool = True
         for rel in sorted({it.relation for it in items if it.relation}):
             out[TREX.key(f"exact_match_{rel}")] = mean(s["exact_match"] for s, it in zip(scores, items)
                                                        if it.relation == rel)
+            out[TREX.key(f"n_{rel}")] = float(sum(it.relation == rel for it in items))
     if records is not None:
         records.extend({"prompt": it.prompt, "gold": it.gold, "relation": it.relation, "output": o,
                         "text": r.text, **s, "lookups": trace_dicts(r)}

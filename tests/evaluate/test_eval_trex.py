@@ -109,6 +109,7 @@ def test_trex_eval_metrics_by_hand(tmp_path):
     assert m["trex_lookup_found"] == pytest.approx(1 / 3) and m["trex_lookup_answered"] == pytest.approx(2 / 3)
     assert m["trex_lookup_wrong_entity"] == 1
     assert m["trex_exact_match_P19"] == 0.5 and m["trex_exact_match_P106"] == 1.0
+    assert m["trex_n_P19"] == 2 and m["trex_n_P106"] == 1  # each relation's share is read beside its n
     assert all(k.startswith("trex_") for k in m)
     assert records[0]["output"] == "Paris." and records[0]["lookups"]  # lookups stripped, kept in the record
 
