@@ -286,6 +286,8 @@ def _mode(model: Path) -> str:
 @eval_app.command()
 def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path | None = OUT,
          limit: int | None = LIMIT, batch_size: int = BATCH,
+         no_db: bool = typer.Option(False, "--no-db", help="an LMLM without its KB: the plain answers scored, lookup "
+                                    "tokens banned (TOFU's release has no annotated answers)"),
          split: str = typer.Option("forget05", help="forget split: forget01, forget05 or forget10"),
          retain_model: Path | None = typer.Option(None, help="the retain model (its forget truth ratios give forget quality)"),
          retain_kb: Path | None = typer.Option(None, help="the retain model's KB (when it is an LMLM)"),
@@ -309,10 +311,10 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
     sets = _read(read_tofu_sets, data, split, limit=limit)
     retain_ratios = None
     if retain_model is not None:
-        rm, rtok, _, rgen, r_db = _load(retain_model, retain_kb, kb_option="--retain-kb", instead=None)
+        rm, rtok, _, rgen, r_db = _load(retain_model, retain_kb, no_db, kb_option="--retain-kb")  # scored alike
         retain_ratios = tofu_summary(rm, rtok, sets, kb=rgen.kb if r_db else None,
                                      batch_size=batch_size)["forget_truth_ratios"]
-    m, tok, meta, gen, uses_db = _load(model, kb, instead=None)
+    m, tok, meta, gen, uses_db = _load(model, kb, no_db)
     deletion = None
     if unlearn == "kb":
         from ..generate import LookupGenerator
@@ -330,7 +332,7 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
             deletion = kb_unlearn(gen.kb, _read(read_tofu, data / f"{split}.json"), who="lmlm eval tofu")
         except ValueError as e:
             _fail(str(e))
-    config = {"model": str(model), "data": str(data), "split": split, "unlearn": unlearn}
+    config = {"model": str(model), "data": str(data), "split": split, "unlearn": unlearn, "no_db": no_db}
 
     def summary(model_):
         g = gen if model_ is m else type(gen)(model_, tok, gen.kb, use_db=uses_db)

@@ -204,7 +204,8 @@ def _answers(it: TofuItem, annotated: bool) -> list[tuple[str, str]]:
         if a is None or (it.paraphrased_answer and it.perturbed_answers and (para is None or not pert)):
             raise ValueError(f"scoring an LMLM with its KB needs the answers annotated with lookup calls "
                              f"('annotated_answer', 'annotated_paraphrased_answer', 'annotated_perturbed_answer'; "
-                             f"the TOFU release has none); question {it.question!r} has none")
+                             f"the TOFU release has none); question {it.question!r} has none. --no-db scores "
+                             f"the plain answers, the model without its KB")
     else:
         a, para, pert = it.answer, it.paraphrased_answer, it.perturbed_answers
     out = [("answer", a)]

@@ -92,7 +92,7 @@ def test_a_missing_kb_names_the_commands_own_options(world, run_dir, tmp_path):
     m = _run(args + ["--no-dynamic", "--out", str(tmp_path / "ppl.json")])
     assert m["perplexity_static"] > 1 and "perplexity_dynamic" not in m
     tofu = runner.invoke(eval_app, ["tofu", "--model", str(tmp_path / "no-kb"), "--data", str(run_dir / "tofu")])
-    assert tofu.exit_code == 2 and "--kb" in tofu.output and "--no-db" not in tofu.output
+    assert tofu.exit_code == 2 and "--kb" in tofu.output and "--no-db" in tofu.output
 
 
 def test_tofu_command_kb_delete_and_npo(run_dir, tmp_path):
@@ -114,6 +114,26 @@ def test_tofu_command_kb_delete_and_npo(run_dir, tmp_path):
                 "--steps", "2", "--eval-every", "1", "--max-new-tokens", "4", "--out", str(tmp_path / "npo.json")])
     traj = json.loads((tmp_path / "npo.json").read_text())["records"]
     assert [r["step"] for r in traj] == [0, 1, 2] and "tofu_model_utility" in npo
+
+
+def test_tofu_release_files_and_an_lmlm_without_its_kb(run_dir, tmp_path):
+    """TOFU's own files have no annotated answers: an LMLM with its KB cannot be scored on them, and the
+    line says so and names --no-db, which scores the plain answers (the retain model alike)."""
+    from lmlm.evaluate.base import read_json_records
+
+    (tmp_path / "tofu").mkdir()
+    for name in ("forget05_perturbed.json", "retain_perturbed.json"):
+        rows = read_json_records(run_dir / "tofu" / name)
+        (tmp_path / "tofu" / name).write_text("".join(json.dumps({k: v for k, v in r.items()
+                                                                  if not k.startswith("annotated")}) + "\n"
+                                                      for r in rows))
+    base = ["tofu", "--model", str(run_dir / "lmlm"), "--data", str(tmp_path / "tofu"), "--limit", "3",
+            "--max-new-tokens", "4"]
+    res = runner.invoke(eval_app, base + ["--out", str(tmp_path / "a.json")])
+    assert res.exit_code == 2 and "--no-db scores the plain answers" in " ".join(res.output.split()), res.output
+    m = _run(base + ["--no-db", "--retain-model", str(run_dir / "lmlm"), "--out", str(tmp_path / "b.json")])
+    assert m["tofu_forget_n"] == 3 and m["tofu_forget_quality"] == pytest.approx(1.0)  # itself, scored alike
+    assert json.loads((tmp_path / "b.json").read_text())["config"]["no_db"] is True
 
 
 def test_offloading_command(run_dir, tmp_path):
