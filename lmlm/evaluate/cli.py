@@ -213,8 +213,16 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
                                  progress=True)
     except ValueError as e:
         _fail(str(e))
+    _unknown_topics(metrics, "factscore_topics_unknown", truth)
     _finish(FACTSCORE, metrics, records, out, {"model": str(model), "data": str(data), "world": str(truth),
                                                "claims": claims, "gamma": gamma}, gen)
+
+
+def _unknown_topics(metrics: dict, key: str, world: Path) -> None:
+    """Say so when some topics are no entity of the world: their claims count as unsupported."""
+    if metrics.get(key):
+        typer.echo(f"{metrics[key]:.0f} of {metrics['factscore_n']:.0f} topics have no fact in {world}: every claim "
+                   "about them counts as unsupported (is --world the KB of these people's true facts?)", err=True)
 
 
 def _documents(path: Path, heldout: bool = False):
@@ -462,6 +470,7 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
             _fail(f"no topics in {data}")
         metrics = factscore_eval(rag_gen, topics, facts, claims="text", max_new_tokens=max_new_tokens,
                                  batch_size=batch_size, records=records, progress=True)
+        _unknown_topics(metrics, "factscore_topics_unknown", world)
     metrics = {f"rag_{k_}": v for k_, v in metrics.items() if "_lookup_" not in k_}  # a Standard reader makes none
     kept = rag_gen.last_passages
     if len(kept) == len(records):  # what each prompt was given, to read beside its answer

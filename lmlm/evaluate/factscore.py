@@ -347,7 +347,9 @@ def factscore_eval(generator, topics: Sequence[str], world: World, *, claims: st
         (with the length penalty), ``factscore_claims_per_response``, ``factscore_respond_ratio``,
         ``factscore_invented`` (share of claims with a value the world does not have),
         ``factscore_precision_stated`` / ``factscore_precision_kb_only`` and their claim counts
-        ``factscore_claims_stated`` / ``factscore_claims_kb_only`` (when the world knows), ``factscore_n``.
+        ``factscore_claims_stated`` / ``factscore_claims_kb_only`` (when the world knows),
+        ``factscore_topics_unknown`` (topics the world holds no fact of: their claims cannot be supported),
+        ``factscore_n``.
     """
     if claims not in ("lookups", "text"):
         raise ValueError(f"claims must be 'lookups' or 'text', got {claims!r}")
@@ -377,5 +379,7 @@ def factscore_eval(generator, topics: Sequence[str], world: World, *, claims: st
             precision, n = _pooled(scored, flag)
             out[FACTSCORE.key(f"precision_{name}")] = precision
             out[FACTSCORE.key(f"claims_{name}")] = float(n)
+    # a topic the world holds no fact of: every claim about it is unsupported, however true
+    out[FACTSCORE.key("topics_unknown")] = float(sum(normalize_answer(t) not in world.values for t in topics))
     out[FACTSCORE.key("n")] = float(len(topics))
     return out

@@ -86,6 +86,12 @@ def test_popqa_and_factscore_commands(world, run_dir, tmp_path):
     m = _run(["factscore", "--model", str(run_dir / "checkpoint"), "--data", str(topics), "--max-new-tokens", "24",
               "--claims", "text", "--out", str(tmp_path / "fs.json")])["metrics"]
     assert m["factscore_n"] == 2 and set(m) >= {"factscore_score", "factscore_respond_ratio"}
+    assert m["factscore_topics_unknown"] == 0
+    topics.write_text(f"{world.people[0][0]}\nKang Ji-hwan\n")  # FActScore's own topic: no fact of it in the KB
+    res = runner.invoke(eval_app, ["factscore", "--model", str(run_dir / "checkpoint"), "--data", str(topics),
+                                   "--max-new-tokens", "8", "--claims", "text", "--out", str(tmp_path / "fs2.json")])
+    assert res.exit_code == 0 and "1 of 2 topics have no fact in" in res.output, res.output
+    assert json.loads(res.stdout.strip().splitlines()[-1])["metrics"]["factscore_topics_unknown"] == 1
     # the KB's own answers checked against the KB itself: 1.0 by construction, refused
     res = runner.invoke(eval_app, ["factscore", "--model", str(run_dir / "checkpoint"), "--data", str(topics)])
     assert res.exit_code == 2 and "supported by construction" in " ".join(res.output.split()), res.output
