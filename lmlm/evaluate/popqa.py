@@ -264,7 +264,8 @@ def popqa_eval(generator, items: Sequence[QAItem], *, force_lookup: bool = False
             out[POPQA.key("accuracy_" + name)] = mean(h for h, it in zip(hits, items) if it.relation == rel)
             out[POPQA.key("n_" + name)] = float(sum(it.relation == rel for it in items))
     if records is not None:
-        records.extend({"question": it.question, "prompt": it.prompt, "answers": list(it.answers),
+        records.extend({"id": it.uid, "subject": it.subject, "question": it.question, "prompt": it.prompt,
+                        "answers": list(it.answers),
                         "relation": it.relation, "output": o, "text": r.text, "correct": h,
                         "lookups": trace_dicts(r)} for it, r, o, h in zip(items, results, outputs, hits))
     return out

@@ -182,7 +182,8 @@ def trex_eval(generator, items: Sequence[TrexItem], *, force_lookup: bool = True
                                                        if it.relation == rel)
             out[TREX.key(f"n_{rel}")] = float(sum(it.relation == rel for it in items))
     if records is not None:
-        records.extend({"prompt": it.prompt, "gold": it.gold, "relation": it.relation, "output": o,
+        records.extend({"uuid": it.uid, "subject": it.subject, "prompt": it.prompt, "gold": it.gold,
+                        "relation": it.relation, "output": o,
                         "text": r.text, **s, "lookups": trace_dicts(r)}
                        for it, r, o, s in zip(items, results, outputs, scores))
     return out

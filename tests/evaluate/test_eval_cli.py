@@ -57,6 +57,8 @@ def test_trex_command(world, run_dir, tmp_path):
     assert doc["metrics"] == last["metrics"] and doc["protocol"]["primary"] == "trex_exact_match"
     assert doc["metrics"]["trex_n"] == 4 and len(doc["records"]) == 4 and doc["config"]["force_lookup"] is True
     assert all(r["lookups"] for r in doc["records"])  # the checkpoint's KB answered the forced lookups
+    assert [(r["uuid"], r["subject"]) for r in doc["records"]] == [(str(k), n) for k, (n, _, _) in
+                                                                   enumerate(world.people[:4])]  # back to the file
     assert doc["config"]["kb"] and doc["config"]["kb_version"] >= 1  # which KB, as of which version
     with data.open("a") as f:  # a fact whose only sentence has its [MASK] mid-sentence: left out, and said
         f.write(json.dumps({"obj_label": "x", "sub_label": "y", "masked_sentences": ["[MASK] is y."]}) + "\n")
