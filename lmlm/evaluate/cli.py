@@ -165,6 +165,13 @@ def nlu(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
     """Multiple choice (BIG-bench JSON, e.g. Social IQa): acc and acc_norm, lookup tokens banned."""
     from .nlu import NLU, nlu_eval, read_bigbench_mc
 
+    try:  # the template is the option's, not the file's: said before the file is read
+        filled = template.format(input="\0")
+    except (ValueError, KeyError, IndexError, AttributeError) as e:
+        _fail(f"--template {template!r} is not a format string with {{input}} alone ({e}); write {{{{ and }}}} "
+              "for braces")
+    if "\0" not in filled:
+        _fail(f"--template {template!r} has no {{input}}: every question would read the same")
     items = _read(read_bigbench_mc, data, template=template, limit=limit)
     m, tok, _, _, _ = _load(model, None, no_db=True, need_generator=False)
     records: list = []

@@ -132,6 +132,15 @@ def test_nlu_choice_longer_than_the_context_is_one_line(run_dir, tmp_path):
     assert "task.json: example 2: the choice 'no no" in res.output and "context of 128" in res.output, res.output
 
 
+def test_nlu_template_errors_name_the_option(run_dir, shared_data):
+    """A template that is no format string is the option's fault, not the benchmark file's."""
+    for template in ("Q: {input} {", "Q: {question}", "Q: nothing"):
+        res = runner.invoke(eval_app, ["nlu", "--model", str(run_dir / "checkpoint"), "--template", template,
+                                       "--data", str(shared_data / "bigbench" / "social_iqa.json")])
+        assert res.exit_code == 2 and "error: --template" in res.output, res.output
+        assert "cannot read the benchmark file" not in res.output
+
+
 def test_errors(run_dir, tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     res = runner.invoke(eval_app, ["trex", "--model", str(run_dir / "checkpoint"), "--data", str(tmp_path / "empty.jsonl")])
