@@ -53,6 +53,8 @@ def _read(reader, *args, **kwargs):
     """Run a benchmark reader; a missing or malformed file is a usage error."""
     try:
         return reader(*args, **kwargs)
+    except UnicodeDecodeError:  # a ValueError that names no file
+        _fail(f"cannot read the benchmark file: {args[0]} is not UTF-8 text (a compressed or binary file?)")
     except (ValueError, OSError) as e:
         _fail(f"cannot read the benchmark file: {e}")
 

@@ -147,6 +147,12 @@ def test_errors(run_dir, tmp_path):
     assert res.exit_code == 2 and "no usable" in res.output
     res = runner.invoke(eval_app, ["nlu", "--model", str(run_dir / "checkpoint"), "--data", str(tmp_path / "empty.jsonl")])
     assert res.exit_code == 2 and "cannot read" in res.output
+    import gzip
+
+    (tmp_path / "P19.jsonl.gz").write_bytes(gzip.compress(b'{"obj_label": "Paris"}\n'))
+    res = runner.invoke(eval_app, ["trex", "--model", str(run_dir / "checkpoint"),
+                                   "--data", str(tmp_path / "P19.jsonl.gz")])
+    assert res.exit_code == 2 and "P19.jsonl.gz is not UTF-8 text" in res.output, res.output
     (tmp_path / "names.txt").write_text("Ada Lind\n")
     res = runner.invoke(eval_app, ["factscore", "--model", str(tmp_path), "--data", str(tmp_path / "names.txt")])
     assert res.exit_code == 2 and "not a model folder" in res.output
