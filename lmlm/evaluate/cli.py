@@ -228,10 +228,14 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
 
 
 def _unknown_topics(metrics: dict, key: str, world: Path) -> None:
-    """Say so when some topics are no entity of the world: their claims count as unsupported."""
+    """Say so when some topics are no entity of the world (their claims count as unsupported), or when no
+    response made a claim (every score is null)."""
     if metrics.get(key):
         typer.echo(f"{metrics[key]:.0f} of {metrics['factscore_n']:.0f} topics have no fact in {world}: every claim "
                    "about them counts as unsupported (is --world the KB of these people's true facts?)", err=True)
+    if not metrics.get(key.replace("topics_unknown", "respond_ratio")):
+        typer.echo("no response made a claim that could be read, so no score: --claims text reads the biography "
+                   "world's phrasings ('was born in', 'works for'), --claims lookups the model's lookups", err=True)
 
 
 def _documents(path: Path, heldout: bool = False):
@@ -256,11 +260,9 @@ def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out
                limit: int | None = LIMIT, batch_size: int = BATCH,
                dynamic: bool = typer.Option(True, help="also the dynamic perplexity (LMLM: the model writes its queries)")):
     """Perplexity on annotated documents: static, dynamic, normalized (LMLM) or plain (Standard), per-role losses."""
-    from ..lookup import strip
+    from ..lookup import Lookup, strip
     from .base import Protocol
     from .perplexity import dynamic_perplexity, standard_perplexity, static_perplexity
-
-    from ..lookup import Lookup
 
     read = _read(_documents, data, heldout=True)[:limit]
     docs = [d.segments for d in read]

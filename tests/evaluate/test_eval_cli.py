@@ -94,6 +94,10 @@ def test_popqa_and_factscore_commands(world, run_dir, tmp_path):
                                    "--max-new-tokens", "8", "--claims", "text", "--out", str(tmp_path / "fs2.json")])
     assert res.exit_code == 0 and "1 of 2 topics have no fact in" in res.output, res.output
     assert json.loads(res.stdout.strip().splitlines()[-1])["metrics"]["factscore_topics_unknown"] == 1
+    res = runner.invoke(eval_app, ["factscore", "--model", str(run_dir / "checkpoint"), "--data", str(topics),
+                                   "--max-new-tokens", "1", "--claims", "text", "--out", str(tmp_path / "fs3.json")])
+    m = json.loads(res.stdout.strip().splitlines()[-1])["metrics"]  # one token states no fact: no score, and said
+    assert m["factscore_respond_ratio"] == 0 and "no response made a claim" in res.output, res.output
     # the KB's own answers checked against the KB itself: 1.0 by construction, refused
     res = runner.invoke(eval_app, ["factscore", "--model", str(run_dir / "checkpoint"), "--data", str(topics)])
     assert res.exit_code == 2 and "supported by construction" in " ".join(res.output.split()), res.output
