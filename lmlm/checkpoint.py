@@ -27,10 +27,11 @@ class ModelOpenError(ValueError):
 
 
 def is_local_spec(spec: str | Path) -> bool:
-    """True if ``spec`` can only mean a local path (it exists, starts like a path, or names a file type)."""
+    """True if ``spec`` can only mean a local path (it exists, starts like a path, names a file type, or
+    lies in a folder that exists here: ``runs/checkpont``, a typo, is no hub name to wait on)."""
     spec = str(spec)
     return (Path(spec).exists() or spec.startswith(("/", "./", "../", "~")) or spec.endswith((".gguf", ".json"))
-            or spec.count("/") > 1)
+            or spec.count("/") > 1 or ("/" in spec and Path(spec).parent.is_dir()))
 
 META_FILE = "lmlm.json"
 FORMAT_VERSION = 1

@@ -417,7 +417,8 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     for mode, meta in (("lmlm", lmlm_meta), ("standard", std_meta)):
         s = train_stats.get(mode) or meta.get("stats", {})
         models[mode] = {"preset": cfg.model, "parameters": s.get("parameters"),
-                        "training_tokens": s.get("tokens"), "trained_tokens": s.get("trained_tokens"),
+                        "training_tokens": s.get("block_tokens", s.get("tokens")),
+                        "trained_tokens": s.get("trained_tokens"),
                         "training_seconds": s.get("seconds"), "steps": s.get("steps"),
                         "final_loss": s.get("final_loss"), "epochs": s.get("epochs")}
     report = {

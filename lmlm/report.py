@@ -306,7 +306,9 @@ def write_quickstart_report(report: dict, out: str | Path) -> Path:
               f"got some answer, {_fmt(p['lmlm'].get('dynamic_lookup_wrong_entity'))} of them about someone else. "
               "LMLM loss per token role: " + ", ".join(f"{k} {v:.2f}" for k, v in p["lmlm"]["role_loss"].items()) + ".",
               "", "![perplexity](figures/perplexity.png)", "",
-              "## Models", "", "| model | preset | parameters | steps | tokens seen | trained tokens | seconds | final loss |",
+              "## Models", "",
+              "| model | preset | parameters | steps | tokens (steps x batch x length) | trained tokens | seconds "
+              "| final loss |",
               "|---|---|---:|---:|---:|---:|---:|---:|"]
     for k in ("lmlm", "standard"):
         r = m[k]

@@ -57,3 +57,18 @@ def test_missing_meta_is_a_clear_error(tmp_path):
         read_meta(tmp_path)
     (tmp_path / "lmlm.json").write_text(json.dumps({}))
     assert not is_checkpoint(tmp_path)
+
+
+def test_a_missing_folder_beside_real_ones_fails_at_once(tmp_path, monkeypatch):
+    """``runs/checkpont`` (a typo) in a folder that exists is a local path, never a hub name to ask for
+    (with no network, a minute of retries before a message about the hub)."""
+    import time
+
+    from lmlm.checkpoint import ModelOpenError, open_model
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    start = time.monotonic()
+    with pytest.raises(ModelOpenError, match="no such model folder"):
+        open_model("runs/checkpont")
+    assert time.monotonic() - start < 5

@@ -101,6 +101,9 @@ def test_pack_by_document_starts_each_document_a_block(docs, tok):
         flat = packed.input_ids[row:row + n].flatten()
         assert flat[:len(e.input_ids)].tolist() == e.input_ids and flat[0] == tok.doc_id
         assert (packed.labels[row:row + n].flatten()[len(e.input_ids):] == IGNORE_INDEX).all()
+        assert packed.real()[row:row + n].flatten().tolist() == [True] * len(e.input_ids) + [False] * (
+            n * 48 - len(e.input_ids))  # its padding is no data, though real documents follow it
+        assert packed.real_tokens(torch.arange(row, row + n)) == len(e.input_ids)
         row += n
     assert packed.num_tokens == sum(len(e.input_ids) for e in enc)
     stream = pack(enc, 48, tok.end_id, pad_id=tok.eos_id)  # the same trained targets, in other blocks
@@ -176,7 +179,8 @@ def test_tiny_model_learns_and_saves_a_checkpoint(tmp_path, docs, tok):
     assert sum(losses[-5:]) / 5 < losses[0] - 1.5
     stats = result.stats
     assert stats["steps"] == 40 and stats["completed"] and stats["final_loss"] == losses[-1]
-    assert stats["tokens"] == 40 * 8 * 64 and 0 < stats["trained_tokens"] < stats["tokens"]
+    assert stats["block_tokens"] == 40 * 8 * 64 and 0 < stats["trained_tokens"] < stats["tokens"]
+    assert 0.95 * stats["block_tokens"] < stats["tokens"] <= stats["block_tokens"]  # the stream's last block: padded
     assert stats["parameters"]["total"] == sum(p.numel() for p in result.model.parameters())
     assert stats["eval"]["loss"] < losses[0] and {"loss_org", "loss_entity", "loss_value"} <= set(stats["eval"])
 

@@ -57,6 +57,10 @@ def test_packing_by_document_gives_each_document_its_own_sequences(tmp_path, cor
     summary = json.loads((tmp_path / "D" / "summary.json").read_text())
     assert summary["blocks"] >= summary["documents"] == 120  # a stream of these would fill far fewer blocks
     assert summary["blocks"] > summary["data_tokens"] // 128 + 1
+    stats = json.loads((tmp_path / "D" / "train_stats.json").read_text())  # tokens seen: data, not padding
+    config = json.loads((tmp_path / "D" / "train_config.json").read_text())["train"]
+    assert stats["block_tokens"] == 2 * config["batch_size"] * 128
+    assert 0 < summary["tokens_seen"] == stats["tokens"] < stats["block_tokens"] * 0.8
     proc = lmlm("train", "--data", str(corpus / "docs.jsonl"), "--packing", "pages", "--out", str(tmp_path / "E"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 

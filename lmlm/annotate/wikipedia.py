@@ -112,11 +112,9 @@ def annotate_article(page: WikiPage) -> dict:
                 raw_name = vals[0] if vals else None
                 break
     entity = page.title
-    hits = [m.start() for a in _aliases(page.title, box, raw_name) for m in [re.search(re.escape(a), text)] if m]
-    entity_end = None
-    if hits:
-        first = min(hits)
-        entity_end = first + 1
+    # a call goes where the text before it names the entity as the call writes it (the test of
+    # `lmlm annotate validate`): not inside the title's own mention, nor after a redirect's name alone
+    entity_end = _named_from(text, entity)
     calls: list[tuple[int, int, str, str]] = []  # (start, end, relation, value)
     if box is not None and entity_end is not None:
         from ..kb.keys import normalize_text
@@ -162,6 +160,23 @@ def annotate_article(page: WikiPage) -> dict:
     aliases = [n for n in dict.fromkeys(names) if n and n != entity]
     return {"doc_id": doc_id, "title": page.title, "segments": segments, "plain": text, "triples": triples,
             "aliases": aliases, "infobox": box.template if box else None, "entity_found": entity_end is not None}
+
+
+def _named_from(text: str, entity: str) -> int | None:
+    """The first offset whose left context names ``entity`` (:func:`~lmlm.annotate.validate.entity_in_context`:
+    each of its words before it), or ``None``; the test only ever passes once more text is before it."""
+    from .validate import entity_in_context
+
+    if not entity_in_context(text, entity):
+        return None
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if entity_in_context(text[:mid], entity):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def _merge(segments: list) -> list:

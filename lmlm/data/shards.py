@@ -419,6 +419,11 @@ class ShardBlocks:
         target_roles = np.concatenate([roles[:, 1:], np.full((n, 1), ORG)], axis=1)
         return torch.from_numpy(ids), torch.from_numpy(targets), torch.from_numpy(target_roles)
 
+    def real_tokens(self, idx: torch.Tensor) -> int:
+        """How many of the tokens of blocks ``idx`` are data (the last block is padded)."""
+        starts = idx.to(torch.long) * self.seq_len
+        return int((self.num_tokens - starts).clamp(0, self.seq_len).sum())
+
     def trained_tokens(self) -> int:
         """Tokens with a label (values and ``<|db_end|>`` excluded in ``lmlm`` mode)."""
         m = self.manifest

@@ -18,8 +18,8 @@ from typing import Any
 
 from ..lookup import PAPER_TOKENS, LookupTokens
 
-__all__ = ["Protocol", "mean", "output_text", "outputs_of", "read_json_records", "trace_dicts", "write_results",
-           "same_entity", "lookup_metrics"]
+__all__ = ["Protocol", "mean", "output_text", "outputs_of", "progress_option", "read_json_records", "trace_dicts",
+           "write_results", "same_entity", "lookup_metrics"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,12 @@ def answer_budget(generator, max_new_tokens: int) -> int:
     return max_new_tokens + (CALL_ROOM if calls else 0)
 
 
+def progress_option(progress: bool) -> dict:
+    """``generate``'s keyword for a progress bar over its batches, only when one is asked for (a backend
+    without the option, such as vLLM's, is then called as before)."""
+    return {"progress": True} if progress else {}
+
+
 def trace_dicts(result) -> list[dict]:
     """The lookups of a generation result as plain dicts (``GenerationResult.trace``)."""
     return [t.to_dict() if hasattr(t, "to_dict") else dict(vars(t)) for t in getattr(result, "trace", [])]
@@ -114,15 +120,21 @@ def lookup_metrics(protocol: Protocol, results, subjects) -> dict[str, float]:
     """How the lookups of ``results`` (one per item about ``subjects[i]``) were answered.
 
     ``lookup_found``: share of items with a lookup the KB answered with a fact about the item's
-    subject (the matched entity, or the query's entity that the KB resolved, is the subject; any
-    answer where an item names no subject); ``lookup_answered``: with any answer;
-    ``lookup_wrong_entity``: items whose answers were all about someone else.
+    subject (the matched entity, or the query's entity that the KB resolved by name, is the subject;
+    any answer where an item names no subject); ``lookup_answered``: with any answer;
+    ``lookup_wrong_entity``: items whose answers were all about someone else. The paper's match of
+    the whole key (``via == "key"``) resolves no name: a query naming the subject that it answers with
+    a namesake's fact ("Darren Rios" -> Ian Rios's) is about someone else.
     """
+    def about(t, subject: str) -> bool:
+        matched = getattr(t, "matched_entity", None)
+        return (not subject or same_entity(matched, subject)
+                or (same_entity(t.query_entity, subject) and (matched is None or getattr(t, "via", None) != "key")))
+
     found, answered, wrong = [], [], 0
     for r, subject in zip(results, subjects):
         got = [t for t in getattr(r, "trace", []) if getattr(t, "found", False)]
-        right = any(not subject or same_entity(getattr(t, "matched_entity", None), subject)
-                    or same_entity(t.query_entity, subject) for t in got)
+        right = any(about(t, subject) for t in got)
         found.append(right)
         answered.append(bool(got))
         wrong += bool(got) and not right
@@ -132,11 +144,16 @@ def lookup_metrics(protocol: Protocol, results, subjects) -> dict[str, float]:
 
 def write_results(path: str | Path, protocol: Protocol, metrics: Mapping[str, float],
                   records: list[dict] | None = None, config: Mapping[str, Any] | None = None) -> Path:
-    """Write ``{"protocol", "metrics", "config", "records"}`` as JSON to ``path`` (folders created)."""
+    """Write ``{"protocol", "metrics", "config", "records"}`` as JSON to ``path`` (folders created).
+
+    ``protocol.primary`` is null when the metrics do not hold it (forget quality without a retain model,
+    the offloading ranking, which trains no model): a reader of the file finds the metric it names."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"protocol": asdict(protocol), "metrics": dict(metrics), "config": dict(config or {}),
-           "records": records or []}
+    about = asdict(protocol)
+    if protocol.primary not in metrics:
+        about["primary"] = None
+    doc = {"protocol": about, "metrics": dict(metrics), "config": dict(config or {}), "records": records or []}
     path.write_text(json.dumps(_no_nan(doc), indent=2, default=str, allow_nan=False) + "\n")
     return path
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-import sys
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -21,9 +21,20 @@ MODEL = typer.Option(..., "--model", help="checkpoint folder (written by lmlm tr
 KB = typer.Option(None, "--kb", help="KB folder (default: the checkpoint's KB; ignored for Standard models)")
 DATA = typer.Option(..., "--data", help="the benchmark file, in its official format")
 def _check_out(out: Path | None) -> Path | None:
-    """``--out`` is a file to write, checked before the evaluation runs."""
-    if out is not None and out.is_dir():
+    """``--out`` is a file that can be written, checked before the evaluation runs (not after it)."""
+    import os
+
+    if out is None:
+        return out
+    if out.is_dir():
         raise typer.BadParameter(f"{out} is a folder: give a file to write, e.g. {out / 'results.json'}")
+    folder = out.absolute().parent
+    while not folder.exists():  # the first folder that is there: the others are made when the results are written
+        folder = folder.parent
+    if not folder.is_dir():
+        raise typer.BadParameter(f"{folder} is a file, so {out} cannot be written under it")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise typer.BadParameter(f"{folder} is not writable, so {out} cannot be written")
     return out
 
 
@@ -42,6 +53,8 @@ def _read(reader, *args, **kwargs):
     """Run a benchmark reader; a missing or malformed file is a usage error."""
     try:
         return reader(*args, **kwargs)
+    except UnicodeDecodeError:  # a ValueError that names no file
+        _fail(f"cannot read the benchmark file: {args[0]} is not UTF-8 text (a compressed or binary file?)")
     except (ValueError, OSError) as e:
         _fail(f"cannot read the benchmark file: {e}")
 
@@ -113,7 +126,7 @@ def trex(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
     _, _, _, gen, uses_db = _load(model, kb, no_db, on_miss="skip")  # a missed lookup goes on as text
     records: list = []
     metrics = trex_eval(gen, items, force_lookup=uses_db, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                        records=records)
+                        records=records, progress=True)
     _finish(TREX, metrics, records, out, {"model": str(model), "data": str(data), "force_lookup": uses_db,
                                           "max_new_tokens": max_new_tokens, "limit": limit}, gen)
 
@@ -141,9 +154,10 @@ def popqa(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Pat
     _, _, _, gen, uses_db = _load(model, kb, no_db)
     records: list = []
     metrics = popqa_eval(gen, items, force_lookup=force_lookup and uses_db, max_new_tokens=max_new_tokens,
-                         batch_size=batch_size, records=records)
+                         batch_size=batch_size, records=records, progress=True)
     _finish(POPQA, metrics, records, out, {"model": str(model), "data": str(data), "max_new_tokens": max_new_tokens,
-                                           "max_popularity": max_popularity, "limit": limit}, gen)
+                                           "max_popularity": max_popularity, "limit": limit,
+                                           "force_lookup": force_lookup and uses_db}, gen)
 
 
 @eval_app.command()
@@ -153,10 +167,20 @@ def nlu(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
     """Multiple choice (BIG-bench JSON, e.g. Social IQa): acc and acc_norm, lookup tokens banned."""
     from .nlu import NLU, nlu_eval, read_bigbench_mc
 
+    try:  # the template is the option's, not the file's: said before the file is read
+        filled = template.format(input="\0")
+    except (ValueError, KeyError, IndexError, AttributeError) as e:
+        _fail(f"--template {template!r} is not a format string with {{input}} alone ({e}); write {{{{ and }}}} "
+              "for braces")
+    if "\0" not in filled:
+        _fail(f"--template {template!r} has no {{input}}: every question would read the same")
     items = _read(read_bigbench_mc, data, template=template, limit=limit)
     m, tok, _, _, _ = _load(model, None, no_db=True, need_generator=False)
     records: list = []
-    metrics = nlu_eval(m, tok, items, batch_size=batch_size, records=records)
+    try:
+        metrics = nlu_eval(m, tok, items, batch_size=batch_size, records=records)
+    except ValueError as e:
+        _fail(f"{data}: {e}")
     _finish(NLU, metrics, records, out, {"model": str(model), "data": str(data), "template": template})
 
 
@@ -176,6 +200,9 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
     topics = _read(read_topics, data)[:limit]
     if not topics:
         _fail(f"no topics in {data}")
+    if claims == "lookups" and (no_db or _mode(model) == "standard"):
+        _fail("--claims lookups scores the facts the model looked up, and " + ("--no-db" if no_db else
+              f"{model}, a Standard model,") + " makes no lookups: use --claims text (the facts its text states)")
     _, _, meta, gen, _ = _load(model, kb, no_db)
     truth = world or kb or (Path(meta["kb"]) if meta.get("kb") else None)
     if truth is None:
@@ -191,44 +218,55 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
     records: list = []
     try:
         metrics = factscore_eval(gen, topics, facts, claims=claims, gamma=gamma, max_new_tokens=max_new_tokens,
-                                 repetition_penalty=repetition_penalty, batch_size=batch_size, records=records)
+                                 repetition_penalty=repetition_penalty, batch_size=batch_size, records=records,
+                                 progress=True)
     except ValueError as e:
         _fail(str(e))
+    _unknown_topics(metrics, "factscore_topics_unknown", truth)
     _finish(FACTSCORE, metrics, records, out, {"model": str(model), "data": str(data), "world": str(truth),
                                                "claims": claims, "gamma": gamma}, gen)
 
 
+def _unknown_topics(metrics: dict, key: str, world: Path) -> None:
+    """Say so when some topics are no entity of the world (their claims count as unsupported), or when no
+    response made a claim (every score is null)."""
+    if metrics.get(key):
+        typer.echo(f"{metrics[key]:.0f} of {metrics['factscore_n']:.0f} topics have no fact in {world}: every claim "
+                   "about them counts as unsupported (is --world the KB of these people's true facts?)", err=True)
+    if not metrics.get(key.replace("topics_unknown", "respond_ratio")):
+        typer.echo("no response made a claim that could be read, so no score: --claims text reads the biography "
+                   "world's phrasings ('was born in', 'works for'), --claims lookups the model's lookups", err=True)
+
+
 def _documents(path: Path, heldout: bool = False, limit: int | None = None):
-    """Annotated documents of any file :mod:`lmlm.corpus` reads, as segment lists (the first ``limit``); with
-    ``heldout``, a file whose documents carry splits gives its held-out documents only."""
+    """The first ``limit`` documents of a file :mod:`lmlm.corpus` reads; with ``heldout``, those of any split but
+    ``train`` (``heldout``, ``test`` ...) where it marks splits: ``lmlm train`` trains on ``train`` and unsplit ones."""
     from ..corpus import read_documents
 
     docs = read_documents(path)
-    if heldout and any(d.split == "heldout" for d in docs):
-        kept = [d for d in docs if d.split == "heldout"]
+    kept = [d for d in docs if d.split not in (None, "train")]
+    if heldout and kept:
         if len(kept) < len(docs):
-            first = f"the first {limit} of " if limit is not None and limit < len(kept) else ""
-            typer.echo(f"scoring {first}the {len(kept)} held-out documents of {len(docs)} in {path} (the file "
-                       "marks splits; the others were trained on)", err=True)
+            first = f"the first {limit} of " if (limit or len(kept)) < len(kept) else ""
+            names = ", ".join(sorted({d.split for d in kept}))
+            typer.echo(f"scoring {first}the {len(kept)} held-out documents ({names}) of {len(docs)} in {path} (the "
+                       "file marks splits; the others were trained on)", err=True)
         docs = kept
-    return [d.segments for d in docs][:limit]
+    return docs[:limit]
 
 
 @eval_app.command()
 def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path | None = OUT,
                limit: int | None = LIMIT, batch_size: int = BATCH,
-               dynamic: bool = typer.Option(True, help="also the dynamic perplexity (LMLM: the model writes its "
-                                            "queries)"),
-               progress: bool = typer.Option(True, help="progress bars on stderr (when it is a terminal)")):
+               dynamic: bool = typer.Option(True, help="also the dynamic perplexity (the model writes its queries)")):
     """Perplexity on annotated documents: static, dynamic, normalized (LMLM) or plain (Standard), per-role losses."""
-    from ..lookup import strip
+    from ..lookup import Lookup, strip
     from .base import Protocol
     from .perplexity import dynamic_perplexity, standard_perplexity, static_perplexity
 
-    from ..lookup import Lookup
-
-    progress = progress and sys.stderr.isatty()  # a log of both streams keeps the results JSON on a line of its own
-    docs = _read(_documents, data, heldout=True, limit=limit)
+    progress = typer.get_text_stream("stderr").isatty()  # bars on a terminal: a log of both keeps the JSON line
+    read = _read(_documents, data, heldout=True, limit=limit)
+    docs = [d.segments for d in read]
     if not docs:
         _fail(f"no documents in {data}")
     if dynamic and _mode(model) != "standard" and not any(isinstance(s, Lookup) for d in docs for s in d):
@@ -249,8 +287,14 @@ def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out
         metrics.update({f"perplexity_loss_{k}": v for k, v in st["role_loss"].items()})
         if gen is not None:
             dyn = dynamic_perplexity(gen, docs, batch_size, progress=progress)
-            metrics.update(perplexity_dynamic=dyn["dynamic"], perplexity_dynamic_lookup_found=dyn["lookup_found_rate"])
-    _finish(protocol, metrics, [], out, {"model": str(model), "data": str(data), "documents": len(docs)}, gen)
+            metrics.update(perplexity_dynamic=dyn["dynamic"], perplexity_dynamic_lookup_found=dyn["lookup_found_rate"],
+                           perplexity_dynamic_lookup_answered=dyn["lookup_matched_rate"],
+                           perplexity_dynamic_lookup_wrong_entity=float(dyn["lookup_wrong_entity"]),
+                           perplexity_dynamic_lookups=float(dyn["lookups"]))
+    metrics["perplexity_documents"] = float(len(docs))
+    records = [{k: read[v].id if k == "document" else v for k, v in q.items() if k != "group"}
+               for q in dyn["queries"]] if metrics.get("perplexity_dynamic_lookups") else []  # to read the misses by
+    _finish(protocol, metrics, records, out, {"model": str(model), "data": str(data), "documents": len(docs)}, gen)
 
 
 def _mode(model: Path) -> str:
@@ -262,6 +306,8 @@ def _mode(model: Path) -> str:
 @eval_app.command()
 def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path | None = OUT,
          limit: int | None = LIMIT, batch_size: int = BATCH,
+         no_db: bool = typer.Option(False, "--no-db", help="an LMLM without its KB: the plain answers scored, lookup "
+                                    "tokens banned (TOFU's release has no annotated answers)"),
          split: str = typer.Option("forget05", help="forget split: forget01, forget05 or forget10"),
          retain_model: Path | None = typer.Option(None, help="the retain model (its forget truth ratios give forget quality)"),
          retain_kb: Path | None = typer.Option(None, help="the retain model's KB (when it is an LMLM)"),
@@ -285,10 +331,10 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
     sets = _read(read_tofu_sets, data, split, limit=limit)
     retain_ratios = None
     if retain_model is not None:
-        rm, rtok, _, rgen, r_db = _load(retain_model, retain_kb, kb_option="--retain-kb", instead=None)
+        rm, rtok, _, rgen, r_db = _load(retain_model, retain_kb, no_db, kb_option="--retain-kb")  # scored alike
         retain_ratios = tofu_summary(rm, rtok, sets, kb=rgen.kb if r_db else None,
                                      batch_size=batch_size)["forget_truth_ratios"]
-    m, tok, meta, gen, uses_db = _load(model, kb, instead=None)
+    m, tok, meta, gen, uses_db = _load(model, kb, no_db)
     deletion = None
     if unlearn == "kb":
         from ..generate import LookupGenerator
@@ -306,7 +352,7 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
             deletion = kb_unlearn(gen.kb, _read(read_tofu, data / f"{split}.json"), who="lmlm eval tofu")
         except ValueError as e:
             _fail(str(e))
-    config = {"model": str(model), "data": str(data), "split": split, "unlearn": unlearn}
+    config = {"model": str(model), "data": str(data), "split": split, "unlearn": unlearn, "no_db": no_db}
 
     def summary(model_):
         g = gen if model_ is m else type(gen)(model_, tok, gen.kb, use_db=uses_db)
@@ -357,6 +403,8 @@ def offloading(lmlm: Path = typer.Option(..., "--lmlm", help="the LMLM checkpoin
 
     originals = _read(read_documents, data)[:limit]  # ids, splits and fields go on into the corpora
     docs = [d.segments for d in originals]
+    if not any(d.num_calls for d in originals):
+        _fail(f"no lookup calls in {data}: offloading ranks the facts of an annotated corpus's calls")
     for path, option, want in ((lmlm, "--lmlm", "lmlm"), (standard, "--standard", "standard")):
         if _mode(path) != want:
             _fail(f"{option} {path} is a {_mode(path)} checkpoint; {option} takes the {want} one")
@@ -366,6 +414,8 @@ def offloading(lmlm: Path = typer.Option(..., "--lmlm", help="the LMLM checkpoin
         _fail(f"--lmlm and --standard have different tokenizers ({len(tok.hf)} and {len(stok.hf)} tokens): "
               "the loss after each call is compared token by token, so both must be trained with the same one")
     deltas = fact_loss_differences(lm, sm, tok, docs, n_tokens=n_tokens, batch_size=batch_size)
+    if not deltas:
+        _fail(f"no call in {data} has text after it: the loss difference is over the tokens that follow a call")
     thresholds = offload_thresholds(deltas, rs)
     metrics = {"offloading_facts": float(len(deltas))}
     metrics.update({f"offloading_threshold_{round(r * 100)}": t for r, t in thresholds.items() if t is not None})
@@ -396,7 +446,7 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
 
     if task not in ("trex", "popqa", "factscore"):
         _fail(f"--task must be trex, popqa or factscore, got {task!r}")
-    texts = [strip(d) for d in _read(_documents, corpus)]
+    texts = [strip(d.segments) for d in _read(_documents, corpus)]
     m, tok, _, gen, _ = _load(model, None, no_db=True)
     try:
         retriever = BM25Retriever(corpus_passages(texts, words))
@@ -410,13 +460,14 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
         if not items:
             _fail(f"no usable T-REx facts in {data}")
         metrics = trex_eval(rag_gen, items, force_lookup=False, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                            records=records)
+                            records=records, progress=True)
     elif task == "popqa":
         from .popqa import popqa_eval, read_qa
         items = _read(read_qa, data, limit=limit)
         if not items:
             _fail(f"no questions in {data}")
-        metrics = popqa_eval(rag_gen, items, max_new_tokens=max_new_tokens, batch_size=batch_size, records=records)
+        metrics = popqa_eval(rag_gen, items, max_new_tokens=max_new_tokens, batch_size=batch_size, records=records,
+                             progress=True)
     else:
         from ..kb import KBError, KnowledgeBase
         from .factscore import factscore_eval, read_topics, world_from_kb
@@ -430,7 +481,8 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
         if not topics:
             _fail(f"no topics in {data}")
         metrics = factscore_eval(rag_gen, topics, facts, claims="text", max_new_tokens=max_new_tokens,
-                                 batch_size=batch_size, records=records)
+                                 batch_size=batch_size, records=records, progress=True)
+        _unknown_topics(metrics, "factscore_topics_unknown", world)
     metrics = {f"rag_{k_}": v for k_, v in metrics.items() if "_lookup_" not in k_}  # a Standard reader makes none
     kept = rag_gen.last_passages
     if len(kept) == len(records):  # what each prompt was given, to read beside its answer
@@ -443,4 +495,6 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
             golds = [[it.gold] if task == "trex" else list(it.answers) for it in items]
             metrics["rag_answer_in_passages"] = sum(answer_in_output(" ".join(ps), g) for ps, g in zip(kept, golds)) \
                 / max(1, len(kept))
-    _finish(RAG, metrics, records, out, {"model": str(model), "corpus": str(corpus), "task": task, "k": k, "words": words})
+    primary = {"trex": "trex_exact_match", "popqa": "popqa_accuracy", "factscore": "factscore_score_no_penalty"}[task]
+    _finish(replace(RAG, primary=f"rag_{primary}"), metrics, records, out,
+            {"model": str(model), "corpus": str(corpus), "task": task, "k": k, "words": words})

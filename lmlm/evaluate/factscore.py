@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..lookup import Lookup, parse
-from .base import Protocol, mean, normal_text, outputs_of, read_json_records, trace_dicts
+from .base import Protocol, mean, normal_text, outputs_of, progress_option, read_json_records, trace_dicts
 from .popqa import normalize_answer
 
 __all__ = [
@@ -327,7 +327,7 @@ def _pooled(scored: Sequence[dict], stated: bool) -> tuple[float, int]:
 def factscore_eval(generator, topics: Sequence[str], world: World, *, claims: str = "lookups",
                    prompt: str = BIO_PROMPT, gamma: int = GAMMA, max_new_tokens: int = 256,
                    repetition_penalty: float = 1.2, batch_size: int = 16, patterns: ClaimPatterns | None = None,
-                   records: list | None = None) -> dict[str, float]:
+                   records: list | None = None, progress: bool = False) -> dict[str, float]:
     """Generate a biography per topic and score its claims against ``world``.
 
     Args:
@@ -340,20 +340,23 @@ def factscore_eval(generator, topics: Sequence[str], world: World, *, claims: st
         max_new_tokens, repetition_penalty: the paper's decoding (256, 1.2), greedy.
         patterns: the phrasings ``claims="text"`` reads (default: the biography world's).
         records (list, optional): appended with one dict per topic.
+        progress (bool, default False): a progress bar over the generation's batches.
 
     Returns:
         ``factscore_score_no_penalty`` (mean precision over responding topics), ``factscore_score``
         (with the length penalty), ``factscore_claims_per_response``, ``factscore_respond_ratio``,
         ``factscore_invented`` (share of claims with a value the world does not have),
         ``factscore_precision_stated`` / ``factscore_precision_kb_only`` and their claim counts
-        ``factscore_claims_stated`` / ``factscore_claims_kb_only`` (when the world knows), ``factscore_n``.
+        ``factscore_claims_stated`` / ``factscore_claims_kb_only`` (when the world knows),
+        ``factscore_topics_unknown`` (topics the world holds no fact of: their claims cannot be supported),
+        ``factscore_n``.
     """
     if claims not in ("lookups", "text"):
         raise ValueError(f"claims must be 'lookups' or 'text', got {claims!r}")
     patterns = patterns or (ClaimPatterns() if claims == "text" else None)
     prompts = [prompt.format(name=t) for t in topics]
     results = generator.generate(prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                 repetition_penalty=repetition_penalty)
+                                 repetition_penalty=repetition_penalty, **progress_option(progress))
     scored = []
     for topic, p, r, text in zip(topics, prompts, results, outputs_of(generator, results)):
         if claims == "lookups":
@@ -376,5 +379,7 @@ def factscore_eval(generator, topics: Sequence[str], world: World, *, claims: st
             precision, n = _pooled(scored, flag)
             out[FACTSCORE.key(f"precision_{name}")] = precision
             out[FACTSCORE.key(f"claims_{name}")] = float(n)
+    # a topic the world holds no fact of: every claim about it is unsupported, however true
+    out[FACTSCORE.key("topics_unknown")] = float(sum(normalize_answer(t) not in world.values for t in topics))
     out[FACTSCORE.key("n")] = float(len(topics))
     return out

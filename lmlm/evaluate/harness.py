@@ -94,7 +94,7 @@ class HarnessAdapter:
         for r in requests:
             context, kwargs = _args(r)[:2]
             until = kwargs.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
+            until = [u for u in ([until] if isinstance(until, str) else until) if u]  # "" would stop at once
             res = self.generator.generate([context], max_new_tokens=int(kwargs.get("max_gen_toks", 256)),
                                           batch_size=1, stop_strings=until or None)[0]
             text = output_text(res, self.tok.tokens)

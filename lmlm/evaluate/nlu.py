@@ -157,6 +157,14 @@ def choice_scores(model, tok: LookupTokenizer, items: Sequence[MCItem], *, batch
                   ban_lookup: bool = True) -> list[list[Score]]:
     """One :class:`Score` per choice of every item (each choice scored as ``" " + choice``)."""
     pairs = [split_pair(tok, it.context, " " + c) for it in items for c in it.choices]
+    max_len, k = max_positions(model), 0
+    for it in items:
+        for c in it.choices:
+            if len(pairs[k][1]) >= max_len:
+                raise ValueError(f"example {int(it.uid) + 1 if it.uid.isdigit() else it.uid}: the choice "
+                                 f"{c[:40]!r}{'...' if len(c) > 40 else ''} is {len(pairs[k][1])} tokens, which do "
+                                 f"not fit the model's context of {max_len}")
+            k += 1
     flat = score_continuations(model, pairs, banned=tok.call_ids if ban_lookup else (), batch_size=batch_size)
     out, k = [], 0
     for it in items:
@@ -178,7 +186,8 @@ def predictions(item: MCItem, scores: Sequence[Score]) -> dict[str, int]:
 
 def nlu_eval(model, tok: LookupTokenizer, items: Sequence[MCItem], *, batch_size: int = 16,
              ban_lookup: bool = True, records: list | None = None) -> dict[str, float]:
-    """Multiple-choice accuracy of a causal LM: ``nlu_acc``, ``nlu_acc_norm``, ``nlu_acc_per_token``, ``nlu_n``.
+    """Multiple-choice accuracy of a causal LM: ``nlu_acc``, ``nlu_acc_norm``, ``nlu_acc_per_token``, ``nlu_n``,
+    and ``nlu_chance``, the accuracy of a uniform guess (the mean of 1 / choices).
 
     Args:
         model: a Hugging Face causal LM (an LMLM checkpoint or a Standard one).
@@ -191,6 +200,7 @@ def nlu_eval(model, tok: LookupTokenizer, items: Sequence[MCItem], *, batch_size
     preds = [predictions(it, s) for it, s in zip(items, scores)]
     out = {NLU.key(rule): mean(p[rule] == it.gold for p, it in zip(preds, items))
            for rule in ("acc", "acc_norm", "acc_per_token")}
+    out[NLU.key("chance")] = mean(1 / len(it.choices) for it in items)  # what guessing scores, to read the rest by
     out[NLU.key("n")] = float(len(items))
     if records is not None:
         records.extend({"context": it.context, "choices": list(it.choices), "gold": it.gold,

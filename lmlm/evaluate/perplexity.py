@@ -112,7 +112,9 @@ def dynamic_perplexity(generator, documents: Sequence[Sequence[Segment]], batch_
     ``generator`` is a :class:`lmlm.generate.LookupGenerator` (its model, tokenizer and KB are
     used). Calls are completed in rounds, the k-th call of every document in one batch. A lookup
     counts as found (``lookup_found_rate``) when the KB's fact is about the reference call's entity;
-    ``lookup_matched_rate`` counts any answer, ``lookup_wrong_entity`` the answers about someone else.
+    ``lookup_matched_rate`` counts any answer, ``lookup_wrong_entity`` the answers about someone else;
+    ``queries`` lists each query the model wrote (its document's index, the reference call, the value
+    written, whether the KB answered and whether for the reference's entity), to read the misses by.
     ``progress``: bars on stderr over the calls written, then the tokens scored.
     """
     tok: LookupTokenizer = generator.tok
@@ -160,8 +162,10 @@ def dynamic_perplexity(generator, documents: Sequence[Sequence[Segment]], batch_
             value = m.value if m is not None else (generator.options.get("fallback") or "unknown")
             call = tok.encode_call(Lookup(e or "?", r or "?", value))
             built[d] = built[d] + call + pieces[d][k + 1]
-            right = m is not None and same_entity(m.entity, refs[d][k].entity if k < len(refs[d]) else None)
-            queries_made.append({"entity": e, "relation": r, "matched": m is not None, "found": right,
+            ref = refs[d][k] if k < len(refs[d]) else None
+            right = m is not None and same_entity(m.entity, ref.entity if ref is not None else None)
+            queries_made.append({"document": d, "reference": [ref.entity, ref.relation] if ref is not None else None,
+                                 "entity": e, "relation": r, "value": value, "matched": m is not None, "found": right,
                                  "group": None if groups is None else groups[d]})
         if bar is not None:
             bar.update(len(rows))
@@ -175,7 +179,7 @@ def dynamic_perplexity(generator, documents: Sequence[Sequence[Segment]], batch_
         raise ValueError(f"dynamic perplexity scored {agg['org_tokens']} text tokens but the references have "
                          f"{ref_orgs}: a document with its generated lookups exceeds the model context")
     out = {"dynamic": _ppl(agg["org_nll"], agg["org_tokens"]), "org_tokens": agg["org_tokens"],
-           **_lookup_rates(queries_made)}
+           **_lookup_rates(queries_made), "queries": queries_made}
     if groups is not None:
         out["by_group"] = _by_group(agg, dynamic="org_nll")
         for g, row in out["by_group"].items():

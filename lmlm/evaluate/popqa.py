@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import (Protocol, answer_budget, lookup_metrics, mean, normal_fields, outputs_of, read_json_records,
-                   trace_dicts)
+from .base import (Protocol, answer_budget, lookup_metrics, mean, normal_fields, outputs_of, progress_option,
+                   read_json_records, trace_dicts)
 
 __all__ = [
     "COMPLETIONS",
@@ -233,7 +233,8 @@ def read_qa(path: str | Path, **kwargs) -> list[QAItem]:
 
 
 def popqa_eval(generator, items: Sequence[QAItem], *, force_lookup: bool = False, max_new_tokens: int = 32,
-               batch_size: int = 32, by_relation: bool = True, records: list | None = None) -> dict[str, float]:
+               batch_size: int = 32, by_relation: bool = True, records: list | None = None,
+               progress: bool = False) -> dict[str, float]:
     """Greedy PopQA evaluation of a :class:`lmlm.generate.LookupGenerator`.
 
     Args:
@@ -242,26 +243,29 @@ def popqa_eval(generator, items: Sequence[QAItem], *, force_lookup: bool = False
         force_lookup (bool, default False): open a lookup right after the prompt.
         max_new_tokens (int, default 32): tokens of the answer's text; a model's calls take up to
             :data:`~lmlm.evaluate.base.CALL_ROOM` more (:func:`~lmlm.evaluate.base.answer_budget`).
-        by_relation (bool, default True): also report ``popqa_accuracy_<relation>``.
+        by_relation (bool, default True): also report ``popqa_accuracy_<relation>`` and its ``popqa_n_<relation>``.
         records (list, optional): appended with one dict per item.
+        progress (bool, default False): a progress bar over the generation's batches.
 
     Returns:
         ``popqa_accuracy`` (any gold answer in the lookup-stripped output), ``popqa_n``,
         ``popqa_lookup_found`` (a KB fact about the item's subject; ``popqa_lookup_answered``: any,
-        ``popqa_lookup_wrong_entity``: items answered only about someone else) and per-relation accuracy.
+        ``popqa_lookup_wrong_entity``: items answered only about someone else) and per-relation accuracy and n.
     """
     results = generator.generate([it.prompt for it in items], max_new_tokens=answer_budget(generator, max_new_tokens),
-                                 batch_size=batch_size, force_lookup=force_lookup)
+                                 batch_size=batch_size, force_lookup=force_lookup, **progress_option(progress))
     outputs = outputs_of(generator, results, max_new_tokens)
     hits = [answer_in_output(o, it.answers) for o, it in zip(outputs, items)]
     out = {POPQA.key("accuracy"): mean(hits), POPQA.key("n"): float(len(items)),
            **lookup_metrics(POPQA, results, [it.subject for it in items])}
     if by_relation:
         for rel in sorted({it.relation for it in items if it.relation}):
-            key = POPQA.key("accuracy_" + rel.replace(" ", "_"))
-            out[key] = mean(h for h, it in zip(hits, items) if it.relation == rel)
+            name = rel.replace(" ", "_")
+            out[POPQA.key("accuracy_" + name)] = mean(h for h, it in zip(hits, items) if it.relation == rel)
+            out[POPQA.key("n_" + name)] = float(sum(it.relation == rel for it in items))
     if records is not None:
-        records.extend({"question": it.question, "prompt": it.prompt, "answers": list(it.answers),
+        records.extend({"id": it.uid, "subject": it.subject, "question": it.question, "prompt": it.prompt,
+                        "answers": list(it.answers),
                         "relation": it.relation, "output": o, "text": r.text, "correct": h,
                         "lookups": trace_dicts(r)} for it, r, o, h in zip(items, results, outputs, hits))
     return out

@@ -89,17 +89,27 @@ class TofuItem:
 def read_tofu(path: str | Path, *, limit: int | None = None) -> list[TofuItem]:
     """Read a TOFU split (JSON lines or a JSON list)."""
     items = []
-    for k, rec in enumerate(read_json_records(path)[:limit]):
-        if "question" not in rec or "answer" not in rec:
-            raise ValueError(f"{path}: record {k} needs 'question' and 'answer'; got {sorted(rec)}")
-        pert, ann_pert = rec.get("perturbed_answer") or (), rec.get("annotated_perturbed_answer") or ()
-        items.append(TofuItem(rec["question"], rec["answer"], rec.get("paraphrased_answer"), _strings(pert),
-                              rec.get("annotated_answer"), rec.get("annotated_paraphrased_answer"), _strings(ann_pert)))
+    for k, rec in enumerate(read_json_records(path)[:limit], 1):
+        if not isinstance(rec, dict) or "question" not in rec or "answer" not in rec:
+            got = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
+            raise ValueError(f"{path}: record {k} needs 'question' and 'answer'; got {got}")
+        for name in ("question", "answer", "paraphrased_answer", "annotated_answer", "annotated_paraphrased_answer"):
+            if rec.get(name) is not None and not isinstance(rec[name], str):
+                raise ValueError(f"{path}: record {k}: {name!r} is {rec[name]!r}, not a text")
+        pert, ann_pert = (_strings(rec.get(name) or (), path, k, name)
+                          for name in ("perturbed_answer", "annotated_perturbed_answer"))
+        items.append(TofuItem(rec["question"], rec["answer"], rec.get("paraphrased_answer"), pert,
+                              rec.get("annotated_answer"), rec.get("annotated_paraphrased_answer"), ann_pert))
     return items
 
 
-def _strings(x) -> tuple[str, ...]:
-    return (x,) if isinstance(x, str) else tuple(x)
+def _strings(x, path, k: int, name: str) -> tuple[str, ...]:
+    """A text or a list of texts (``perturbed_answer``) as a tuple; anything else names its record."""
+    if isinstance(x, str):
+        return (x,)
+    if isinstance(x, (list, tuple)) and all(isinstance(v, str) for v in x):
+        return tuple(x)
+    raise ValueError(f"{path}: record {k}: {name!r} is {x!r}, not a list of texts")
 
 
 # -- ROUGE-L -------------------------------------------------------------------------------------
@@ -194,7 +204,8 @@ def _answers(it: TofuItem, annotated: bool) -> list[tuple[str, str]]:
         if a is None or (it.paraphrased_answer and it.perturbed_answers and (para is None or not pert)):
             raise ValueError(f"scoring an LMLM with its KB needs the answers annotated with lookup calls "
                              f"('annotated_answer', 'annotated_paraphrased_answer', 'annotated_perturbed_answer'; "
-                             f"the TOFU release has none); question {it.question!r} has none")
+                             f"the TOFU release has none); question {it.question!r} has none. --no-db scores "
+                             f"the plain answers, the model without its KB")
     else:
         a, para, pert = it.answer, it.paraphrased_answer, it.perturbed_answers
     out = [("answer", a)]

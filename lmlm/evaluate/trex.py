@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Protocol, answer_budget, lookup_metrics, mean, normal_fields, outputs_of, trace_dicts
+from .base import (Protocol, answer_budget, lookup_metrics, mean, normal_fields, outputs_of, progress_option,
+                   trace_dicts)
 from .cloze import match_first_content_words
 
 __all__ = ["MASK", "TREX", "TrexItem", "cloze_prompt", "read_trex", "score_trex", "trex_eval"]
@@ -145,7 +146,7 @@ def score_trex(outputs: Sequence[str], items: Sequence[TrexItem], n_words: int =
 
 def trex_eval(generator, items: Sequence[TrexItem], *, force_lookup: bool = True, max_new_tokens: int = 16,
               batch_size: int = 32, n_words: int = 5, by_relation: bool = True,
-              records: list | None = None) -> dict[str, float]:
+              records: list | None = None, progress: bool = False) -> dict[str, float]:
     """Greedy T-REx evaluation of a :class:`lmlm.generate.LookupGenerator`.
 
     Args:
@@ -157,17 +158,19 @@ def trex_eval(generator, items: Sequence[TrexItem], *, force_lookup: bool = True
         max_new_tokens (int, default 16): tokens of the answer's text; a model's calls take up to
             :data:`~lmlm.evaluate.base.CALL_ROOM` more (:func:`~lmlm.evaluate.base.answer_budget`).
         n_words (int, default 5): content words searched for the exact match.
-        by_relation (bool, default True): also report ``trex_exact_match_<predicate_id>``.
+        by_relation (bool, default True): also report ``trex_exact_match_<predicate_id>`` and its
+            ``trex_n_<predicate_id>``.
         records (list, optional): appended with one dict per item (prompt, gold, output, verdicts, lookups).
+        progress (bool, default False): a progress bar over the generation's batches.
 
     Returns:
         ``trex_exact_match``, ``trex_precision_at_1``, ``trex_n``, ``trex_lookup_found`` (share of
         items whose output used a KB fact about the item's subject; ``trex_lookup_answered``: any
         fact, ``trex_lookup_wrong_entity``: items answered only about someone else) and per-relation
-        exact match.
+        exact match and n.
     """
     results = generator.generate([it.prompt for it in items], max_new_tokens=answer_budget(generator, max_new_tokens),
-                                 batch_size=batch_size, force_lookup=force_lookup)
+                                 batch_size=batch_size, force_lookup=force_lookup, **progress_option(progress))
     outputs = outputs_of(generator, results, max_new_tokens)
     scores = score_trex(outputs, items, n_words)
     out = {TREX.key("exact_match"): mean(s["exact_match"] for s in scores),
@@ -177,8 +180,10 @@ def trex_eval(generator, items: Sequence[TrexItem], *, force_lookup: bool = True
         for rel in sorted({it.relation for it in items if it.relation}):
             out[TREX.key(f"exact_match_{rel}")] = mean(s["exact_match"] for s, it in zip(scores, items)
                                                        if it.relation == rel)
+            out[TREX.key(f"n_{rel}")] = float(sum(it.relation == rel for it in items))
     if records is not None:
-        records.extend({"prompt": it.prompt, "gold": it.gold, "relation": it.relation, "output": o,
+        records.extend({"uuid": it.uid, "subject": it.subject, "prompt": it.prompt, "gold": it.gold,
+                        "relation": it.relation, "output": o,
                         "text": r.text, **s, "lookups": trace_dicts(r)}
                        for it, r, o, s in zip(items, results, outputs, scores))
     return out

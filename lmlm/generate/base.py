@@ -17,7 +17,7 @@ from .answers import Answerer, query_key
 from .loop import LOOP_KWARGS, decode
 from .packed import pack_linears, packing
 from .processor import PAPER_LOGIT_BIAS, LookupLogitsProcessor
-from .trace import GenerationResult, build_result, open_call
+from .trace import GenerationResult, build_result, open_call, prompt_row
 
 if TYPE_CHECKING:
     from .stream import StreamEvent
@@ -81,8 +81,8 @@ class LookupGenerator:
         return LookupLogitsProcessor(self.tok, self.kb, **{"constraint": self.trie, **self.options, **overrides})
 
     def prompt_ids(self, prompt: str, force_lookup: bool = False) -> list[int]:
-        """``doc_id``, the prompt's ids and, with ``force_lookup``, ``<|db_start|>``."""
-        return [self.tok.doc_id, *self.tok.encode_text(prompt)] + ([self.tok.start_id] if force_lookup else [])
+        """``doc_id``, the prompt's ids and, with ``force_lookup``, ``<|db_start|>`` (:func:`prompt_row`)."""
+        return prompt_row(self.tok, prompt, force_lookup)
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[str], *, max_new_tokens: int = 64, batch_size: int = 16,
@@ -128,6 +128,11 @@ class LookupGenerator:
             raise ValueError(f"num_beams={num_beams} is beam search; it does not combine with do_sample=True")
         if max_lookups is not None and max_lookups < 0:
             raise ValueError(f"max_lookups must be >= 0, got {max_lookups}")
+        if (force_lookup or force_lookup_at) and (self.options["max_lookups"] if max_lookups is None
+                                                  else max_lookups) == 0:
+            raise ValueError("force_lookup and force_lookup_at open a call: they need max_lookups >= 1")
+        if stop_strings is not None and (isinstance(stop_strings, str) or not all(stop_strings)):
+            raise ValueError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r}")
         if stop_strings and ignore_eos:
             raise ValueError("stop_strings and ignore_eos exclude each other (a stopped row is padded with eos)")
         force_at = _force_offsets(force_lookup_at, len(prompts))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import List, Optional
@@ -71,6 +72,14 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
     llm = _vllm_options(backend, vllm_option or [], stream=stream, num_beams=num_beams, stop=bool(stop),
                         device=device)
     check_device(device)
+    if not all(prompt):
+        _fail(f"prompt {prompt.index('') + 1} is empty: give the text to continue")
+    if force_lookup and max_lookups == 0:
+        _fail("--force-lookup opens a call: it needs --max-lookups >= 1")
+    if stop and not all(stop):
+        _fail("--stop takes a non-empty text (an empty one would stop at the first token)")
+    if stream and num_beams > 1:
+        _fail("--stream prints tokens as they come, beam search picks its beam at the end: not with --num-beams")
     try:
         bias = tuple(float(b) for b in logit_bias.split(","))
     except ValueError:
@@ -118,8 +127,10 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
     try:
         if stream and not as_json:  # the hf backend only (checked above)
             for p in prompt:
+                events = gen.stream(p, **options)
+                first = next(events)  # options that do not go together fail here, before the prompt is printed
                 console.print(f"[bold]{escape(p)}[/]", end="")
-                for event in gen.stream(p, **options):
+                for event in itertools.chain([first], events):
                     if event.lookup is not None:
                         show_lookup(event.lookup.query_entity, event.lookup.query_relation, event.lookup.value)
                     elif event.result is not None:

@@ -17,7 +17,8 @@ from ..lookup import Segment, Text, render, strip
 from ..tokens import LookupTokenizer
 from .answers import Answerer, call_context
 
-__all__ = ["continuation_text", "LookupTrace", "GenerationResult", "CallSpan", "call_spans", "open_call", "build_result"]
+__all__ = ["continuation_text", "LookupTrace", "GenerationResult", "CallSpan", "call_spans", "open_call", "prompt_row",
+           "build_result"]
 
 
 @dataclass
@@ -134,6 +135,21 @@ def open_call(ids: Sequence[int], tok: LookupTokenizer) -> list[int]:
         if ids[i] == tok.start_id:
             return list(ids[i:])
     return []
+
+
+def prompt_row(tok: LookupTokenizer, prompt: str, force_lookup: bool = False) -> list[int]:
+    """``doc_id``, the prompt's ids and, with ``force_lookup``, ``<|db_start|>``: the row a generator starts from.
+
+    A prompt may end inside a call's entity or relation (the model writes the rest) or right after
+    ``<|db_retrieve|>`` (the KB answers); not inside the value, which the KB writes (the text would hold
+    the prompt's value and the trace the KB's).
+    """
+    ids = [tok.doc_id, *tok.encode_text(prompt)]
+    tail, t = open_call(ids, tok), tok.tokens
+    if tok.retrieve_id in tail and tail[-1] != tok.retrieve_id:
+        raise ValueError(f"the prompt ends inside a call's value, which the KB writes: end it at {t.retrieve} for "
+                         f"the KB to answer, or close the call with {t.end}")
+    return ids + ([tok.start_id] if force_lookup else [])
 
 
 def continuation_text(prompt: str, ids: Sequence[int], tok: LookupTokenizer) -> str:

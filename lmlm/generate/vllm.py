@@ -30,7 +30,7 @@ from typing import Sequence
 from ..tokens import LookupTokenizer
 from .answers import Answerer, call_context, call_start, query_key
 from .processor import PAPER_LOGIT_BIAS
-from .trace import GenerationResult, build_result, open_call
+from .trace import GenerationResult, build_result, open_call, prompt_row
 
 __all__ = ["VLLMLookupGenerator", "llm_options", "vllm_installed"]
 
@@ -136,7 +136,7 @@ class VLLMLookupGenerator:
         self.close()
 
     def prompt_ids(self, prompt: str, force_lookup: bool = False) -> list[int]:
-        return [self.tok.doc_id, *self.tok.encode_text(prompt)] + ([self.tok.start_id] if force_lookup else [])
+        return prompt_row(self.tok, prompt, force_lookup)
 
     def generate(self, prompts: Sequence[str], *, max_new_tokens: int = 64, force_lookup: bool = False,
                  force_lookup_at: Sequence[int] | Sequence[Sequence[int]] | None = None,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .authors import AUTHORS_MARKER, scan_authors_json
 from .base import PROGRESS_MIN, KnowledgeBase
-from .ingest import add_file, fingerprint
+from .ingest import add_file, file_hashes, fingerprint
 from .store import KBError
 from .encoder import Encoder
 from .index import AnnConfig
@@ -48,13 +48,14 @@ def build(path: str | Path, source: str | Path, format: str | None = None, chunk
     if not Path(source).is_file():
         raise FileNotFoundError(f"no file to import at {source}")
     kb = KnowledgeBase.create(path, exist_ok=True, encoder=encoder, ann=ann)
-    if not append and kb.version > 0 and f"build:{fingerprint(source)}" not in kb.store.meta():
+    hashes = file_hashes(Path(source))  # read once: the check below, the resume mark and the append record
+    if not append and kb.version > 0 and f"build:{hashes[0]}" not in kb.store.meta():
         n, v = len(kb), kb.version
         kb.close()
         raise KBError(f"{path} already holds a KB ({n} facts, version {v}) built from other data than "
                       f"{Path(source).name}: `lmlm kb import` adds a file to it, --append builds on it, or give "
                       "a new folder")
-    n = add_file(kb, source, format, chunk_size=chunk_size, who=who, why=why, progress=progress)
+    n = add_file(kb, source, format, chunk_size=chunk_size, who=who, why=why, progress=progress, hashes=hashes)
     if embed:
         show = n >= PROGRESS_MIN if progress is None else progress
         kb.embed(progress=show or None)

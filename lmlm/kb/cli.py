@@ -438,7 +438,7 @@ def kb_import(path: Path, triples: Path, format: Optional[str] = typer.Option(No
               who: str = typer.Option("lmlm"), why: str = typer.Option("import")):
     """Add the facts of a file (a version per 100,000); resumable, and the same file twice adds nothing.
 
-    A changed file is read again: a fact with a source is not counted twice, one without counts once more.
+    A changed file is read again: its new facts go in, and no fact it held before counts twice.
     """
     kb = _open_kb(path)
     before = kb.version

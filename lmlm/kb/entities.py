@@ -335,14 +335,17 @@ class EntityIndex:
         return list(found)
 
     def _gone_in(self, context: str) -> list[tuple[str, tuple[str, ...]]]:
-        """The deleted entities (or deleted aliases) the text names word for word: ``(name, its words)``."""
+        """The deleted entities (or deleted aliases) the text names word for word, possessive or not
+        ("Ada Lind's"): ``(name, its words)``."""
         if not self.gone:
             return []
         text = f" {' '.join(fuzzy_tokens(normalize_text(context)))} "
+        bare = f" {' '.join(_word_seq(context))} "
         named = []
         for n, shown in self.gone.items():
             words = fuzzy_tokens(n)
-            if len(n) > 3 and f" {' '.join(words)} " in text:
+            spaced = f" {' '.join(words)} "
+            if len(n) > 3 and (spaced in bare or spaced in text):
                 named.append((shown, words))
         return named
 

@@ -7,7 +7,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, NamedTuple
 
+from ..lookup import TOKEN_VOCABULARIES
 from .keys import clean_field, is_plain, normalize_text
+
+# the lookup tokens of every vocabulary: a name or value holding one could never be written inside a call
+_MARKERS = tuple(sorted({m for v in TOKEN_VOCABULARIES.values() for m in v.as_list()}))
 
 __all__ = ["Triple", "check_triple", "Match", "Miss", "TripleRecord", "VersionRecord", "Change", "DiffEntry", "as_triple",
            "KBError", "NotAKnowledgeBase", "KBNotFound", "Best", "check_who", "required", "gc_paused"]
@@ -43,6 +47,11 @@ def check_triple(entity, relation, value, source=None, position=None) -> None:
             if not isinstance(x, str):
                 raise TypeError(f"Triple.{name} must be str, got {type(x).__name__}: {x!r}")
             clean_field(x, f"Triple.{name}")  # control characters are refused here
+    if "<|" in e or "<|" in r or "<|" in v:
+        for name, x in (("entity", e), ("relation", r), ("value", v)):
+            if marker := next((m for m in _MARKERS if m in x), None):
+                raise ValueError(f"Triple.{name} {x!r} holds the lookup token {marker}, which no call can carry "
+                                 "(it would end the call's field); remove it")
     if not normalize_text(e):
         raise ValueError(f"Triple.entity is empty (after normalisation): {e!r}")
     if not normalize_text(r):

@@ -78,6 +78,8 @@ class _Cache:
         self.relations: dict[str, int] = {}
         self.keys: dict[tuple[int, int], int] = {}
         self.documents: dict[str, int] = {}
+        self.recount = True  # False: a sourceless fact active before this write is not counted again
+        self.first_triple: int | None = None  # the first triple id this write made
 
     def trim(self) -> None:
         for m in (self.entities, self.relations, self.keys, self.documents):
@@ -225,11 +227,13 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
     # -- writes ----------------------------------------------------------------------------------
     def write_facts(self, facts: Iterable[Fact], op: str, who: str, why: str, batch_size: int = 1000,
                     on_batch: Callable[[int], None] | None = None, meta: dict[str, str] | None = None,
-                    cache_limit: int = 1_000_000) -> int:
+                    cache_limit: int = 1_000_000, recount: bool = True) -> int:
         """Add ``facts`` as one version; returns it (or the current version when nothing changed).
 
         A fact already active under the same key and value gains ``count`` and its new sources
         instead of a second row; if every source it names is already recorded, it changes nothing.
+        ``recount=False``: neither does a fact without sources that was active before this write
+        (a file read again after it changed: its unchanged facts were counted when it was first read).
         ``meta`` entries are written in the same transaction (a resumable build records how far it got).
         ``cache_limit``: ids of names and keys held between chunks before the write forgets them.
         """
@@ -238,6 +242,7 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
             with gc_paused(), self._transaction():
                 v = self._new_version(op, who, why)
                 cache = _Cache(cache_limit)
+                cache.recount = recount
                 while chunk := list(islice(it, batch_size)):
                     self._write_chunk(v, chunk, cache)
                     cache.trim()
@@ -325,11 +330,14 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
                 "SELECT id, key_id, value_norm FROM triples WHERE deleted_version IS NULL"
                 f" AND key_id IN ({_marks(len(ch))})", ch))
         first = next_id = (self._x("SELECT max(id) FROM triples").fetchone()[0] or 0) + 1
+        if cache.first_triple is None:
+            cache.first_triple = first
         new_triples, new_sources, support = [], [], []
         for (f, _, _, vn), kid in zip(rows, kids):
             tid = active.setdefault((kid, vn), next_id)
             if tid != next_id:
-                support.append((tid, f))
+                if cache.recount or f[4] or tid >= cache.first_triple:
+                    support.append((tid, f))
                 continue
             next_id += 1
             new_triples.append((tid, kid, f[2], vn, f[3], v))

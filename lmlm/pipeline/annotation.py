@@ -281,6 +281,9 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
     if spec.run_passages:
         rest = rest[:spec.run_passages]
     report: dict[str, Any] = {"passages": len(passages), "seed_passages": len(seeds), "run_passages": len(rest)}
+    # the time of steps an earlier invocation finished, so the stage's time covers all of its work
+    report["seconds_earlier"] = sum((_done(folder / step) or {}).get("seconds") or 0.0
+                                    for step in ("seed", "correct", "annotator", "run"))
 
     # 1. seed: the LLM annotates the seed passages, every call validated
     seed_dir = folder / "seed"

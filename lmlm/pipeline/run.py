@@ -169,7 +169,8 @@ def stage_annotate(recipe: Recipe, out: Path, device: str | None, progress: bool
         for m, k in d.meta["calls_by_method"].items():
             by_method[m] = by_method.get(m, 0) + k
     # triples.jsonl holds a fact once per mention (its source beside it); the KB stage counts distinct facts
-    info = {**stats, "calls_by_method": by_method, "triple_lines": n_triples, **report, "seconds": time.time() - t}
+    seconds = time.time() - t + (report.get("llm") or {}).get("seconds_earlier", 0.0)  # a resumed LLM path's steps
+    info = {**stats, "calls_by_method": by_method, "triple_lines": n_triples, **report, "seconds": seconds}
     (folder / "report.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     _log(f"annotation: {stats['lookup_calls']} calls ({by_method}), text unchanged in "
          f"{stats['text_unchanged']:.1%} of {stats['documents']} documents")

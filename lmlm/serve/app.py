@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from fastapi import FastAPI, HTTPException, Request, Security
+from fastapi import Depends, FastAPI, HTTPException, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -258,8 +258,8 @@ def create_app(model_dir: str | Path, kb_path: str | Path | None = None, *, toke
     def require_token(cred: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:
         state.check_token(cred.credentials if cred else None)
 
-    app.include_router(gen_routes.router(state))
-    app.include_router(kb_routes.router(state, require_token))
+    app.include_router(gen_routes.router(state), dependencies=[Depends(_known_query)])
+    app.include_router(kb_routes.router(state, require_token), dependencies=[Depends(_known_query)])
     _errors(app)
 
     @app.get("/", include_in_schema=False)
@@ -284,6 +284,24 @@ def create_app(model_dir: str | Path, kb_path: str | Path | None = None, *, toke
         return {"ok": True}
 
     return app
+
+
+def _known_query(request: Request) -> None:
+    """A 422 for a query parameter the route does not take (a misspelt or unsupported option is never
+    ignored in silence: ``?at=3`` on a route without ``at`` would answer for the current version).
+    OpenAI's ``/v1`` routes accept and ignore what they do not know, as their bodies do."""
+    route = request.scope.get("route")
+    if request.url.path.startswith("/v1/") or getattr(route, "dependant", None) is None:
+        return
+    known, todo = set(), [route.dependant]
+    while todo:  # the route's own parameters and those of its dependencies
+        d = todo.pop()
+        known.update(p.alias for p in d.query_params)
+        todo += d.dependencies
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        takes = f"it takes {', '.join(sorted(known))}" if known else "it takes none"
+        raise HTTPException(422, f"unknown query parameter {', '.join(map(repr, unknown))}: {takes}")
 
 
 def _errors(app: FastAPI) -> None:

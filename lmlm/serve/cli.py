@@ -59,7 +59,7 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         _fail(f"--threshold must be a similarity between 0 and 1, got {threshold}")
     try:
-        from ..serve import ServeLimits, serve as run
+        from ..serve import ServeLimits, create_app
         import fastapi, uvicorn  # noqa: F401,E401
     except ImportError as e:
         _fail(f"{e.name} is not installed: pip install -e '.[serve]'")
@@ -73,9 +73,9 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
         _fail("say what to serve: --model CHECKPOINT (or --demo FOLDER)")
     if token is not None and len(token) < 8:
         _fail("the token must have at least 8 characters")
-    if not read_only and token is None:
+    random_token = not read_only and token is None
+    if random_token:
         token = secrets.token_urlsafe(18)
-        err.print(f"KB write token: [bold]{token}[/] (set one with --token or LMLM_SERVE_TOKEN)")
     try:
         limits = ServeLimits(max_new_tokens=max_new_tokens, max_concurrent=max_concurrent, max_batch=max_batch)
     except ValueError as e:
@@ -90,9 +90,12 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
             pass
     except OSError as e:
         _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
-    err.print(f"serving on http://{host}:{port}/  (API docs: http://{host}:{port}/docs)")
     threads = threads or max(1, (os.cpu_count() or 2) - 1)  # a core for the HTTP side
-    with user_errors(KBError, ValueError):
-        run(model, kb, host=host, port=port, token=None if read_only else token, limits=limits, device=device,
-            threshold=threshold, threads=threads, log_level=log_level.lower(), copy_bias=copy_bias,
-            name_bias=name_bias, matching=matching, constrained=constrained, max_lookups=max_lookups)
+    with user_errors(KBError, ValueError):  # a model or KB that does not open: one line, nothing said to be served
+        app = create_app(model, kb, token=None if read_only else token, limits=limits, device=device,
+                         threshold=threshold, threads=threads, copy_bias=copy_bias, name_bias=name_bias,
+                         matching=matching, constrained=constrained, max_lookups=max_lookups)
+    if random_token:
+        err.print(f"KB write token: [bold]{token}[/] (set one with --token or LMLM_SERVE_TOKEN)")
+    err.print(f"serving on http://{host}:{port}/  (API docs: http://{host}:{port}/docs)")
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower())

@@ -140,9 +140,10 @@ def router(state) -> APIRouter:
         prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
         prompts = [p for p in prompts for _ in range(body.n)]  # choice i*n + j
         greedy = body.temperature == 0
-        params = GenParams(body.max_tokens, body.force_lookup, True, not greedy, 1.0 if greedy else body.temperature,
-                           body.top_p, 0, body.seed)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        # the rows stop at a stop sequence (the text, its lookups and the usage end there), and the text is cut
+        params = GenParams(body.max_tokens, body.force_lookup, True, not greedy, 1.0 if greedy else body.temperature,
+                           body.top_p, 0, body.seed, stop=tuple(stops))
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": body.model or state.model_name}
         sub = _Submission(state, prompts, params, body.stream)

@@ -46,11 +46,14 @@ def router(state, require_token) -> APIRouter:
     @api.get("/lookup", response_model=LookupResponse, summary="Look a key up as the generator does "
              "(the entity first, then the relation among its keys); a miss says which step failed")
     async def lookup(entity: Field_, relation: Field_,
-                     threshold: Annotated[Optional[float], Query(ge=0, le=1)] = None):
+                     threshold: Annotated[Optional[float], Query(ge=0, le=1)] = None,
+                     context: Annotated[Optional[str], Query(max_length=L.max_prompt_chars, description=(
+                         "the text before the call (the names it may refer to), as the generator passes it"))] = None):
         e, r = field("entity", entity), field("relation", relation)
+        c = None if context is None else field("context", context)
 
         def read():
-            m = kb.explain(e, r, threshold=threshold)
+            m = kb.explain(e, r, context=c, threshold=threshold)
             miss = None if m else {"reason": m.reason, "detail": m.detail, "entity": m.entity,
                                    "candidates": [[str(n), float(s)] for n, s in m.candidates]}
             return {"match": _match(m) if m else None, "miss": miss, "version": kb.version}

@@ -9,7 +9,7 @@ fixed. Every string must be valid UTF-8 (no lone surrogates): the tokenizer and 
 from types import SimpleNamespace
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
 from .limits import ServeLimits
 
@@ -26,7 +26,13 @@ def _utf8(s: str) -> str:
     return s
 
 
-Utf8 = Annotated[str, AfterValidator(_utf8)]
+def _utf8_text(min_length: int = 0, max_length: int | None = None):
+    """UTF-8 text of a bounded length: a lone surrogate is named before the string is read, and the
+    bounds are the string's own, so that a 422 speaks of characters ("at least 1 character")."""
+    check = BeforeValidator(lambda s: _utf8(s) if isinstance(s, str) else s)
+    return Annotated[str, StringConstraints(min_length=min_length, max_length=max_length), check]
+
+
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 
@@ -38,9 +44,9 @@ class _Strict(BaseModel):
 def request_models(limits: ServeLimits) -> SimpleNamespace:
     """The request bodies, with ``limits`` as their constraints."""
     L = limits
-    Prompt = Annotated[Utf8, Field(min_length=1, max_length=L.max_prompt_chars)]
-    Name = Annotated[Utf8, Field(min_length=1, max_length=L.max_field_chars)]
-    Why = Annotated[Utf8, Field(max_length=L.max_field_chars)]
+    Prompt = _utf8_text(1, L.max_prompt_chars)
+    Name = _utf8_text(1, L.max_field_chars)
+    Why = _utf8_text(0, L.max_field_chars)
     default_new = min(64, L.max_new_tokens)
 
     class GenerateRequest(_Strict):
@@ -80,19 +86,19 @@ def request_models(limits: ServeLimits) -> SimpleNamespace:
         """OpenAI's legacy completions request; unknown OpenAI fields are accepted and ignored."""
 
         model_config = ConfigDict(extra="ignore", strict=True)
-        model: Optional[Annotated[Utf8, Field(max_length=L.max_field_chars)]] = None
+        model: Optional[_utf8_text(0, L.max_field_chars)] = None
         prompt: Union[Prompt, Annotated[list[Prompt], Field(min_length=1, max_length=L.max_prompts)]]
         max_tokens: int = Field(16, ge=1, le=L.max_new_tokens)
         temperature: float = Field(1.0, ge=0, le=2, description="0: greedy decoding")
         top_p: float = Field(1.0, gt=0, le=1)
         n: int = Field(1, ge=1, le=L.max_prompts)
         stream: bool = False
-        stop: Optional[Union[Annotated[Utf8, Field(min_length=1, max_length=64)],
-                             Annotated[list[Annotated[Utf8, Field(min_length=1, max_length=64)]],
+        stop: Optional[Union[_utf8_text(1, 64),
+                             Annotated[list[_utf8_text(1, 64)],
                                        Field(max_length=4)]]] = None
         seed: Optional[Seed] = None
         echo: bool = False
-        user: Optional[Annotated[Utf8, Field(max_length=L.max_field_chars)]] = None
+        user: Optional[_utf8_text(0, L.max_field_chars)] = None
         force_lookup: bool = Field(False, description="lmlm: open a lookup call at the end of the prompt")
 
         @model_validator(mode="after")

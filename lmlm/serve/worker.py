@@ -44,6 +44,7 @@ class GenParams:
     repetition_penalty: float = 1.0
     max_lookups: int | None = None  # None: the server's
     num_beams: int = 1
+    stop: tuple[str, ...] = ()  # a row stops once its text outside calls ends with one of these
 
     def batch_key(self) -> tuple:
         return astuple(self) + ((next(_seeded),) if self.seed is not None else ())
@@ -163,6 +164,9 @@ class ModelWorker:
         gen = self.generators[job.params.use_db]
         try:
             job.prompt_ids = [gen.prompt_ids(p, job.params.force_lookup) for p in job.prompts]
+        except ValueError as e:  # a prompt that ends inside a call's value, ...: said as it is
+            job.future.set_exception(e)
+            return False
         except Exception as e:  # a prompt the tokenizer cannot read
             job.future.set_exception(ValueError(f"cannot tokenize the prompt: {e}"))
             return False
@@ -197,7 +201,8 @@ class ModelWorker:
                                    force_lookup=p.force_lookup, do_sample=p.do_sample, temperature=p.temperature,
                                    top_p=p.top_p, top_k=p.top_k, seed=p.seed, cache=cache,
                                    repetition_penalty=p.repetition_penalty, max_lookups=p.max_lookups,
-                                   num_beams=p.num_beams, **({"streamer": streamer} if streamer else {}))
+                                   num_beams=p.num_beams, stop_strings=list(p.stop) or None,
+                                   **({"streamer": streamer} if streamer else {}))
             run_s = time.perf_counter() - start
             k = 0
             for job in group:

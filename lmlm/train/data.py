@@ -39,6 +39,8 @@ class BlockSource(Protocol):
 
     def trained_tokens(self) -> int: ...
 
+    def real_tokens(self, idx: torch.Tensor) -> int: ...
+
 
 def shift_left(t: torch.Tensor, fill: int) -> torch.Tensor:
     return torch.cat([t[:, 1:], torch.full_like(t[:, :1], fill)], dim=1)
@@ -48,17 +50,23 @@ def shift_left(t: torch.Tensor, fill: int) -> torch.Tensor:
 class Packed:
     """Packed blocks, all ``(num_blocks, seq_len)``; labels are aligned with ids (not shifted).
 
-    ``num_tokens`` counts the real tokens; the rest of the last block is padding (label -100).
+    ``num_tokens`` counts the real tokens; ``lengths`` the real tokens of each block, which come first
+    in it and are followed by padding (label -100): by default every block is full but the last, as
+    a stream is cut; packed by document, each document's last block has padding of its own.
     """
 
     input_ids: torch.Tensor
     roles: torch.Tensor
     labels: torch.Tensor
     num_tokens: int | None = None
+    lengths: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.num_tokens is None:
             self.num_tokens = self.input_ids.numel()
+        if self.lengths is None:
+            n, L = self.input_ids.shape
+            self.lengths = (self.num_tokens - torch.arange(n) * L).clamp(0, L)
         self._targets = None
 
     def __len__(self) -> int:
@@ -74,7 +82,11 @@ class Packed:
 
     def real(self) -> torch.Tensor:
         """``(num_blocks, seq_len)`` bool: True for data, False for padding."""
-        return (torch.arange(self.input_ids.numel()) < self.num_tokens).view_as(self.input_ids)
+        return torch.arange(self.seq_len)[None, :] < self.lengths[:, None]
+
+    def real_tokens(self, idx: torch.Tensor) -> int:
+        """How many of the tokens of blocks ``idx`` are data, not padding."""
+        return int(self.lengths[idx].sum())
 
     def blocks(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(input_ids, targets, target_roles)`` of blocks ``idx``, each ``(len(idx), seq_len)``."""
@@ -229,7 +241,9 @@ def pack(encoded_docs: Sequence[Encoded], seq_len: int, end_id: int, pad_id: int
         parts = [pack([e], seq_len, end_id, pad_id) for e in encoded_docs]
         cat = (lambda name: torch.cat([getattr(p, name) for p in parts]) if parts else
                torch.empty(0, seq_len, dtype=torch.long))
-        return Packed(cat("input_ids"), cat("roles"), cat("labels"), num_tokens=sum(p.num_tokens for p in parts))
+        lengths = torch.cat([p.lengths for p in parts]) if parts else torch.empty(0, dtype=torch.long)
+        return Packed(cat("input_ids"), cat("roles"), cat("labels"), num_tokens=sum(p.num_tokens for p in parts),
+                      lengths=lengths)
     ids = [t for e in encoded_docs for t in e.input_ids]
     roles = [r for e in encoded_docs for r in e.roles]
     labels = labels_from_roles(ids, roles, end_id)

@@ -199,7 +199,7 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
                          log_path=out_dir / LOG_FILE, state_dir=out_dir / STATE_DIR)
     unwrapped = accelerator.unwrap_model(model)
     stats = {"steps": progress["step"], "completed": progress["step"] >= config.max_steps,
-             "tokens": progress["step"] * config.batch_size * config.seq_len,
+             "tokens": progress["tokens"], "block_tokens": progress["step"] * config.batch_size * config.seq_len,
              "trained_tokens": progress["trained_tokens"], "seconds": progress["seconds"],
              "final_loss": progress["loss"], "tokens_per_second": progress["tokens_per_second"],
              "mfu": progress.get("mfu"), "compile": progress["compile"], "parameters": inputs.parameters,
@@ -276,6 +276,8 @@ def run_steps(accelerator, model, optimizer, config: TrainConfig, data: Packed, 
     ``tokens_per_second`` and ``mfu`` of this invocation.
     """
     start = start or {"step": 0, "trained_tokens": 0, "seconds": 0.0, "loss": None}
+    tokens_per_step = config.batch_size * config.seq_len
+    start.setdefault("tokens", start["step"] * tokens_per_step)  # a state saved before padding was told apart
     batches = Batches(len(data), config.batch_size, config.seed)
     compile_ = config.compile if config.compile is not None else accelerator.device.type == "cuda"
     loss_fn = torch.compile(lm_loss_sum) if compile_ else lm_loss_sum
@@ -285,28 +287,30 @@ def run_steps(accelerator, model, optimizer, config: TrainConfig, data: Packed, 
     bar = tqdm(total=config.max_steps, initial=start["step"], desc="train", unit="step", dynamic_ncols=True,
                disable=not (accelerator.is_main_process and config.progress))
     progress = dict(start, tokens_per_second=0.0, mfu=None, compile=compile_)
-    tokens_per_step = config.batch_size * config.seq_len
     t0 = time.perf_counter()
-    window = (t0, start["step"])  # speed over the last log interval (excludes compilation after the first)
+    window = (t0, start["step"], start["tokens"])  # speed over the last log interval (after the first compile)
     while progress["step"] < stop_at:
         step = progress["step"]
         lr = learning_rate(step, config, config.max_steps)
-        loss, count = optimizer_step(accelerator, model, optimizer, loss_fn, data.blocks(batches(step)), config, lr)
+        idx = batches(step)
+        loss, count = optimizer_step(accelerator, model, optimizer, loss_fn, data.blocks(idx), config, lr)
         step += 1
         now = time.perf_counter()
-        speed = (step - window[1]) * tokens_per_step / max(now - window[0], 1e-9)
-        progress.update(step=step, trained_tokens=progress["trained_tokens"] + count, loss=loss,
-                        seconds=start["seconds"] + now - t0, tokens_per_second=speed, mfu=mfu(speed, flops, peak))
+        tokens = progress["tokens"] + data.real_tokens(idx)  # the padding of short blocks is not counted
+        span = max(now - window[0], 1e-9)
+        speed, computed = (tokens - window[2]) / span, (step - window[1]) * tokens_per_step / span
+        progress.update(step=step, tokens=tokens, trained_tokens=progress["trained_tokens"] + count, loss=loss,
+                        seconds=start["seconds"] + now - t0, tokens_per_second=speed, mfu=mfu(computed, flops, peak))
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{speed:,.0f}", refresh=False)
         if step % config.log_every == 0 or step == stop_at:
-            record = {"step": step, "loss": loss, "lr": lr, "tokens": step * tokens_per_step}
+            record = {"step": step, "loss": loss, "lr": lr, "tokens": tokens}
             record.update({k: progress[k] for k in ("trained_tokens", "seconds", "tokens_per_second", "mfu")})
             if accelerator.is_main_process and log_path is not None:
                 _append(log_path, record)
             if config.report_to:
                 accelerator.log({k: v for k, v in record.items() if v is not None and k != "step"}, step=step)
-            window = (time.perf_counter(), step)
+            window = (time.perf_counter(), step, tokens)
         if eval_data is not None and config.eval_every and step % config.eval_every == 0 and step < stop_at:
             _evaluate_and_log(accelerator, model, eval_data, config, step)
         if on_step is not None:
@@ -317,9 +321,9 @@ def run_steps(accelerator, model, optimizer, config: TrainConfig, data: Packed, 
                 accelerator, STOP.is_set() or now - t0 >= config.max_seconds):
             break
     bar.close()
-    progress["tokens_per_second"] = (progress["step"] - start["step"]) * tokens_per_step / max(
-        time.perf_counter() - t0, 1e-9)
-    progress["mfu"] = mfu(progress["tokens_per_second"], flops, peak)
+    span = max(time.perf_counter() - t0, 1e-9)
+    progress["tokens_per_second"] = (progress["tokens"] - start["tokens"]) / span
+    progress["mfu"] = mfu((progress["step"] - start["step"]) * tokens_per_step / span, flops, peak)
     if state_dir is not None:
         _save_state(accelerator, state_dir, progress)
     return progress
@@ -442,7 +446,7 @@ def _save_state(accelerator, state_dir: Path, progress: dict[str, Any]) -> None:
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        record = {k: progress[k] for k in ("step", "trained_tokens", "seconds", "loss")}
+        record = {k: progress[k] for k in ("step", "tokens", "trained_tokens", "seconds", "loss")}
         (tmp / "trainer_state.json").write_text(json.dumps(record) + "\n")
         if state_dir.exists():
             shutil.rmtree(state_dir)

@@ -40,14 +40,21 @@ def run_dir(world, tmp_path_factory):
 def _run(args):
     res = runner.invoke(eval_app, args)
     assert res.exit_code == 0, res.output
-    return json.loads(res.output.strip().splitlines()[-1])["metrics"]
+    return json.loads(res.stdout.strip().splitlines()[-1])["metrics"]
 
 
-def test_perplexity_command(run_dir, tmp_path):
+def test_perplexity_command(world, run_dir, tmp_path):
     m = _run(["perplexity", "--model", str(run_dir / "lmlm"), "--data", str(run_dir / "docs.jsonl"),
               "--out", str(tmp_path / "ppl.json")])
     assert m["perplexity_static"] > 1 and m["perplexity_normalized"] > 1 and m["perplexity_dynamic"] > 1
     assert m["perplexity_dynamic_lookup_found"] >= 0 and "perplexity_loss_value" in m
+    # n: the documents and the queries the model wrote, each query a record to read the misses by
+    assert m["perplexity_documents"] == 6 and m["perplexity_dynamic_lookups"] == 12
+    records = json.loads((tmp_path / "ppl.json").read_text())["records"]
+    assert len(records) == 12 and records[0]["document"] == "1" and records[-1]["document"] == "6"
+    assert records[0]["reference"] == [world.people[0][0], "Birth City"] and records[6]["reference"][1] == "Occupation"
+    assert sum(r["found"] for r in records) == round(m["perplexity_dynamic_lookup_found"] * 12)
+    assert m["perplexity_dynamic_lookup_wrong_entity"] == sum(r["matched"] and not r["found"] for r in records)
     s = _run(["perplexity", "--model", str(run_dir / "standard"), "--data", str(run_dir / "docs.jsonl"),
               "--out", str(tmp_path / "ppl-std.json")])
     assert s["perplexity_org_tokens"] == m["perplexity_org_tokens"]     # the same text tokens are scored
@@ -56,7 +63,7 @@ def test_perplexity_command(run_dir, tmp_path):
     res = runner.invoke(eval_app, ["perplexity", "--model", str(run_dir / "lmlm"), "--data", str(plain),
                                    "--out", str(tmp_path / "plain.json")])
     assert res.exit_code == 0 and "no lookup calls" in res.output, res.output
-    metrics = json.loads(res.output.strip().splitlines()[-1])["metrics"]
+    metrics = json.loads(res.stdout.strip().splitlines()[-1])["metrics"]
     assert "perplexity_dynamic" not in metrics and metrics["perplexity_static"] > 1  # not the static number again
     # a file that marks splits: its held-out documents, and with --limit the message says how many are scored
     marked = tmp_path / "marked.jsonl"
@@ -64,8 +71,23 @@ def test_perplexity_command(run_dir, tmp_path):
         map(json.loads, (run_dir / "docs.jsonl").read_text().splitlines()), ["train"] + ["heldout"] * 5)))
     res = runner.invoke(eval_app, ["perplexity", "--model", str(run_dir / "lmlm"), "--data", str(marked),
                                    "--limit", "2", "--no-dynamic", "--out", str(tmp_path / "limited.json")])
-    assert res.exit_code == 0 and "scoring the first 2 of the 5 held-out documents of 6" in res.output, res.output
+    assert res.exit_code == 0 and "scoring the first 2 of the 5 held-out documents (heldout) of 6" in res.output, res.output
     assert json.loads((tmp_path / "limited.json").read_text())["config"]["documents"] == 2
+
+
+def test_perplexity_scores_the_documents_of_any_held_out_split(run_dir, tmp_path):
+    """A file whose documents carry ``train`` and ``test`` (or ``validation``): the held-out ones only,
+    as ``lmlm train`` trains on ``train``; the same number as a file of the held-out documents alone."""
+    lines = (run_dir / "docs.jsonl").read_text().splitlines()
+    split = [{**json.loads(x), "split": "train" if k < 3 else "test"} for k, x in enumerate(lines)]
+    (tmp_path / "split.jsonl").write_text("".join(json.dumps(d) + "\n" for d in split))
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(d) + "\n" for d in split[3:]))
+    args = ["perplexity", "--model", str(run_dir / "lmlm"), "--no-dynamic"]
+    res = runner.invoke(eval_app, args + ["--data", str(tmp_path / "split.jsonl"), "--out", str(tmp_path / "a.json")])
+    assert res.exit_code == 0 and "the 3 held-out documents (test) of 6" in res.output, res.output
+    both = json.loads(res.stdout.strip().splitlines()[-1])["metrics"]
+    alone = _run(args + ["--data", str(tmp_path / "test.jsonl"), "--out", str(tmp_path / "b.json")])
+    assert both == alone and json.loads((tmp_path / "a.json").read_text())["config"]["documents"] == 3
 
 
 def test_a_missing_kb_names_the_commands_own_options(world, run_dir, tmp_path):
@@ -78,7 +100,7 @@ def test_a_missing_kb_names_the_commands_own_options(world, run_dir, tmp_path):
     m = _run(args + ["--no-dynamic", "--out", str(tmp_path / "ppl.json")])
     assert m["perplexity_static"] > 1 and "perplexity_dynamic" not in m
     tofu = runner.invoke(eval_app, ["tofu", "--model", str(tmp_path / "no-kb"), "--data", str(run_dir / "tofu")])
-    assert tofu.exit_code == 2 and "--kb" in tofu.output and "--no-db" not in tofu.output
+    assert tofu.exit_code == 2 and "--kb" in tofu.output and "--no-db" in tofu.output
 
 
 def test_tofu_command_kb_delete_and_npo(run_dir, tmp_path):
@@ -102,6 +124,26 @@ def test_tofu_command_kb_delete_and_npo(run_dir, tmp_path):
     assert [r["step"] for r in traj] == [0, 1, 2] and "tofu_model_utility" in npo
 
 
+def test_tofu_release_files_and_an_lmlm_without_its_kb(run_dir, tmp_path):
+    """TOFU's own files have no annotated answers: an LMLM with its KB cannot be scored on them, and the
+    line says so and names --no-db, which scores the plain answers (the retain model alike)."""
+    from lmlm.evaluate.base import read_json_records
+
+    (tmp_path / "tofu").mkdir()
+    for name in ("forget05_perturbed.json", "retain_perturbed.json"):
+        rows = read_json_records(run_dir / "tofu" / name)
+        (tmp_path / "tofu" / name).write_text("".join(json.dumps({k: v for k, v in r.items()
+                                                                  if not k.startswith("annotated")}) + "\n"
+                                                      for r in rows))
+    base = ["tofu", "--model", str(run_dir / "lmlm"), "--data", str(tmp_path / "tofu"), "--limit", "3",
+            "--max-new-tokens", "4"]
+    res = runner.invoke(eval_app, base + ["--out", str(tmp_path / "a.json")])
+    assert res.exit_code == 2 and "--no-db scores the plain answers" in " ".join(res.output.split()), res.output
+    m = _run(base + ["--no-db", "--retain-model", str(run_dir / "lmlm"), "--out", str(tmp_path / "b.json")])
+    assert m["tofu_forget_n"] == 3 and m["tofu_forget_quality"] == pytest.approx(1.0)  # itself, scored alike
+    assert json.loads((tmp_path / "b.json").read_text())["config"]["no_db"] is True
+
+
 def test_offloading_command(run_dir, tmp_path):
     m = _run(["offloading", "--lmlm", str(run_dir / "lmlm"), "--standard", str(run_dir / "standard"),
               "--data", str(run_dir / "docs.jsonl"), "--ratios", "0.5,1", "--corpora", str(tmp_path / "corpora"),
@@ -117,12 +159,24 @@ def test_offloading_command(run_dir, tmp_path):
           "--out", str(tmp_path / "off2.json")])
     kept = [json.loads(x) for x in (tmp_path / "c2" / "ratio-050.jsonl").read_text().splitlines()]
     assert [(d["id"], d["split"], d["person"]) for d in kept] == [(d["id"], d["split"], d["person"]) for d in given]
-    records = json.loads((tmp_path / "off.json").read_text())["records"]
+    doc = json.loads((tmp_path / "off.json").read_text())
+    assert doc["protocol"]["primary"] is None  # a ranking: the perplexity per ratio needs a model trained on each
+    records = doc["records"]
     diffs = [r["loss_difference"] for r in records]
     assert diffs == sorted(diffs, reverse=True)
     swapped = runner.invoke(eval_app, ["offloading", "--lmlm", str(run_dir / "standard"), "--standard",
                                        str(run_dir / "lmlm"), "--data", str(run_dir / "docs.jsonl")])
     assert swapped.exit_code == 2 and "is a standard checkpoint" in " ".join(swapped.output.split()), swapped.output
+
+
+def test_offloading_of_a_corpus_without_calls_is_refused(run_dir, tmp_path):
+    """Plain documents have no fact to rank: one line, exit 2, no results file (was exit 0 with 0 facts)."""
+    (tmp_path / "plain.jsonl").write_text(json.dumps({"text": "Ada Lind was born in Paris."}) + "\n")
+    res = runner.invoke(eval_app, ["offloading", "--lmlm", str(run_dir / "lmlm"), "--standard",
+                                   str(run_dir / "standard"), "--data", str(tmp_path / "plain.jsonl"),
+                                   "--out", str(tmp_path / "off.json")])
+    assert res.exit_code == 2 and "no lookup calls in" in res.output and "plain.jsonl" in res.output, res.output
+    assert not (tmp_path / "off.json").exists()
 
 
 def test_rag_command(world, run_dir, tmp_path):
@@ -137,6 +191,15 @@ def test_rag_command(world, run_dir, tmp_path):
     assert all(1 <= len(r["passages"]) <= 2 for r in records) and not any("_lookup_" in k for k in m)
     # the docs state each person's city, and BM25 finds a passage naming the person: the ceiling is met
     assert m["rag_answer_in_passages"] == sum(r["gold"] in " ".join(r["passages"]) for r in records) / 3
+    assert json.loads((tmp_path / "rag.json").read_text())["protocol"]["primary"] == "rag_trex_exact_match"
+    qa = tmp_path / "qa.jsonl"  # PopQA's columns as JSON lines: the results file names the metric it holds
+    qa.write_text("".join(json.dumps({"question": f"Where was {n} born?", "subj": n, "prop": "place of birth",
+                                      "possible_answers": json.dumps([c])}) + "\n" for n, c, _ in world.people[:2]))
+    m = _run(["rag", "--model", str(run_dir / "standard"), "--corpus", str(run_dir / "docs.jsonl"), "--data", str(qa),
+              "--task", "popqa", "-k", "2", "--words", "20", "--max-new-tokens", "6",
+              "--out", str(tmp_path / "qa.json")])
+    primary = json.loads((tmp_path / "qa.json").read_text())["protocol"]["primary"]
+    assert primary == "rag_popqa_accuracy" and m[primary] == m["rag_popqa_accuracy"]
     res = runner.invoke(eval_app, ["rag", "--model", str(run_dir / "standard"), "--corpus", str(run_dir / "docs.jsonl"),
                                    "--data", str(data), "--task", "nope"])
     assert res.exit_code == 2 and "--task" in res.output
@@ -157,3 +220,8 @@ def test_results_files_are_strict_json_and_out_is_a_file(tmp_path):
     res = CliRunner().invoke(eval_app, ["trex", "--model", str(tmp_path / "none"), "--data", str(tmp_path / "d.jsonl"),
                                         "--out", str(tmp_path / "results")])
     assert res.exit_code == 2 and "Invalid value for '--out'" in res.output and "folder" in res.output, res.output
+    (tmp_path / "d.jsonl").write_text("")  # a path under a file: refused at once, not after the evaluation
+    res = CliRunner().invoke(eval_app, ["trex", "--model", str(tmp_path / "none"), "--data", str(tmp_path / "d.jsonl"),
+                                        "--out", str(tmp_path / "d.jsonl" / "sub" / "r.json")])
+    said = " ".join(res.output.replace("│", " ").split())  # the message as one line, the error box's frame gone
+    assert res.exit_code == 2 and "is a file, so" in said and "cannot be written" in said, res.output

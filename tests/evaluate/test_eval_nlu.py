@@ -99,7 +99,8 @@ def test_social_iqa_on_a_tiny_model(world, shared_data):
     assert len(items) == 6 and all(len(it.choices) == 3 for it in items)
     records = []
     m = nlu_eval(world.model, world.tok, items, batch_size=4, records=records)
-    assert set(m) == {"nlu_acc", "nlu_acc_norm", "nlu_acc_per_token", "nlu_n"} and m["nlu_n"] == 6
+    assert set(m) == {"nlu_acc", "nlu_acc_norm", "nlu_acc_per_token", "nlu_chance", "nlu_n"} and m["nlu_n"] == 6
+    assert m["nlu_chance"] == pytest.approx(1 / 3)  # three choices each: what a guess scores
     assert m["nlu_acc"] == pytest.approx(sum(r["acc"] == r["gold"] for r in records) / 6)
     # parity: batched scores equal one-row scores computed from a plain forward pass
     tok, ban = world.tok, list(world.tok.call_ids)

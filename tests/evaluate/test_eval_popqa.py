@@ -112,6 +112,7 @@ def test_popqa_eval_by_hand(tmp_path):
     m = popqa_eval(gen, items, records=records)
     assert m["popqa_accuracy"] == pytest.approx(2 / 3) and m["popqa_n"] == 3.0
     assert m["popqa_accuracy_place_of_birth"] == 0.0 and m["popqa_accuracy_capital_of"] == 1.0
+    assert sum(v for k, v in m.items() if k.startswith("popqa_n_")) == 3 and m["popqa_n_capital_of"] >= 1
     assert m["popqa_lookup_found"] == pytest.approx(2 / 3)
     assert [r["correct"] for r in records] == [True, True, False] and records[2]["output"] == " Lyon."
 

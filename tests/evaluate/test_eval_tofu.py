@@ -96,6 +96,21 @@ def test_read_tofu(tmp_path):
     assert read_tofu(tmp_path / "list.json") == [TofuItem("q", "a")]
 
 
+def test_read_tofu_names_a_malformed_record(tmp_path):
+    """A field of the wrong type stops the reader with the file, the record and the field (was a TypeError
+    deep in scoring, or in the reader itself for a number where a list of answers belongs)."""
+    good = {"question": "Where was Basil born?", "answer": "Kuwait City.", "paraphrased_answer": "In Kuwait City.",
+            "perturbed_answer": ["In Cairo.", "In Oslo."]}
+    for field, value in (("perturbed_answer", 5), ("perturbed_answer", ["In Cairo.", None]),
+                         ("paraphrased_answer", ["In Kuwait City."]), ("answer", 3)):
+        (tmp_path / "f.json").write_text(json.dumps(good) + "\n" + json.dumps({**good, field: value}) + "\n")
+        with pytest.raises(ValueError, match=rf"f\.json: record 2: '{field}' is "):
+            read_tofu(tmp_path / "f.json")
+    (tmp_path / "f.json").write_text(json.dumps(good) + "\n" + json.dumps(["a", "b"]) + "\n")
+    with pytest.raises(ValueError, match=r"record 2 needs 'question' and 'answer'; got list"):
+        read_tofu(tmp_path / "f.json")
+
+
 def test_tofu_eval_on_a_tiny_model(world):
     items = [TofuItem(f"Where was {n} born?", f"{n} was born in {c}.", f"{n} is from {c}.",
                       (f"{n} was born in Oslo.", f"{n} was born in Lima."))

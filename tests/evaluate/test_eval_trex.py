@@ -109,6 +109,7 @@ def test_trex_eval_metrics_by_hand(tmp_path):
     assert m["trex_lookup_found"] == pytest.approx(1 / 3) and m["trex_lookup_answered"] == pytest.approx(2 / 3)
     assert m["trex_lookup_wrong_entity"] == 1
     assert m["trex_exact_match_P19"] == 0.5 and m["trex_exact_match_P106"] == 1.0
+    assert m["trex_n_P19"] == 2 and m["trex_n_P106"] == 1  # each relation's share is read beside its n
     assert all(k.startswith("trex_") for k in m)
     assert records[0]["output"] == "Paris." and records[0]["lookups"]  # lookups stripped, kept in the record
 
@@ -149,3 +150,28 @@ def test_the_answer_budget_is_text_the_calls_come_on_top(world, tmp_path):
     assert all(r["lookups"] for r in records)
     assert all(len(world.tok.hf.encode(r["output"], add_special_tokens=False)) <= 2 for r in records)
     assert m["trex_exact_match"] > 0 and all(r["output"].strip() for r in records), records
+
+
+def test_lookup_found_counts_no_namesake_of_the_paper_key_match(world, tmp_path):
+    """Three people deleted from a real KB: the paper's whole-key match answers their queries with a
+    namesake's fact ("Ada Lind" -> another Lind's city). Those answers are about someone else, not found,
+    though the query named the subject; entity-aware matching answers none of them."""
+    from lmlm.kb import KnowledgeBase, Triple
+
+    kb = KnowledgeBase.create(tmp_path / "kb")
+    kb.add([Triple(e, r, v) for (e, r), v in world.facts.items()])
+    gone = [n for n, _, _ in world.people[:3]]
+    for name in gone:
+        kb.delete(entity=name)
+    facts = [{"obj_label": c, "sub_label": n, "masked_sentences": [f"{n} was born in [MASK] ."]}
+             for n, c, _ in world.people[:3]]
+    items = read_trex(_write(tmp_path, facts))
+    records: list = []
+    key = trex_eval(LookupGenerator(world.model, world.tok, kb, matching="key", on_miss="skip"), items,
+                    max_new_tokens=4, records=records)
+    named = [r for r in records if r["lookups"] and r["lookups"][0]["query_entity"] in gone]
+    assert named and all(r["lookups"][0]["found"] and r["lookups"][0]["matched_entity"] not in gone for r in named)
+    assert key["trex_lookup_found"] == 0.0 and key["trex_lookup_wrong_entity"] == key["trex_lookup_answered"] * 3
+    aware = trex_eval(LookupGenerator(world.model, world.tok, kb, on_miss="skip"), items, max_new_tokens=4)
+    assert aware["trex_lookup_answered"] == 0.0 and aware["trex_lookup_wrong_entity"] == 0.0
+    kb.close()

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lmlm.lookup import parse, strip
 from lmlm.tokens import LookupTokenizer, train_bpe
 from lmlm.train import TrainConfig, train
@@ -34,3 +36,32 @@ def test_a_standard_checkpoint_generates_without_a_kb(tmp_path):
     assert "Person 3 was born in" in proc.stdout
     proc = generate("lmlm")
     assert proc.returncode == 2 and "no knowledge base" in proc.stderr
+
+
+def test_options_that_do_not_go_together_are_one_line_before_anything_is_printed(tmp_path):
+    """A forced call with no lookups allowed, an empty stop text, streaming with beam search, an empty
+    prompt: exit 2 with one line naming them, the prompt never printed (each ran, or printed it first)."""
+    from typer.testing import CliRunner
+
+    from lmlm.cli import app
+    from lmlm.generate import LookupGenerator
+    from lmlm.kb import KnowledgeBase, get_encoder
+    from lmlm.checkpoint import load_checkpoint
+    from lmlm.serve.demo import build_demo
+
+    demo = build_demo(tmp_path / "demo", encoder=get_encoder())
+    prompt = demo.prompts[0]
+    for extra, named in ((["--force-lookup", "--max-lookups", "0"], "--max-lookups"), (["--stop", ""], "--stop"),
+                         (["--stream", "--num-beams", "2"], "--num-beams")):
+        res = CliRunner().invoke(app, ["generate", prompt, "--model", str(demo.model_dir), "--kb", str(demo.kb_dir),
+                                       "--max-new-tokens", "8", "--device", "cpu", *extra])
+        lines = [x for x in res.output.splitlines() if x.strip() and not x.startswith("Loading weights")]
+        assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], \
+            res.output
+    res = CliRunner().invoke(app, ["generate", prompt, "", "--model", str(demo.model_dir), "--kb", str(demo.kb_dir)])
+    assert res.exit_code == 2 and "error: prompt 2 is empty" in res.output, res.output  # as the server's 422
+    model, tok, _ = load_checkpoint(demo.model_dir)
+    gen = LookupGenerator(model, tok, KnowledgeBase.open(demo.kb_dir), max_lookups=0)
+    for kwargs in (dict(force_lookup=True), dict(force_lookup_at=[0]), dict(stop_strings=[""])):
+        with pytest.raises(ValueError):
+            gen.generate([prompt], max_new_tokens=4, **kwargs)

@@ -91,3 +91,19 @@ def test_a_name_the_model_only_queried_does_not_ground_the_next_call(world):
     text = Answerer(tok, None).context_text(ids)
     assert "Chad Lee" in text and "Lima" in text  # the text, and the value the KB gave (a next hop may name it)
     assert "Peterson" not in text and "Birth City" not in text  # not what the model wrote into the call
+
+
+def test_a_prompt_ends_at_a_calls_retrieve_not_inside_its_value(world, kb):
+    """The KB writes a call's value: a prompt ending after ``<|db_retrieve|>`` gets the KB's, one ending
+    inside a value of its own is refused (the text held the prompt's value and the trace the KB's row)."""
+    (name, relation), value = next(iter(world.facts.items()))
+    gen = LookupGenerator(world.model, world.tok, kb)
+    t = world.tok.tokens
+    query = f"{name} was born in {t.start} {name} {t.sep} {relation} {t.retrieve}"
+    r = gen.generate([query], max_new_tokens=12)[0]
+    assert r.trace[0].value == value and r.text.startswith(f"[dblookup('{name}', '{relation}') -> {value}]")
+    for prompt in (f"{query} Atlantis", f"{query} {value}"):
+        with pytest.raises(ValueError, match="the prompt ends inside"):
+            gen.generate([prompt], max_new_tokens=4)
+        with pytest.raises(ValueError, match="the prompt ends inside"):
+            list(gen.stream(prompt, max_new_tokens=4))

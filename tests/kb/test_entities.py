@@ -237,3 +237,15 @@ def test_a_text_naming_a_deleted_person_answers_none_of_their_namesakes():
     assert idx.resolve("Lisa Hoàng").entity == "lisa zhang"  # no text: the fuzzy match stands
     # a person the text names is answered, whatever it shares with the deleted one
     assert idx.resolve("Nicole Everett", context="James Hoàng met Nicole Everett in").entity == "nicole everett"
+
+
+def test_a_deleted_person_named_with_a_possessive_is_named():
+    """"Ada Lind's birthplace is": the text is about Ada Lind, deleted, so another KB name the model
+    writes into it ("Nico Moss") is refused as in "Ada Lind was born in" (it was answered)."""
+    idx = _index(["Nico Moss", "Olga Lind", "Macy's"], deleted=["Ada Lind", "Gimbel's"])
+    for context in ("Ada Lind was born in", "Ada Lind's birthplace is", "Ada Lind\u2019s birthplace is",
+                    "Gimbel's was founded in"):
+        miss = idx.resolve("Nico Moss", context=context)
+        assert miss.entity is None and miss.reason == "no_entity" and miss.deleted, (context, miss)
+    assert idx.resolve("Nico Moss", context="Nico Moss's birthplace is").entity == "nico moss"
+    assert idx.resolve("Macy's", context="Macy's was founded in").entity == "macy's"

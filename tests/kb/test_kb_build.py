@@ -56,9 +56,20 @@ def test_import_is_chunked_resumable_and_idempotent(tmp_path, encoder):
     assert kb.import_file(src, embed=False) == 4  # a line added at the end: only it is new
     assert kb.last_import["facts"] == 1201 and kb.last_import["chunks"] == 1
     assert kb.lookup("P 0", "Birth City", fuzzy=False).support == 2 and kb.lookup("P 1", "Birth City").support == 1
-    src.write_text(src.read_text().replace('"C 5"', '"C 5b"'))  # an edit inside: another file, counted again
+    src.write_text(src.read_text().replace('"C 5"', '"C 5b"'))  # an edit inside: the file is read again...
     assert kb.import_file(src, embed=False) == 5
-    assert kb.lookup("P 1", "Birth City", fuzzy=False).support == 2  # (facts without sources cannot be told apart)
+    assert kb.lookup("P 1", "Birth City", fuzzy=False).support == 1  # ...and its unchanged facts are not counted
+    assert kb.lookup("P 5", "Birth City", fuzzy=False).value == "C 5b"  # the edit: newer, as well supported
+    # edits of other lines, then of P 7's: P 7's new value answers, not the old one counted at every re-read
+    for k, (old, new) in enumerate([('"C 8"', '"C 8b"'), ('"C 9"', '"C 9b"'), ('"C 7"', '"C 7b"')]):
+        src.write_text(src.read_text().replace(old, new))
+        kb.import_file(src, embed=False)
+    assert kb.lookup("P 7", "Birth City", fuzzy=False).value == "C 7b"
+    assert {t.count for t in kb.triples() if t.entity != "P 0"} == {1}
+    other = tmp_path / "other.jsonl"  # another file stating a fact: support from elsewhere
+    other.write_text(json.dumps({"entity": "P 1", "relation": "Birth City", "value": "C 1"}) + "\n")
+    kb.import_file(other, embed=False)
+    assert kb.lookup("P 1", "Birth City", fuzzy=False).support == 2
     kb.close()
 
 

@@ -212,6 +212,9 @@ def test_pipeline_wiki_cpu_reduced_then_resumed(tmp_path, shared_data):
     assert set(by_method) <= {"infobox", "llm_seed", "llm_distilled"}
     llm = report["annotation"]["llm"]
     assert llm["seed_passages"] == 4 and llm["run_passages"] == 12 and llm["seed"]["documents"] == 4
+    # the stage's time counts the steps the first invocation finished (the seed, the annotator's distilling)
+    steps = sum((llm.get(k) or {}).get("seconds") or 0.0 for k in ("seed", "correct", "distill", "run"))
+    assert llm["seconds_earlier"] > 0 and report["timings_seconds"]["annotate"] >= steps
     assert llm["distill"]["passages_without_calls"] >= 1  # it also learns to leave a passage as it is
     if "check" in llm["distill"]:  # passages without a call are checked too: calls written there are wrong
         assert llm["distill"]["check"]["without_calls"] >= 1 and llm["distill"]["check"]["calls_where_none"] >= 0

@@ -449,7 +449,8 @@ def test_the_threshold_is_the_one_of_the_matching_in_effect(make_client, demo):
 
 
 def test_serve_refuses_bad_startup_options_in_one_line(demo, tmp_path):
-    """A KB that is not there or not a KB, a port taken, a log level uvicorn lacks: one line, exit 2."""
+    """A KB that is not there or not a KB, a model folder that is not one, a port taken, a log level
+    uvicorn lacks: one line, exit 2, and nothing said to be served."""
     import socket
 
     from typer.testing import CliRunner
@@ -462,8 +463,9 @@ def test_serve_refuses_bad_startup_options_in_one_line(demo, tmp_path):
         for extra, message in ((["--kb", str(tmp_path / "none")], "no knowledge base at"),
                                (["--kb", str(tmp_path / "facts.jsonl")], "is not a knowledge base"),
                                (["--port", str(port)], f"cannot listen on 127.0.0.1:{port}"),
+                               (["--model", str(demo.kb_dir)], "not a model folder"),
                                (["--log-level", "loud"], "--log-level must be")):
             res = CliRunner().invoke(app, ["serve", "--model", str(demo.model_dir), *extra])
             out = " ".join(res.output.split())
             assert res.exit_code == 2 and "error: " in out and message in out, res.output
-            assert "Traceback" not in res.output
+            assert "Traceback" not in res.output and "serving on" not in out and "token" not in out
