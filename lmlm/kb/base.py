@@ -42,7 +42,7 @@ from .keys import clean_field, normalize_text, normalize_value
 from .reader import MAX_SOURCES, KnowledgeBaseReader
 from .records import Triple, check_who, gc_paused, required
 from .resolve import MATCHINGS
-from .store import DB_FILENAME, Best, KBNotFound, NotAKnowledgeBase, SQLiteStore
+from .store import DB_FILENAME, NEW_DB, Best, KBNotFound, NotAKnowledgeBase, SQLiteStore
 from .store_deletes import forget_item as _forget_item
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
             raise FileExistsError(f"{path} already holds a knowledge base; use KnowledgeBase.open or exist_ok=True")
         if path.exists() and not path.is_dir():
             raise NotADirectoryError(f"cannot create a knowledge base at {path}: it is a file")
-        if path.exists() and any(path.iterdir()):
+        if path.exists() and any(p for p in path.iterdir() if not p.name.startswith(NEW_DB)):  # a creation cut short
             raise FileExistsError(f"cannot create a knowledge base in {path}: the folder is not empty")
         path.mkdir(parents=True, exist_ok=True)
         store = SQLiteStore.create(path, {"encoder": name})

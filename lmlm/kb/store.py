@@ -87,12 +87,16 @@ class _Cache:
                 m.clear()
 
 
+NEW_DB = DB_FILENAME + ".new"  # a database being created, before it is moved into place
+
+
 class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
     """The SQLite store of one KB folder. One connection, WAL mode; safe to share between threads."""
 
     def __init__(self, folder: Path, conn: sqlite3.Connection):
         self.folder = folder
         self.conn = conn
+        self.db = folder / DB_FILENAME
         self._lock = threading.RLock()
         self._checkpointer: threading.Thread | None = None  # the WAL copy running beside the writer
 
@@ -110,13 +114,24 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
 
     @classmethod
     def create(cls, folder: Path, meta: dict[str, str]) -> "SQLiteStore":
-        db = folder / DB_FILENAME
-        store = cls(folder, cls._connect(db, create=True))
-        store.migrate()
-        with store._transaction():
-            store._xm("INSERT OR REPLACE INTO meta(name, value) VALUES (?, ?)",
-                      [("format", FORMAT), ("created", _now()), *meta.items()])
-        return store
+        """Make the database under a temporary name and move it into place once it is a whole KB, so a
+        creation cut short leaves no database that is not one (the next ``create`` starts again)."""
+        import os
+
+        tmp = folder / NEW_DB
+        for leftover in folder.glob(NEW_DB + "*"):
+            leftover.unlink()
+        store = cls(folder, cls._connect(tmp, create=True))
+        store.db = tmp
+        try:
+            store.migrate()
+            with store._transaction():
+                store._xm("INSERT OR REPLACE INTO meta(name, value) VALUES (?, ?)",
+                          [("format", FORMAT), ("created", _now()), *meta.items()])
+        finally:
+            store.close()  # the last connection: its write-ahead log goes into the file
+        os.replace(tmp, folder / DB_FILENAME)
+        return cls.open(folder)
 
     @classmethod
     def open(cls, folder: Path) -> "SQLiteStore":
@@ -150,8 +165,8 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
         is copied by the next. A copy cut short by a crash is finished by the next one."""
         if self._checkpointer is not None and self._checkpointer.is_alive():
             return
-        db = self.folder / DB_FILENAME
-        self._checkpointer = threading.Thread(target=_checkpoint, args=(db,), name="lmlm-kb-checkpoint", daemon=True)
+        self._checkpointer = threading.Thread(target=_checkpoint, args=(self.db,), name="lmlm-kb-checkpoint",
+                                              daemon=True)
         self._checkpointer.start()
 
     def schema_version(self) -> int:

@@ -71,7 +71,8 @@ def test_perplexity_command(world, run_dir, tmp_path):
         map(json.loads, (run_dir / "docs.jsonl").read_text().splitlines()), ["train"] + ["heldout"] * 5)))
     res = runner.invoke(eval_app, ["perplexity", "--model", str(run_dir / "lmlm"), "--data", str(marked),
                                    "--limit", "2", "--no-dynamic", "--out", str(tmp_path / "limited.json")])
-    assert res.exit_code == 0 and "scoring the first 2 of the 5 held-out documents (heldout) of 6" in res.output, res.output
+    assert res.exit_code == 0, res.output
+    assert "scoring the first 2 of the 5 held-out documents (heldout) of 6" in res.output, res.output
     assert json.loads((tmp_path / "limited.json").read_text())["config"]["documents"] == 2
 
 

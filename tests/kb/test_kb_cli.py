@@ -378,3 +378,18 @@ def test_authors_triplets_skipped_are_said_and_piped_lines_are_not_wrapped(tmp_p
     _ok(["kb", "add", tmp_path / "kb", "Alan Turing", "Occupation", "mathematician", "--why", why])
     log = _ok(["kb", "log", tmp_path / "kb"])
     assert any(line.endswith(why) for line in log.splitlines()), log
+
+
+def test_a_kb_whose_creation_was_cut_short_is_made_again(tmp_path):
+    """The database is made under a temporary name and moved into place whole: a creation killed midway
+    leaves that file alone, never a kb.sqlite that is not a KB, and the next build starts again."""
+    import sqlite3
+
+    (tmp_path / "kb").mkdir()
+    with sqlite3.connect(tmp_path / "kb" / "kb.sqlite.new") as c:  # as a kill after the first tables leaves it
+        c.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    (tmp_path / "t.jsonl").write_text('{"entity": "Ada Lovelace", "relation": "Birth City", "value": "London"}\n')
+    _ok(["kb", "build", tmp_path / "kb", "--triples", tmp_path / "t.jsonl", "--no-embed"])
+    assert json.loads(_ok(["kb", "stats", tmp_path / "kb"]))["triples"] == 1
+    assert sorted(p.name for p in (tmp_path / "kb").iterdir() if p.name.startswith("kb.sqlite")) in (
+        ["kb.sqlite"], ["kb.sqlite", "kb.sqlite-shm", "kb.sqlite-wal"])
