@@ -19,7 +19,7 @@ from .lookup import PAPER_TOKENS, TOKEN_VOCABULARIES, LookupTokens
 from .tokens import LookupTokenizer
 
 __all__ = ["META_FILE", "save_checkpoint", "open_model", "kb_of", "load_checkpoint", "read_meta", "is_checkpoint",
-           "is_local_spec", "ModelOpenError"]
+           "checkpoint_mode", "is_local_spec", "ModelOpenError"]
 
 
 class ModelOpenError(ValueError):
@@ -82,6 +82,11 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
 def is_checkpoint(folder: str | Path) -> bool:
     folder = Path(folder)
     return (folder / META_FILE).exists() and (folder / "config.json").exists()
+
+
+def checkpoint_mode(folder: str | Path) -> str:
+    """``lmlm`` or ``standard``: what an lmlm checkpoint was trained as (``lmlm`` for any other model)."""
+    return read_meta(folder).get("mode", "lmlm") if is_checkpoint(folder) else "lmlm"
 
 
 def open_model(path: str | Path, tokens: str | LookupTokens | None = None, device: str | None = None, dtype=None,

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import typer
 
+from ..checkpoint import checkpoint_mode
+
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a checkpoint: perplexity, T-REx, PopQA, NLU, "
                        "FactScore, TOFU, offloading, RAG.")
 
@@ -200,7 +202,7 @@ def factscore(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out:
     topics = _read(read_topics, data)[:limit]
     if not topics:
         _fail(f"no topics in {data}")
-    if claims == "lookups" and (no_db or _mode(model) == "standard"):
+    if claims == "lookups" and (no_db or checkpoint_mode(model) == "standard"):
         _fail("--claims lookups scores the facts the model looked up, and " + ("--no-db" if no_db else
               f"{model}, a Standard model,") + " makes no lookups: use --claims text (the facts its text states)")
     _, _, meta, gen, _ = _load(model, kb, no_db)
@@ -245,6 +247,8 @@ def _documents(path: Path, heldout: bool = False, limit: int | None = None):
 
     docs = read_documents(path)
     kept = [d for d in docs if d.split not in (None, "train")]
+    if heldout and docs and all(d.split == "train" for d in docs):
+        typer.echo(f"every document of {path} is in split train: this scores text the model was trained on", err=True)
     if heldout and kept:
         if len(kept) < len(docs):
             first = f"the first {limit} of " if (limit or len(kept)) < len(kept) else ""
@@ -269,11 +273,11 @@ def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out
     docs = [d.segments for d in read]
     if not docs:
         _fail(f"no documents in {data}")
-    if dynamic and _mode(model) != "standard" and not any(isinstance(s, Lookup) for d in docs for s in d):
+    if dynamic and checkpoint_mode(model) != "standard" and not any(isinstance(s, Lookup) for d in docs for s in d):
         typer.echo(f"no lookup calls in {data}: the dynamic perplexity scores the queries a model writes at each "
                    "call, so it needs annotated documents; static perplexity only", err=True)
         dynamic = False
-    m, tok, meta, gen, uses_db = _load(model, kb, need_generator=dynamic and _mode(model) != "standard",
+    m, tok, meta, gen, uses_db = _load(model, kb, need_generator=dynamic and checkpoint_mode(model) != "standard",
                                         instead="--no-dynamic: static perplexity only")
     protocol = Protocol("perplexity", "perplexity_static", greater_is_better=False,
                         paper="LMLM appendix A.3, static / dynamic / normalized perplexity")
@@ -295,12 +299,6 @@ def perplexity(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out
     records = [{k: read[v].id if k == "document" else v for k, v in q.items() if k != "group"}
                for q in dyn["queries"]] if metrics.get("perplexity_dynamic_lookups") else []  # to read the misses by
     _finish(protocol, metrics, records, out, {"model": str(model), "data": str(data), "documents": len(docs)}, gen)
-
-
-def _mode(model: Path) -> str:
-    from ..checkpoint import is_checkpoint, read_meta
-
-    return read_meta(model).get("mode", "lmlm") if is_checkpoint(model) else "lmlm"
 
 
 @eval_app.command()
@@ -406,8 +404,8 @@ def offloading(lmlm: Path = typer.Option(..., "--lmlm", help="the LMLM checkpoin
     if not any(d.num_calls for d in originals):
         _fail(f"no lookup calls in {data}: offloading ranks the facts of an annotated corpus's calls")
     for path, option, want in ((lmlm, "--lmlm", "lmlm"), (standard, "--standard", "standard")):
-        if _mode(path) != want:
-            _fail(f"{option} {path} is a {_mode(path)} checkpoint; {option} takes the {want} one")
+        if checkpoint_mode(path) != want:
+            _fail(f"{option} {path} is a {checkpoint_mode(path)} checkpoint; {option} takes the {want} one")
     lm, tok, _, _, _ = _load(lmlm, None, no_db=True, need_generator=False)
     sm, stok, _, _, _ = _load(standard, None, no_db=True, need_generator=False)
     if stok.hf.get_vocab() != tok.hf.get_vocab():

@@ -74,6 +74,10 @@ def test_perplexity_command(world, run_dir, tmp_path):
     assert res.exit_code == 0, res.output
     assert "scoring the first 2 of the 5 held-out documents (heldout) of 6" in res.output, res.output
     assert json.loads((tmp_path / "limited.json").read_text())["config"]["documents"] == 2
+    marked.write_text(marked.read_text().replace('"heldout"', '"train"'))  # every document trained on: said
+    res = runner.invoke(eval_app, ["perplexity", "--model", str(run_dir / "lmlm"), "--data", str(marked),
+                                   "--limit", "1", "--no-dynamic", "--out", str(tmp_path / "trained.json")])
+    assert res.exit_code == 0 and "is in split train: this scores text the model was trained on" in res.output
 
 
 def test_perplexity_scores_the_documents_of_any_held_out_split(run_dir, tmp_path):
