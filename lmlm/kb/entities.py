@@ -149,6 +149,14 @@ def _namesake(query: tuple[str, ...], words: tuple[str, ...]) -> bool:
     return any(len(t) > 1 and t in present for t in query)
 
 
+def _names_someone(text: str) -> bool:
+    """Whether the text writes a name of its own: two capitalised words side by side, not across a
+    sentence's end ("Wanda Smith was born in"), maybe of a person the KB does not hold. "The new mayor
+    was born in" writes none."""
+    words = text.split()
+    return any(a[:1].isupper() and b[:1].isupper() and a[-1] not in ".!?:;,)\"”" for a, b in zip(words, words[1:]))
+
+
 def _shares_word(query: tuple[str, ...], name: tuple[str, ...]) -> bool:
     """Whether a word of the query (not an initial) is (a typo of) a word of the name."""
     return any(len(t) > 1 and _token_sim(t, o) >= ENTITY_THRESHOLD for t in query for o in name)
@@ -381,7 +389,7 @@ class EntityIndex:
         seq, gone = _word_seq(context), self._gone_in(context)
         words = tuple(dict.fromkeys(seq))
         if res.entity is not None and res.entity not in ctx and not _written(qt, seq) and (
-                res.via == "fuzzy" or bool(ctx) or _namesake(qt, words) or bool(gone)):
+                res.via == "fuzzy" or bool(ctx) or _namesake(qt, words) or bool(gone) or _names_someone(context)):
             name = self.display[res.entity]
             res = Resolved(reason="no_entity", candidates=((name, round(res.score, 3)),), context_free=False,
                            detail=f"{name!r} fits {entity!r}, but the text so far never names {name!r}",

@@ -158,7 +158,7 @@ def test_forced_tokens_join_the_chosen_one_at_batch_one(world, kb, random_model)
     """At batch 1 the tokens the grammar forces (a call due at an offset, the only way on in the
     prefix tree, the value) go through the model together with the token chosen before them: the
     same tokens as Hugging Face's generate, in fewer forwards."""
-    kw = dict(constrained=True, logit_bias=None)
+    kw = dict(constrained=True, logit_bias=None, matching="key")  # a random model's keys, on no text's person
     ours = LookupGenerator(random_model, world.tok, kb, **kw)
     hf = LookupGenerator(random_model, world.tok, kb, loop=False, **kw)
     prompts = [f"{w} {w}" for w in FIRST[:4]]

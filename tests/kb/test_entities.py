@@ -194,6 +194,11 @@ def test_a_namesake_of_the_person_the_text_names_is_never_answered():
     # with a text that names no one (or the entity itself) the exact name is answered
     assert idx.resolve("Larry Davis", context="The new mayor was born in").entity == "larry davis"
     assert idx.resolve("Larry Davis", context="Larry Davis was born in").entity == "larry davis"
+    # a text that names a person of its own, sharing no word with the query, is about someone else
+    for context in ("Wanda Smith was born in", "The painter Wanda Smith was", "Born in Paris. Wanda Moss-Li was"):
+        miss = idx.resolve("Larry Davis", context=context)
+        assert miss.entity is None and "never names 'Larry Davis'" in miss.detail, context
+    assert idx.resolve("Larry Davis", context="He moved to Paris. The new mayor was born in").entity == "larry davis"
     assert idx.resolve("Larry Davis").entity == "larry davis"
 
 
