@@ -49,7 +49,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from .keys import normalize_text
+from .keys import names_someone, normalize_text
 
 __all__ = ["ENTITY_THRESHOLD", "ENTITY_MARGIN", "EntityIndex", "Resolved", "name_score", "fuzzy_tokens",
            "MISS_REASONS"]
@@ -147,14 +147,6 @@ def _namesake(query: tuple[str, ...], words: tuple[str, ...]) -> bool:
     text about "Larry Huerta-Rogers", someone the KB may not hold (a namesake, never the same person)."""
     present = set(words)
     return any(len(t) > 1 and t in present for t in query)
-
-
-def _names_someone(text: str) -> bool:
-    """Whether the text writes a name of its own: two capitalised words side by side, not across a
-    sentence's end ("Wanda Smith was born in"), maybe of a person the KB does not hold. "The new mayor
-    was born in" writes none."""
-    words = text.split()
-    return any(a[:1].isupper() and b[:1].isupper() and a[-1] not in ".!?:;,)\"”" for a, b in zip(words, words[1:]))
 
 
 def _shares_word(query: tuple[str, ...], name: tuple[str, ...]) -> bool:
@@ -389,7 +381,7 @@ class EntityIndex:
         seq, gone = _word_seq(context), self._gone_in(context)
         words = tuple(dict.fromkeys(seq))
         if res.entity is not None and res.entity not in ctx and not _written(qt, seq) and (
-                res.via == "fuzzy" or bool(ctx) or _namesake(qt, words) or bool(gone) or _names_someone(context)):
+                res.via == "fuzzy" or bool(ctx) or _namesake(qt, words) or bool(gone) or names_someone(context)):
             name = self.display[res.entity]
             res = Resolved(reason="no_entity", candidates=((name, round(res.score, 3)),), context_free=False,
                            detail=f"{name!r} fits {entity!r}, but the text so far never names {name!r}",

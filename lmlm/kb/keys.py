@@ -18,7 +18,7 @@ import unicodedata
 from functools import lru_cache
 
 __all__ = ["KEY_SEP", "normalize_text", "normalize_key", "normalize_value", "key_text", "clean_field", "is_plain",
-           "printable"]
+           "printable", "names_someone"]
 
 # Joins the entity and relation parts of a key. Whitespace is collapsed to single spaces inside a
 # part, so a tab can never occur there and ("a b", "c") and ("a", "b c") stay distinct keys.
@@ -135,3 +135,11 @@ def _normalize_value(value: str) -> str:
 def key_text(entity: str, relation: str) -> str:
     """The text embedded for fuzzy lookup (the paper's ``entity relation`` string)."""
     return f"{entity} {relation}"
+
+
+def names_someone(text: str) -> bool:
+    """Whether the text writes a name of its own: two capitalised words side by side, not across a
+    sentence's end ("Wanda Smith was born in"), maybe of a person the KB does not hold. "The new mayor
+    was born in" writes none."""
+    words = text.split()
+    return any(a[:1].isupper() and b[:1].isupper() and a[-1] not in ".!?:;,)\"”" for a, b in zip(words, words[1:]))
