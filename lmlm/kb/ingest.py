@@ -59,7 +59,8 @@ def head_sha256(path: Path, size: int) -> str:
 
 def _stamp(path: Path) -> tuple[int, int] | None:
     """A file's size and modification time, to tell whether it was written to in between."""
-    return (path.stat().st_size, path.stat().st_mtime_ns) if path.is_file() else None
+    st = path.stat()
+    return (st.st_size, st.st_mtime_ns) if path.is_file() else None
 
 
 def _grew(path: Path, before: dict) -> bool:

@@ -78,7 +78,6 @@ class _Cache:
         self.relations: dict[str, int] = {}
         self.keys: dict[tuple[int, int], int] = {}
         self.documents: dict[str, int] = {}
-        self.recount = True  # False: a sourceless fact active before this write is not counted again
         self.first_triple: int | None = None  # the first triple id this write made
 
     def trim(self) -> None:
@@ -257,9 +256,8 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
             with gc_paused(), self._transaction():
                 v = self._new_version(op, who, why)
                 cache = _Cache(cache_limit)
-                cache.recount = recount
                 while chunk := list(islice(it, batch_size)):
-                    self._write_chunk(v, chunk, cache)
+                    self._write_chunk(v, chunk, cache, recount)
                     cache.trim()
                     if on_batch:
                         on_batch(len(chunk))
@@ -313,7 +311,7 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
         self._xm("INSERT INTO keys(id, entity_id, relation_id) VALUES (?, ?, ?)", [(cache.keys[p], *p) for p in new])
         return set(range(first, first + len(new)))
 
-    def _write_chunk(self, v: int, facts: Sequence[Fact], cache: _Cache) -> None:
+    def _write_chunk(self, v: int, facts: Sequence[Fact], cache: _Cache, recount: bool = True) -> None:
         """New facts go in with one statement per table; facts already active gain support one by one."""
         ents, rels, docs = cache.entities, cache.relations, cache.documents
         new_e: dict[str, tuple] = {}  # names not yet in the cache, as first written
@@ -351,7 +349,7 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
         for (f, _, _, vn), kid in zip(rows, kids):
             tid = active.setdefault((kid, vn), next_id)
             if tid != next_id:
-                if cache.recount or f[4] or tid >= cache.first_triple:
+                if recount or f[4] or tid >= cache.first_triple:
                     support.append((tid, f))
                 continue
             next_id += 1
