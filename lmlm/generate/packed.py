@@ -18,13 +18,17 @@ Greedy outputs are the same in float32; in bfloat16 the two paths can use differ
 for ``Conv1D``), and a random model's near-flat logits then part at a rounding.
 
 Anything under autograd, off the CPU or in another dtype goes through the layer's own ``forward``:
-training never sees the copy. A copy is made at the first inference call and again after its weight
-changes (an optimizer step, ``load_state_dict``, ``.to()``), so stale weights are never served. It
-costs the weights' size once more in memory while the model lives.
+training never sees the copy. bfloat16 takes the packed path only where oneDNN has bfloat16 kernels
+for this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; PyTorch is asked once, see :func:`packable_dtypes`):
+on an AVX2-only CPU a bfloat16 model runs through its layers' own ``forward``, as if never packed.
+A copy is made at the first inference call and again after its weight changes (an optimizer step,
+``load_state_dict``, ``.to()``), so stale weights are never served. It costs the weights' size once
+more in memory while the model lives.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 import weakref
 from collections.abc import Iterator
@@ -33,9 +37,8 @@ from contextvars import ContextVar
 
 import torch
 
-__all__ = ["pack_linears", "packing", "packing_available"]
+__all__ = ["pack_linears", "packable_dtypes", "packed_copies", "packing", "packing_available"]
 
-_DTYPES = (torch.bfloat16, torch.float32)
 FLOAT32_ROWS = (4, 64)  # rows of a float32 product that take the packed path (see above)
 _ENABLED: ContextVar[bool] = ContextVar("lmlm_packed_linears", default=True)
 _PACKED: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
@@ -43,9 +46,19 @@ _PACKED: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDict
 
 def packing_available(dtype: torch.dtype | None = None) -> bool:
     """Whether this PyTorch has oneDNN's linear ops (``False`` on builds without mkldnn) and, given a
-    ``dtype``, whether weights of that dtype can take the packed path."""
-    return (bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and (dtype is None or dtype in _DTYPES))
+    ``dtype``, whether weights of that dtype can take the packed path on this CPU."""
+    return bool(packable_dtypes()) and (dtype is None or dtype in packable_dtypes())
+
+
+@functools.cache
+def packable_dtypes() -> frozenset[torch.dtype]:
+    """The weight dtypes whose linear products oneDNN runs here: float32 wherever PyTorch has oneDNN's
+    linear ops, bfloat16 only where oneDNN has bfloat16 kernels for this CPU, as PyTorch's own check
+    says (``_is_mkldnn_bf16_supported``; it honours ``ONEDNN_MAX_CPU_ISA``). Asked once a process."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return frozenset()
+    bf16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return frozenset({torch.float32} | ({torch.bfloat16} if bf16 is not None and bf16() else set()))
 
 
 def pack_linears(model: torch.nn.Module) -> int:
@@ -67,6 +80,12 @@ def pack_linears(model: torch.nn.Module) -> int:
     return n
 
 
+def packed_copies(model: torch.nn.Module) -> int:
+    """How many of ``model``'s layers hold a laid-out copy of their weight now, i.e. have run an
+    inference call through the packed path since their weight last changed hands."""
+    return sum(1 for m in model.modules() if m in _PACKED)
+
+
 @contextmanager
 def packing(enabled: bool = True) -> Iterator[None]:
     """Within the block (this thread or task), packed layers take the packed path only if ``enabled``:
@@ -80,7 +99,7 @@ def packing(enabled: bool = True) -> Iterator[None]:
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
     w = self.weight
-    if (not _ENABLED.get() or w.device.type != "cpu" or w.dtype not in _DTYPES or x.dtype != w.dtype
+    if (not _ENABLED.get() or w.device.type != "cpu" or w.dtype not in packable_dtypes() or x.dtype != w.dtype
             or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
         return type(self).forward(self, x)
     if w.dtype == torch.float32 and (x.dim() > 2 and x.shape[0] == 1  # one sequence: keep one copy in cache

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from lmlm.bench.generate_paper import LOOKUP_PERIOD, lookup_offsets, paper_prompts, run_paper_bench
 from lmlm.cli import app
+from lmlm.generate.packed import packing_available
 
 TINY = dict(hidden_size=32, n_layer=1, n_head=2, intermediate_size=64)
 SIZES = dict(prompt_tokens=40, new_tokens=48, n_single=1, n_batch=3)
@@ -77,7 +78,9 @@ def test_paper_preset_in_bfloat16(world, tmp_path):
     """``dtype``: the models run in bfloat16 (greedy rows may then part where rounding differs)."""
     report = _run(world, tmp_path, models=["llama2-176m"], dtype="bfloat16")
     r = report["models"]["llama2-176m"]
-    assert report["dtype"] == r["dtype"] == "bfloat16" and r["engine_tps_b16"] > 0 and r["packed_weights"] is True
+    assert report["dtype"] == r["dtype"] == "bfloat16" and r["engine_tps_b16"] > 0
+    # the packed path where oneDNN has bfloat16 kernels for this CPU, the layers' own forward elsewhere
+    assert r["packed_weights"] is packing_available(torch.bfloat16)
     assert r["lookups_per_256_tokens"] > 8 and r["lookups_found"] == 1.0
 
 
