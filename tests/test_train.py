@@ -110,6 +110,35 @@ def test_pack_by_document_starts_each_document_a_block(docs, tok):
     assert (packed.labels != IGNORE_INDEX).sum() >= (stream.labels != IGNORE_INDEX).sum() - len(stream)
 
 
+@pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny"])
+def test_pack_fit_shares_blocks_without_padding_and_each_document_sees_only_itself(docs, tok, preset):
+    from lmlm.models import ModelConfig, build_model
+    from lmlm.train.loop import lm_loss_sum
+
+    enc = encode_documents(docs[:40], tok, "lmlm")
+    lengths = [len(e.input_ids) for e in enc]
+    seq_len = 2 * max(lengths)  # every document fits a block, and any two share one
+    model = build_model(ModelConfig.from_name(preset, context_length=seq_len), len(tok), tok, seed=0).eval()
+    alone = pack(enc, seq_len, tok.end_id, pad_id=tok.eos_id, by_document=True)
+    fit = pack(enc, seq_len, tok.end_id, pad_id=tok.eos_id, fit=True)
+    assert len(alone) == len(enc) and len(fit) < len(enc) * 0.6
+    assert fit.num_tokens == alone.num_tokens == sum(lengths)
+    assert 1 - fit.num_tokens / fit.input_ids.numel() < 0.5 * (1 - alone.num_tokens / alone.input_ids.numel())
+    # every document is in one block whole, its positions from 0, its padding-free tokens first
+    starts = (fit.position_ids == 0) & fit.real()
+    assert int(starts.sum()) == len(enc) and (fit.input_ids[starts] == tok.doc_id).all()
+    assert fit.real_tokens(torch.arange(len(fit))) == fit.num_tokens
+    # the same trained targets, and the same loss: a document packed beside another sees only itself
+    t_alone, t_fit = alone.targets()[0], fit.targets()[0]
+    assert (t_fit != IGNORE_INDEX).sum() == (t_alone != IGNORE_INDEX).sum()
+    with torch.no_grad():
+        want = lm_loss_sum(model, alone.input_ids, t_alone)
+        got = lm_loss_sum(model, fit.input_ids, t_fit, fit.position_ids)
+        blind = lm_loss_sum(model, fit.input_ids, t_fit)  # without the positions, documents read each other
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+    assert not torch.isclose(blind, want, rtol=1e-4, atol=1e-3)
+
+
 def test_labels_mask_exactly_values_and_db_end(docs, tok):
     enc = encode_documents(docs[:30], tok, "lmlm")
     packed = pack(enc, 64, tok.end_id)

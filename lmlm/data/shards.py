@@ -419,6 +419,10 @@ class ShardBlocks:
         target_roles = np.concatenate([roles[:, 1:], np.full((n, 1), ORG)], axis=1)
         return torch.from_numpy(ids), torch.from_numpy(targets), torch.from_numpy(target_roles)
 
+    def positions(self, idx: torch.Tensor) -> None:
+        """None: a stream's blocks count their positions from 0 (see :class:`lmlm.train.data.Packed`)."""
+        return None
+
     def real_tokens(self, idx: torch.Tensor) -> int:
         """How many of the tokens of blocks ``idx`` are data (the last block is padded)."""
         starts = idx.to(torch.long) * self.seq_len

@@ -21,6 +21,7 @@ __all__ = ["train_command", "main", "config_from_options"]
 class Packing(str, Enum):
     stream = "stream"
     document = "document"
+    fit = "fit"
 
 
 class Mode(str, Enum):
@@ -77,7 +78,8 @@ def train_command(
     max_tokens_per_step: Optional[int] = typer.Option(None, min=1, help="global batch in tokens (instead of --batch-size)"),
     seq_len: Optional[int] = typer.Option(None, min=1, help="tokens per training sequence"),
     packing: Optional[Packing] = typer.Option(None, help="stream: documents concatenated and cut (default); "
-                                              "document: each document starts a sequence (short documents)"),
+                                              "document: each document starts a sequence (short documents); fit: "
+                                              "short documents share sequences whole, kept apart, no padding"),
     lr: Optional[float] = typer.Option(None, min=0.0, help="peak learning rate"),
     warmup_steps: Optional[int] = typer.Option(None, min=0, help="linear warmup steps"),
     precision: Optional[Precision] = typer.Option(None, help="auto: bf16 where the device computes it natively"),

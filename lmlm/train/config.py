@@ -75,7 +75,9 @@ class TrainConfig:
         packing: ``"stream"`` (the paper's: documents concatenated and cut into blocks) or
             ``"document"`` (every document starts a block of its own, the rest padded: no other
             document before it, as a prompt at generation; for corpora of short documents, and
-            only for documents, not shards).
+            only for documents, not shards), or ``"fit"`` (the same without the padding: short
+            documents share blocks whole, each one's positions starting at 0 and attention kept
+            within it; :func:`lmlm.train.data.pack`).
         report_to: Accelerate trackers to log to as well (``tensorboard``, ``wandb``, ``all``); the
             JSONL log is always written.
         allow_no_calls: train in ``lmlm`` mode on documents without a single lookup call (an error
@@ -145,7 +147,7 @@ class TrainConfig:
 
         choices = {"mode": ("lmlm", "standard"), "schedule": ("cosine", "linear", "constant"),
                    "precision": ("no", "bf16", "fp16", "auto"), "attention": ("sdpa", "eager"),
-                   "packing": ("stream", "document")}
+                   "packing": ("stream", "document", "fit")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 bad(name, f"must be one of {', '.join(allowed)}")

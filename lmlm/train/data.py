@@ -41,6 +41,8 @@ class BlockSource(Protocol):
 
     def real_tokens(self, idx: torch.Tensor) -> int: ...
 
+    def positions(self, idx: torch.Tensor) -> torch.Tensor | None: ...
+
 
 def shift_left(t: torch.Tensor, fill: int) -> torch.Tensor:
     return torch.cat([t[:, 1:], torch.full_like(t[:, :1], fill)], dim=1)
@@ -53,6 +55,9 @@ class Packed:
     ``num_tokens`` counts the real tokens; ``lengths`` the real tokens of each block, which come first
     in it and are followed by padding (label -100): by default every block is full but the last, as
     a stream is cut; packed by document, each document's last block has padding of its own.
+    ``position_ids``: where a block holds several documents (``pack(..., fit=True)``), each one's
+    positions start again at 0, and the model keeps them apart from those positions (Hugging Face's
+    packed-sequence attention mask); ``None``: every block counts its positions from 0.
     """
 
     input_ids: torch.Tensor
@@ -60,6 +65,7 @@ class Packed:
     labels: torch.Tensor
     num_tokens: int | None = None
     lengths: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.num_tokens is None:
@@ -94,6 +100,10 @@ class Packed:
             self._targets = self.targets()
         targets, roles = self._targets
         return self.input_ids[idx], targets[idx], roles[idx]
+
+    def positions(self, idx: torch.Tensor) -> torch.Tensor | None:
+        """The position ids of blocks ``idx`` where documents share a block, else ``None``."""
+        return None if self.position_ids is None else self.position_ids[idx]
 
     def trained_tokens(self) -> int:
         return int((self.labels != IGNORE_INDEX).sum())
@@ -217,7 +227,7 @@ def encode_documents(documents: Sequence, tokenizer: LookupTokenizer, mode: str 
 
 
 def pack(encoded_docs: Sequence[Encoded], seq_len: int, end_id: int, pad_id: int | None = None,
-         by_document: bool = False) -> Packed:
+         by_document: bool = False, fit: bool = False) -> Packed:
     """Concatenate encoded documents in order and cut the stream into blocks of ``seq_len``.
 
     Args:
@@ -229,12 +239,18 @@ def pack(encoded_docs: Sequence[Encoded], seq_len: int, end_id: int, pad_id: int
         by_document: start every document at a block of its own (its last block padded with
             ``pad_id``), as generation sees a prompt: nothing of another document before it. For
             corpora of short documents (bios, QA pairs); costs the padding.
+        fit: as ``by_document``, without its padding: documents of up to ``seq_len`` tokens (and the
+            last piece of a longer one) share blocks, placed whole by best fit, each one's positions
+            starting at 0 (``Packed.position_ids``), so that attention keeps it apart from the
+            others; the token that starts a document is not a target of the one before it.
 
     Returns:
         :class:`Packed` with ``input_ids``, ``roles`` and ``labels`` of shape ``(num_blocks, seq_len)``.
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len must be positive, got {seq_len}")
+    if fit:
+        return _fit(encoded_docs, seq_len, end_id, pad_id)
     if by_document:
         if pad_id is None:
             raise ValueError("packing by document needs a pad_id")
@@ -257,6 +273,54 @@ def pack(encoded_docs: Sequence[Encoded], seq_len: int, end_id: int, pad_id: int
         return torch.tensor(x[:n], dtype=torch.long).view(-1, seq_len)
 
     return Packed(blocks(ids), blocks(roles), blocks(labels), num_tokens=min(num_tokens, n))
+
+
+def _fit(encoded_docs: Sequence[Encoded], seq_len: int, end_id: int, pad_id: int | None) -> Packed:
+    """``pack(..., fit=True)``: whole blocks of long documents, then the short pieces by best fit."""
+    import bisect
+
+    if pad_id is None:
+        raise ValueError("packing by document needs a pad_id")
+    whole, pieces = [], []  # full blocks; (ids, roles, labels) of pieces shorter than a block
+    for e in encoded_docs:
+        labels = labels_from_roles(e.input_ids, e.roles, end_id)
+        n = len(e.input_ids)
+        for start in range(0, n, seq_len):
+            part = (e.input_ids[start:start + seq_len], e.roles[start:start + seq_len], labels[start:start + seq_len])
+            (whole if len(part[0]) == seq_len else pieces).append(part)
+    bins: list[list] = []
+    free: list[tuple[int, int]] = []  # (room left, bin) sorted: the tightest bin a piece fits is found by bisect
+    for part in sorted(pieces, key=lambda p: -len(p[0])):  # longest first; a stable sort keeps corpus order
+        k = bisect.bisect_left(free, (len(part[0]), -1))
+        if k == len(free):
+            bins.append([part])
+            room, b = seq_len - len(part[0]), len(bins) - 1
+        else:
+            room, b = free.pop(k)
+            bins[b].append(part)
+            room -= len(part[0])
+        if room:
+            bisect.insort(free, (room, b))
+    rows = [[part] for part in whole] + bins
+    n_rows = len(rows)
+    ids = torch.full((n_rows, seq_len), pad_id, dtype=torch.long)
+    roles = torch.full((n_rows, seq_len), ORG, dtype=torch.long)
+    labels = torch.full((n_rows, seq_len), IGNORE_INDEX, dtype=torch.long)
+    positions = torch.zeros((n_rows, seq_len), dtype=torch.long)
+    lengths = torch.zeros(n_rows, dtype=torch.long)
+    for r, parts in enumerate(rows):
+        at = 0
+        for part_ids, part_roles, part_labels in parts:
+            n = len(part_ids)
+            ids[r, at:at + n] = torch.tensor(part_ids)
+            roles[r, at:at + n] = torch.tensor(part_roles)
+            labels[r, at:at + n] = torch.tensor(part_labels)
+            labels[r, at] = IGNORE_INDEX  # a document's first token is not the previous document's target
+            positions[r, at:at + n] = torch.arange(n)
+            at += n
+        positions[r, at:] = torch.arange(seq_len - at)  # the padding: a sequence of its own, untrained
+        lengths[r] = at
+    return Packed(ids, roles, labels, num_tokens=int(lengths.sum()), lengths=lengths, position_ids=positions)
 
 
 class Batches:

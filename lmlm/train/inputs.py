@@ -103,8 +103,8 @@ def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: Look
             raise TrainConfigError(f"tokenizer {config.tokenizer!r}: {data} holds token shards, tokenized once with "
                                    f"their own tokenizer; train a new BPE on documents, or drop the tokenizer option")
         if config.packing != "stream":
-            raise TrainConfigError(f"{data}: shards are packed as a stream when prepared; --packing document "
-                                   "needs documents (--data FILE)")
+            raise TrainConfigError(f"{data}: shards are packed as a stream when prepared; --packing "
+                                   f"{config.packing} needs documents (--data FILE)")
         shards_manifest, shards_tok = shards_tokenizer(data)
         _check_shards_split(data, shards_manifest, config.split)
         n_docs, calls = shards_manifest["documents"], shards_manifest["lookup_calls"]
@@ -141,7 +141,8 @@ def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: Look
     else:
         progress = config.progress and accelerator.is_main_process
         blocks = pack(encode_documents(data, tokenizer, config.mode, progress=progress), config.seq_len,
-                      tokenizer.end_id, pad_id=tokenizer.eos_id, by_document=config.packing == "document")
+                      tokenizer.end_id, pad_id=tokenizer.eos_id, by_document=config.packing == "document",
+                      fit=config.packing == "fit")
         summary = {"data": config.data, "split": config.split or "train"} if config.data else {"data": None}
     summary.update({"documents": n_docs, **_calls(config.mode, calls), "data_tokens": int(blocks.num_tokens),
                     "data_trained_tokens": blocks.trained_tokens(), "blocks": len(blocks), "mode": config.mode})
@@ -156,7 +157,8 @@ def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: Look
         evald = ShardBlocks(eval_data, config.seq_len, config.mode).to_packed()
     elif eval_kind == "documents" and eval_data:
         evald = pack(encode_documents(eval_data, tokenizer, config.mode), config.seq_len, tokenizer.end_id,
-                     pad_id=tokenizer.eos_id, by_document=config.packing == "document")
+                     pad_id=tokenizer.eos_id, by_document=config.packing == "document",
+                     fit=config.packing == "fit")
     return Inputs(model, tokenizer, blocks, evald, info, _parameters(model), summary, config.seq_len, trained)
 
 

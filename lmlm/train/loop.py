@@ -51,9 +51,11 @@ class TrainResult:
 
 # -- loss, evaluation, schedule -------------------------------------------------------------------
 
-def lm_loss_sum(model, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Sum of next-token cross-entropy over targets != -100. ``targets`` is already shifted."""
-    logits = model(input_ids=input_ids, use_cache=False).logits  # (B, T, vocab)
+def lm_loss_sum(model, input_ids: torch.Tensor, targets: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Sum of next-token cross-entropy over targets != -100. ``targets`` is already shifted;
+    ``position_ids`` restart at each document of a block that holds several (``packing="fit"``)."""
+    logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits  # (B, T, vocab)
     return -target_logprobs(logits, targets).sum()
 
 
@@ -72,7 +74,9 @@ def evaluate_loss(model, packed: Packed, batch_size: int = 16) -> dict[str, floa
     real_next = shift_left(packed.real(), False)
     nll = []
     for i in range(0, len(packed), batch_size):
-        logits = model(input_ids=packed.input_ids[i:i + batch_size].to(device)).logits  # (B, T, vocab)
+        positions = packed.positions(slice(i, i + batch_size))
+        logits = model(input_ids=packed.input_ids[i:i + batch_size].to(device),
+                       position_ids=None if positions is None else positions.to(device)).logits  # (B, T, vocab)
         nll.append(-target_logprobs(logits, next_ids[i:i + batch_size].to(device)).cpu())
     nll = torch.cat(nll).double()  # (num_blocks, seq_len)
     model.train(was_training)
@@ -293,7 +297,8 @@ def run_steps(accelerator, model, optimizer, config: TrainConfig, data: Packed, 
         step = progress["step"]
         lr = learning_rate(step, config, config.max_steps)
         idx = batches(step)
-        loss, count = optimizer_step(accelerator, model, optimizer, loss_fn, data.blocks(idx), config, lr)
+        loss, count = optimizer_step(accelerator, model, optimizer, loss_fn, data.blocks(idx), config, lr,
+                                     positions=data.positions(idx))
         step += 1
         now = time.perf_counter()
         tokens = progress["tokens"] + data.real_tokens(idx)  # the padding of short blocks is not counted
@@ -330,8 +335,9 @@ def run_steps(accelerator, model, optimizer, config: TrainConfig, data: Packed, 
 
 
 def optimizer_step(accelerator, model, optimizer, loss_fn, batch: tuple[torch.Tensor, ...], config: TrainConfig,
-                    lr: float) -> tuple[float, int]:
+                    lr: float, positions: torch.Tensor | None = None) -> tuple[float, int]:
     """One optimizer step on the global batch ``(input_ids, targets, _)``; returns its loss and trained tokens.
+    ``positions``: the blocks' position ids where documents share blocks (``Packed.positions``).
 
     The global batch is cut into ``grad_accum`` micro-steps of ``micro_batch_size`` blocks per
     process, process ``rank`` taking its slice of each (as ``Accelerator(split_batches=True)``
@@ -347,11 +353,11 @@ def optimizer_step(accelerator, model, optimizer, loss_fn, batch: tuple[torch.Te
     local_sum = torch.zeros((), device=accelerator.device)  # this process' loss sum, for logging
     for k in range(config.grad_accum):
         sl = slice((k * P + rank) * mb, (k * P + rank + 1) * mb)
-        x, y = (t[sl].pin_memory().to(accelerator.device, non_blocking=True) if cuda else t[sl]
-                for t in (input_ids, targets))
+        x, y, pos = (None if t is None else t[sl].pin_memory().to(accelerator.device, non_blocking=True) if cuda
+                     else t[sl] for t in (input_ids, targets, positions))
         last = k == config.grad_accum - 1
         with (nullcontext() if last else accelerator.no_sync(model)):  # all-reduce once per step
-            s = loss_fn(model, x, y)
+            s = loss_fn(model, x, y, pos)
             # DDP averages gradients over processes: scale by P so the result is sum / global count.
             accelerator.backward(s * (P / max(count, 1)))
         local_sum += s.detach()
