@@ -393,3 +393,36 @@ def test_a_new_run_replaces_the_older_run_in_its_folder(tmp_path, tok):
     assert "no saved training state to resume" in resumed.stderr and "starts from step 0" in resumed.stderr
     steps = [json.loads(x)["step"] for x in log.read_text().splitlines() if '"loss"' in x]
     assert steps == list(range(1, len(steps) + 1))  # the new run's steps from 1, none of the older run's
+
+
+@pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny"])
+def test_lora_trains_an_adapter_and_the_lookup_rows_and_saves_a_plain_model(tmp_path, docs, tok, preset):
+    """--lora R: the base weights stay, a low-rank update of every linear layer and the four lookup
+    tokens' rows are trained, and the checkpoint is the merged model, loaded as any other."""
+    from transformers import AutoModelForCausalLM
+
+    base = train(_config(tmp_path, "pre", model=preset, max_steps=4), docs, tok)
+    before = {k: v.clone() for k, v in base.model.state_dict().items()}
+    run = train(_config(tmp_path, "lora", model=preset, max_steps=6, lora=4, freeze_layers=1,
+                        init_from=str(tmp_path / "pre" / "checkpoint")), docs, tok)
+    stats = run.stats
+    assert 0 < stats["trainable_parameters"] < 0.5 * stats["parameters"]["total"]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "lora" / "checkpoint")
+    after = loaded.state_dict()
+    assert set(after) == set(before)  # no adapter left: merged into the weights
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    emb = loaded.get_input_embeddings().weight
+    rows = (emb != before[next(k for k in before if before[k].shape == emb.shape)]).any(dim=1).nonzero().flatten()
+    assert sorted(rows.tolist()) == sorted(tok.call_ids)  # only the lookup tokens' rows moved
+    layer0 = {k for k in changed if ".0." in k}
+    assert not layer0, f"frozen layer 0 changed: {sorted(layer0)}"
+    assert any(".1." in k for k in changed)  # the layer above it was adapted
+    assert not any("norm" in k or k.endswith(".bias") or "ln_" in k for k in changed)
+    with torch.no_grad():  # the saved model is the trained one
+        ids = torch.tensor([encode_documents(docs[:1], tok, "lmlm")[0].input_ids[:32]])
+        torch.testing.assert_close(loaded(ids).logits, run.model(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_lora_needs_a_pretrained_start(tmp_path):
+    with pytest.raises(ValueError, match="lora 4 adapts a pretrained model; give init_from"):
+        _config(tmp_path, lora=4)

@@ -23,6 +23,7 @@ import torch
 from ..lookup import PAPER_TOKENS, Segment, strip
 from ..train.config import TrainConfig
 from ..train.data import Packed
+from ..train.lora import add_lora, lora_targets
 from ..train.loop import accelerator_for, make_optimizer, run_steps
 from ..tokens import IGNORE_INDEX, ORG, LookupTokenizer
 
@@ -122,32 +123,6 @@ def load_base(spec: str | Path, device: str | None = None):
         model.resize_token_embeddings(len(tok), mean_resizing=True)
     model.config.use_cache = True
     return model.to(default_device(device)), tok
-
-
-def lora_targets(model) -> list[str]:
-    """The linear layers LoRA adapts: attention and MLP projections of LLaMA- or GPT-2-style models."""
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    llama = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    found = [n for n in llama if n in names]
-    if found:
-        return found
-    import transformers.pytorch_utils as pu
-
-    conv = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, pu.Conv1D)}
-    return sorted(conv & {"c_attn", "c_proj", "c_fc"}) or sorted(names - {"lm_head"})
-
-
-def add_lora(model, r: int = 32, alpha: int = 16, dropout: float = 0.0, new_token_ids: Sequence[int] = ()):
-    """Wrap ``model`` in a PEFT LoRA adapter (the paper: r=32, alpha=16); rows of ``new_token_ids``
-    in the embedding are trained as well, the rest of the base stays frozen."""
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError:
-        raise RuntimeError("LoRA needs peft: pip install peft (or 'lmlm[annotate-llm]')") from None
-    extra = {"trainable_token_indices": {"embed_tokens": list(new_token_ids)}} if new_token_ids else {}
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=lora_targets(model),
-                        task_type="CAUSAL_LM", **extra)
-    return get_peft_model(model, config)
 
 
 def pack_examples(examples: Sequence[tuple[list[int], list[int]]], seq_len: int, pad_id: int

@@ -80,6 +80,10 @@ def train_command(
     packing: Optional[Packing] = typer.Option(None, help="stream: documents concatenated and cut (default); "
                                               "document: each document starts a sequence (short documents); fit: "
                                               "short documents share sequences whole, kept apart, no padding"),
+    lora: Optional[int] = typer.Option(None, min=0, help="train a LoRA adapter of this rank on a pretrained "
+                                       "--init-from (lookup token rows trained too; merged at save); 0: all weights"),
+    lora_alpha: Optional[int] = typer.Option(None, min=1, help="LoRA scale numerator (default: twice the rank)"),
+    freeze_layers: Optional[int] = typer.Option(None, min=0, help="leave the lowest N transformer layers untouched"),
     lr: Optional[float] = typer.Option(None, min=0.0, help="peak learning rate"),
     warmup_steps: Optional[int] = typer.Option(None, min=0, help="linear warmup steps"),
     precision: Optional[Precision] = typer.Option(None, help="auto: bf16 where the device computes it natively"),
@@ -115,7 +119,8 @@ def train_command(
     options = dict(data=data, eval_data=eval_data, split=split, model=model, init_from=init_from, tokenizer=tokenizer,
                    mode=mode.value if mode else None, max_steps=max_steps, epochs=epochs, batch_size=batch_size,
                    micro_batch_size=micro_batch_size, max_tokens_per_step=max_tokens_per_step, seq_len=seq_len,
-                   packing=packing.value if packing else None,
+                   packing=packing.value if packing else None, lora=lora, lora_alpha=lora_alpha,
+                   freeze_layers=freeze_layers,
                    lr=lr, warmup_steps=warmup_steps, precision=precision.value if precision else None,
                    compile=compile, grad_checkpointing=grad_checkpointing, report_to=report_to or None, kb=kb,
                    out_dir=str(out) if out else None, seed=seed, save_every=save_every, log_every=log_every,

@@ -78,6 +78,13 @@ class TrainConfig:
             only for documents, not shards), or ``"fit"`` (the same without the padding: short
             documents share blocks whole, each one's positions starting at 0 and attention kept
             within it; :func:`lmlm.train.data.pack`).
+        lora: train a LoRA adapter of this rank (PEFT) on every linear layer of a pretrained
+            ``init_from`` model instead of all its weights, the four lookup tokens' embedding rows
+            trained as well; merged into the weights when the checkpoint is saved, so it loads as a
+            plain model. 0: full fine-tuning.
+        lora_alpha: the adapter's scale numerator (``None``: twice the rank).
+        freeze_layers: leave the lowest this many transformer layers untouched (no adapter there
+            with ``lora``, no weight updates without): their weight gradients are never computed.
         report_to: Accelerate trackers to log to as well (``tensorboard``, ``wandb``, ``all``); the
             JSONL log is always written.
         allow_no_calls: train in ``lmlm`` mode on documents without a single lookup call (an error
@@ -128,6 +135,9 @@ class TrainConfig:
     attention: str = "sdpa"
     grad_checkpointing: bool = False
     packing: str = "stream"
+    lora: int = 0
+    lora_alpha: int | None = None
+    freeze_layers: int = 0
     report_to: list[str] = field(default_factory=list)
     allow_no_calls: bool = False
     skip_malformed: bool = False
@@ -156,11 +166,11 @@ class TrainConfig:
             if not _is_int(v) or v <= 0:
                 bad(name, "must be a positive integer")
         for name in ("seq_len", "batch_size", "grad_accum", "max_steps", "max_tokens_per_step", "stop_step",
-                     "threads", "vocab_multiple"):
+                     "threads", "vocab_multiple", "lora_alpha"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v <= 0):
                 bad(name, "must be a positive integer or null")
-        for name in ("warmup_steps", "eval_every", "save_every", "seed"):
+        for name in ("warmup_steps", "eval_every", "save_every", "seed", "lora", "freeze_layers"):
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 bad(name, "must be a non-negative integer")
@@ -200,6 +210,9 @@ class TrainConfig:
                                        f"{t!r}; known: {', '.join(sorted(known))}")
             if t != "all" and importlib.util.find_spec(t) is None:  # Accelerate would only warn, and log nowhere
                 raise TrainConfigError(f"report_to {t}: the {t} package is not installed: pip install {t}")
+        if self.lora and not self.init_from:
+            raise TrainConfigError(f"train config: lora {self.lora} adapts a pretrained model; give init_from "
+                                   "(a fresh model trains all its weights)")
         if self.max_steps is not None and self.epochs is not None:
             raise TrainConfigError("train config: give max_steps or epochs, not both")
         if self.batch_size is not None and self.max_tokens_per_step is not None:

@@ -30,6 +30,7 @@ from ..scoring import target_logprobs
 from ..tokens import IGNORE_INDEX, ROLE_NAMES, LookupTokenizer
 from .config import TrainConfig, TrainConfigError
 from .data import Batches, Packed, shift_left
+from .lora import add_lora, freeze_lower_layers, merge, trainable_parameters
 from .folder import (CHECKPOINT_DIR, CONFIG_FILE, LOG_FILE, STATE_DIR, STATS_FILE, SUMMARY_FILE, check_out_dir,
                      open_run_folder)
 from .speed import flops_per_token, mfu, peak_flops
@@ -188,6 +189,8 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
     vocab_keys = _vocab_keys(model)
     if multiple > 1 and model.get_input_embeddings().num_embeddings % multiple:
         model.resize_token_embeddings(vocab, pad_to_multiple_of=multiple, mean_resizing=False)
+    model = _cheap(model, config, tokenizer, accelerator)
+    trainable = trainable_parameters(model)
     model, optimizer = accelerator.prepare(model, make_optimizer(model, config))  # together: FSDP2 needs both
     start = None  # a fresh run: run_steps starts at step 0
     if resuming:
@@ -207,6 +210,7 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
              "trained_tokens": progress["trained_tokens"], "seconds": progress["seconds"],
              "final_loss": progress["loss"], "tokens_per_second": progress["tokens_per_second"],
              "mfu": progress.get("mfu"), "compile": progress["compile"], "parameters": inputs.parameters,
+             "trainable_parameters": trainable,
              "num_processes": accelerator.num_processes, "documents": inputs.summary.get("documents"),
              "lookup_calls": inputs.summary.get("lookup_calls")}
     if eval_data is not None:
@@ -214,7 +218,7 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
     if config.report_to:
         accelerator.end_training()
     state_dict = accelerator.get_state_dict(model) if _sharded(accelerator) else None  # gathered on every rank
-    model = _trim_vocab(unwrapped, vocab).eval()
+    model = _trim_vocab(merge(unwrapped), vocab).eval()
     model.config.vocab_size = vocab
     if state_dict is not None:
         state_dict = {k: (v[:vocab] if k in vocab_keys else v) for k, v in state_dict.items()}
@@ -230,6 +234,19 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
                                                           "tokens_seen": stats["tokens"]})
     accelerator.wait_for_everyone()
     return TrainResult(model, stats, tokenizer)
+
+
+def _cheap(model, config: TrainConfig, tokenizer: LookupTokenizer, accelerator):
+    """``model`` with a LoRA adapter (``config.lora``) or its lowest layers frozen (``config.freeze_layers``)."""
+    if config.lora and _sharded(accelerator):
+        raise TrainConfigError("lora with FSDP: the adapter is a few million weights, train it on one process "
+                               "per GPU (DDP) instead")
+    if config.lora:
+        return add_lora(model, config.lora, config.lora_alpha, new_token_ids=tokenizer.call_ids,
+                        freeze_layers=config.freeze_layers)
+    if config.freeze_layers:
+        freeze_lower_layers(model, config.freeze_layers)
+    return model
 
 
 def _trim_vocab(model, vocab: int):
