@@ -58,3 +58,37 @@ def prepare(corpus: Path = typer.Argument(..., help="documents (.jsonl/.json/.pa
     keys = ("documents", "skipped_malformed", "tokens", "lookup_calls", "role_counts", "dtype", "vocab_size",
             "tokenizer_hash", "seconds")
     print(json.dumps({**{k: manifest.get(k) for k in keys}, "shards": len(manifest["shards"]), "out": str(out)}))
+
+
+@data_app.command("windows")
+def windows(corpus: Path = typer.Argument(..., help="annotated documents (.jsonl/.json/.parquet/.txt or a datasets folder)"),
+            out: Path = typer.Option(..., help="the windows, one document each (.jsonl)"),
+            before: int = typer.Option(0, min=0, help="sentences before the one that holds the call"),
+            after_words: int = typer.Option(8, min=0, help="words after the call"),
+            head: bool = typer.Option(True, help="the entity's name first, on a line of its own"),
+            swap: float = typer.Option(0.0, min=0.0, max=1.0, help="share of windows whose entity gets a made-up "
+                                       "name, in the text and the call alike (the value is masked: this teaches "
+                                       "the model to copy the name the text gives)"),
+            seed: int = typer.Option(0, min=0),
+            split: Optional[str] = typer.Option(None, help="only documents of this split")):
+    """Cut a short training document around every lookup call: its sentence, the call, a few words after.
+
+    For continued training of a pretrained model: it reads English already and has to learn where
+    to call, what to write in the call, and to copy the answer.
+    """
+    from ..cli_errors import user_errors
+    from ..corpus import CorpusError, iter_documents, write_documents
+    from .windows import windows_of
+
+    with user_errors():
+        if not corpus.exists():
+            raise CorpusError(f"{corpus}: no such file or folder")
+        docs = list(iter_documents(corpus, split=split))
+        if not any(d.num_calls for d in docs):
+            raise CorpusError(f"{corpus}: no lookup calls in its {len(docs)} documents: nothing to cut windows around")
+        if out.suffix.lower() != ".jsonl":
+            raise CorpusError(f"--out {out}: give a .jsonl file")
+        n = write_documents(out, windows_of(docs, before=before, after_words=after_words, head=head, swap=swap,
+                                            seed=seed))
+    renamed = sum(1 for line in out.read_text(encoding="utf-8").splitlines() if '"renamed"' in line)
+    print(json.dumps({"documents": len(docs), "windows": n, "renamed": renamed, "out": str(out)}))
