@@ -207,7 +207,8 @@ def run_train_bench(model: str, seq_len: int, device: str, *, micro_batch_size: 
 
 @bench_app.command("train")
 def bench_train(model: str = typer.Option("gpt2-small-cpu", help="model preset (lmlm presets)"),
-                seq_len: int = typer.Option(256, min=8, help="tokens per sequence"),
+                seq_len: Optional[int] = typer.Option(None, min=8, help="tokens per sequence (default 256; 96 "
+                                                      "with --init-from)"),
                 device: str = typer.Option("cpu", help="cpu or cuda"),
                 micro_batch_size: int = typer.Option(8, min=1, help="sequences per step"),
                 steps: int = typer.Option(20, min=1, help="timed optimizer steps"),
@@ -225,11 +226,40 @@ def bench_train(model: str = typer.Option("gpt2-small-cpu", help="model preset (
                                                     "shards are reused for the same corpus size and tokenizer, "
                                                     "made again otherwise"),
                 prepare_only: bool = typer.Option(False, "--prepare-only", help="measure the shard preparation only"),
-                override: Optional[list[str]] = typer.Option(None, help="FIELD=VALUE of the model preset, e.g. dropout=0")):
-    """Shard preparation (seconds, peak memory) and training tokens/s and MFU of a preset."""
+                override: Optional[list[str]] = typer.Option(None, help="FIELD=VALUE of the model preset, e.g. dropout=0"),
+                init_from: Optional[str] = typer.Option(None, help="compare the recipes of continued training of "
+                                                        "this pretrained model instead (needs --data)"),
+                data: Optional[Path] = typer.Option(None, help="with --init-from: the documents, e.g. call "
+                                                    "windows from `lmlm data windows`"),
+                lora: int = typer.Option(16, min=1, help="with --init-from: the LoRA rank of the cheap recipes"),
+                freeze_layers: Optional[int] = typer.Option(None, min=0, help="with --init-from: layers frozen in "
+                                                            "lora-freeze-fit (default: the lower half)"),
+                recipes: str = typer.Option(",".join(("full-document", "full-fit", "lora-fit", "lora-freeze-fit",
+                                                      "hf-trainer-peft")),
+                                            help="with --init-from: the recipes to run, comma-separated"),
+                threads: Optional[int] = typer.Option(None, min=1, help="with --init-from: CPU threads")):
+    """Shard preparation (seconds, peak memory) and training tokens/s and MFU of a preset; with
+    --init-from, real tokens/s of continued-training recipes side by side (full fine-tuning padded
+    and packed, LoRA, LoRA with frozen layers, Hugging Face Trainer + PEFT)."""
     from ..cli_errors import check_device, fail, user_errors
 
     check_device(device)
+    if init_from is not None:
+        from .train_continue import run_continue_bench
+
+        if data is None:
+            fail("--init-from needs --data: the documents to train on (e.g. `lmlm data windows DOCS --out W.jsonl`)")
+        if not data.is_file():
+            fail(f"--data {data}: no such file")
+        with tempfile.TemporaryDirectory() as tmp, user_errors():
+            report = run_continue_bench(init_from, str(data), seq_len=seq_len or 96,
+                                        micro_batch_size=micro_batch_size, steps=steps, warmup_steps=warmup_steps,
+                                        lora=lora, freeze_layers=freeze_layers, threads=threads,
+                                        recipes=[r.strip() for r in recipes.split(",") if r.strip()],
+                                        work=work or Path(tmp), log=lambda m: print(m, file=sys.stderr, flush=True))
+        print(json.dumps(report))
+        return
+    seq_len = seq_len or 256
     from ..models import MODEL_PRESETS
 
     if model not in MODEL_PRESETS:

@@ -93,12 +93,15 @@ class RowGrammar:
             call: ``copy`` is the value's ids, favoured while the output states it.
         name_bias, names: the engine's ``name_bias`` for a request whose prompt ends with
             ``<|db_start|>``: ``names`` holds the ids of each KB name the text before the call gives.
+        missed: the request's prompt ends with a call the KB found nothing for: its first token is
+            text (a call cannot follow that one at once, as the same call would, again and again).
     """
 
     def __init__(self, call_ids, stop_ids, logit_bias=None, max_lookups: int = 16, calls: int = 0,
                  max_field_tokens: int = 24, use_db: bool = True, force_at=None, origin: int = 0, trie=None,
-                 copy_bias: float = 0.0, copy=None, name_bias: float = 0.0, names=None):
+                 copy_bias: float = 0.0, copy=None, name_bias: float = 0.0, names=None, missed: bool = False):
         self.call_ids, self.stop_ids, self.logit_bias = tuple(call_ids), tuple(stop_ids), logit_bias
+        self.missed = missed
         self.max_lookups, self.max_field_tokens, self.use_db = max_lookups, max_field_tokens, use_db
         self.force_at, self.origin, self.trie = tuple(force_at or ()), origin, trie
         self.copy_bias, self.copy = float(copy_bias), list(copy or ())
@@ -131,6 +134,8 @@ class RowGrammar:
         if not self.use_db:
             return (logits + bias).masked_fill_(ban[NO_DB], _NEG_INF)
         state = field_state(self.kind, self.pos, length, self.calls, self.max_lookups)
+        if self.missed and state == OUTSIDE and self.kind == 4 and self.pos == length - 1:
+            state = OUTSIDE_FULL  # after a lookup that found nothing the text goes on: no call at once
         logits = (logits + bias).masked_fill_(ban[state], _NEG_INF)
         if self.kind in (0, 4) and call_due(self.force_at, length, self.origin, self.start):
             return _only(logits, self.call_ids[0])
@@ -397,6 +402,16 @@ class LookupLogitsProcessor(LogitsProcessor):
                 out[b] = sorted(ts)
         return out
 
+    def _missed(self, input_ids: torch.LongTensor, b: int, end: int) -> bool:
+        """Whether row ``b``'s call closed at ``end`` was one the KB found nothing for (a call the
+        model closed itself, without ``<|db_retrieve|>``, is not a lookup)."""
+        window = input_ids[b, max(end - 2 * self.max_field_tokens - 2, 0):end].tolist()
+        if self.tok.retrieve_id not in window or self.tok.start_id not in window:
+            return False
+        ret = end - 1 - window[::-1].index(self.tok.retrieve_id)
+        ans = self.answers.get(*self._query(input_ids, b, ret, self._rows.keys))
+        return ans is not None and ans.match is None
+
     def _answered_value(self, input_ids: torch.LongTensor, b: int, end: int) -> list[int]:
         """The value ids of row ``b``'s call closed at ``end`` when the KB answered it, else ``[]``."""
         window = input_ids[b, max(end - 2 * self.max_field_tokens - 2, 0):end].tolist()
@@ -436,6 +451,8 @@ class LookupLogitsProcessor(LogitsProcessor):
         for b in range(B):
             pos, kind = rows.last[b], rows.kind[b]
             states.append(field_state(kind, pos, T, rows.calls[b], self.max_lookups))
+            if kind == 4 and pos == T - 1 and states[-1] == OUTSIDE and self._missed(input_ids, b, pos):
+                states[-1] = OUTSIDE_FULL  # after a lookup that found nothing the text goes on first
             if kind in (0, 4):
                 if self.force_at is not None and self._start_due(b, B, T, rows.start[b]):
                     forced[b] = self.tok.start_id

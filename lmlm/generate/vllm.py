@@ -163,6 +163,7 @@ class VLLMLookupGenerator:
                         repetition_penalty=repetition_penalty, seed=seed, ignore_eos=ignore_eos)
         skip = [len(open_call(ids, tok)) for ids in prompt_ids]
         copies: dict[int, list[int]] = {}  # row -> the value just answered, for the copy bias
+        missed: set[int] = set()  # rows whose last call the KB found nothing for: text goes on first
 
         def full(i: int) -> list[int]:  # the row as the model sees it: prompt, then what follows the open call
             return prompt_ids[i] + new[i][skip[i]:]
@@ -172,8 +173,9 @@ class VLLMLookupGenerator:
         while active:
             trie = self._trie_path()
             rows = {i: dict(trie=trie, origin=len(prompt_ids[i]) - skip[i],
-                            force_at=list(force_at[i]) if force_at else None,
+                            force_at=list(force_at[i]) if force_at else None, missed=i in missed,
                             **self._biases(full(i), copies.pop(i, None), answers)) for i in active}
+            missed.clear()
             outs = self._round([full(i) for i in active],
                                [self._params(new[i], budget[i], stops, sampling, rows[i]) for i in active])
             asking = []
@@ -198,6 +200,8 @@ class VLLMLookupGenerator:
                 budget[i] -= len(value)
                 if answer.match is not None:
                     copies[i] = value[:-1]
+                else:
+                    missed.add(i)
             active = [i for i in active if budget[i] > 0]
         return [build_result(p, ids, tok, answers, self.options["max_field_tokens"], prefix=pi[:len(pi) - s])
                 for p, ids, pi, s in zip(prompts, new, prompt_ids, skip)]

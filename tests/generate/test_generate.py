@@ -369,3 +369,35 @@ def test_the_clean_text_continues_the_prompt_with_the_space_before_a_looked_up_w
     assert opened  # the model opens a call right after "works as a"
     for r in opened:  # "... works as a" + " painter." reads as text; "painter." would glue the words
         assert r.clean_text.startswith(" ") and not r.clean_text.startswith("  "), r.clean_text
+
+
+def test_after_a_lookup_that_found_nothing_the_text_goes_on_before_another_call(world, tmp_path):
+    """A model that wrote [dblookup('Deepavali', 'Capital') -> unknown] wrote it again and again: after
+    a miss the next token is text, in the Hugging Face processor and in the vLLM row grammar alike."""
+    from lmlm.generate.processor import RowGrammar
+
+    tok = world.tok
+    kb = make_kb(world, str(tmp_path / "kb"))
+    start = tok.start_id
+
+    def closed(entity: str) -> tuple[LookupLogitsProcessor, list[int]]:
+        proc = LookupLogitsProcessor(tok, kb, logit_bias=None)
+        ids = [tok.doc_id, *tok.encode_text(f"{entity} was born in"), start, *tok.encode_field(entity),
+               tok.sep_id, *tok.encode_field("Birth City"), tok.retrieve_id]
+        while ids[-1] != tok.end_id:  # the grammar forces the value and <|db_end|>
+            ids.append(int(proc(torch.tensor([ids]), torch.zeros(1, len(tok)))[0].argmax()))
+        return proc, ids
+
+    name = world.people[0][0]
+    proc, hit = closed(name)
+    assert not torch.isinf(proc(torch.tensor([hit]), torch.zeros(1, len(tok)))[0, start])  # answered: may call on
+    proc, miss = closed("Nobody Known")
+    assert torch.isinf(proc(torch.tensor([miss]), torch.zeros(1, len(tok)))[0, start])
+    text = tok.encode_text(" and")
+    assert not torch.isinf(proc(torch.tensor([miss + text]), torch.zeros(1, len(tok)))[0, start])  # text came first
+    stops = [tok.eos_id, tok.doc_id]
+    for missed, banned in ((True, True), (False, False)):
+        row = RowGrammar(tok.call_ids, stops, missed=missed)
+        assert bool(torch.isinf(row(miss, [], torch.zeros(len(tok)))[start])) is banned
+        assert not torch.isinf(row(miss, text, torch.zeros(len(tok)))[start])
+    kb.close()
