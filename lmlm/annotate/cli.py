@@ -21,13 +21,20 @@ err = Console(stderr=True, soft_wrap=True)
 @app.command("wikipedia")
 def annotate_wikipedia(dump: Path = typer.Argument(..., help="MediaWiki XML dump (.xml or .xml.bz2)"),
                        out: Path = typer.Option(..., help="folder for documents.jsonl, triples.jsonl, report.json"),
-                       limit: Optional[int] = typer.Option(None, min=1, help="stop after this many articles")):
-    """Distant supervision: infobox facts become lookup calls where the article mentions them."""
+                       limit: Optional[int] = typer.Option(None, min=1, help="stop after this many articles"),
+                       all_mentions: bool = typer.Option(False, "--all-mentions", help="a call at every mention "
+                                                         "of a value, also where its sentence does not say what "
+                                                         "the relation is")):
+    """Distant supervision: infobox facts become lookup calls where the article mentions them.
+
+    A call goes only where the sentence before the mention says what the relation is ("its capital
+    is", "born in"); values not of their relation's kind (a number as a city) stay out of the KB.
+    """
     from ..annotate.wikipedia import annotate_dump
 
     _out_folder(out)
     try:
-        report = annotate_dump(dump, out, limit=limit)
+        report = annotate_dump(dump, out, limit=limit, all_mentions=all_mentions)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     console.print_json(json.dumps({k: v for k, v in report.items() if k != "top_relations"}))

@@ -92,13 +92,18 @@ def _find_mention(text: str, value: str, start: int, stop: int | None = None) ->
     return best
 
 
-def annotate_article(page: WikiPage) -> dict:
+def annotate_article(page: WikiPage, all_mentions: bool = False) -> dict:
     """Annotate one article: ``{"doc_id", "title", "segments", "triples", "infobox", "entity_found"}``.
 
     ``triples`` are ``(entity, relation, value, position)``, with ``position`` the character offset
     of the fact's first call in the plain text, or ``None`` for facts the text never mentions after
-    the entity.
+    the entity. A fact whose value is not of its relation's kind (:func:`~lmlm.annotate.support.fits_kind`)
+    is left out (``wrong_kind``); a mention whose sentence does not say, before it, what the
+    relation is (:func:`~lmlm.annotate.support.stated_before`) gets no call (``unsupported``),
+    unless ``all_mentions``.
     """
+    from .support import fits_kind, stated_before
+
     import mwparserfromhell as mw
 
     doc_id = f"enwiki-{page.page_id}"
@@ -116,19 +121,24 @@ def annotate_article(page: WikiPage) -> dict:
     # `lmlm annotate validate`): not inside the title's own mention, nor after a redirect's name alone
     entity_end = _named_from(text, entity)
     calls: list[tuple[int, int, str, str]] = []  # (start, end, relation, value)
+    unsupported = 0
     if box is not None and entity_end is not None:
         from ..kb.keys import normalize_text
 
         own = {normalize_text(n) for n in _aliases(page.title, box, raw_name) + _birth_names(box)}
-        facts = [(r, v) for r, v in box.facts if normalize_text(v) not in own]
+        facts = [(r, v) for r, v in box.facts if normalize_text(v) not in own and fits_kind(r, v)]
         body_end = _back_matter(text)
         for a, b in split_passages(text[:body_end], PASSAGE_CHARS, min_chars=1):
             if b <= entity_end:
                 continue
             for relation, value in facts:
-                span = _find_mention(text, value, max(a, entity_end), b)
-                if span is not None:
-                    calls.append((span[0], span[1], relation, value))
+                lo = max(a, entity_end)
+                while (span := _find_mention(text, value, lo, b)) is not None:
+                    if all_mentions or stated_before(text[_sentence_start(text, span[0]):span[0]], relation):
+                        calls.append((span[0], span[1], relation, value))
+                        break
+                    unsupported += 1
+                    lo = span[1]
     # one call per mention: the earliest fact wins a position; calls never overlap a previous mention
     calls.sort(key=lambda c: (c[0], -(c[1] - c[0])))
     kept, last_end = [], -1
@@ -155,11 +165,22 @@ def annotate_article(page: WikiPage) -> dict:
     mentioned: dict[tuple[str, str], int] = {}
     for (_, _, r, v), p in zip(kept, positions):
         mentioned.setdefault((r, v), p)  # the first mention
-    triples = [(entity, r, v, mentioned.get((r, v))) for r, v in (box.facts if box else [])]
+    triples = [(entity, r, v, mentioned.get((r, v))) for r, v in (box.facts if box else []) if fits_kind(r, v)]
+    wrong_kind = len(box.facts) - len(triples) if box else 0
     names = [raw_name] + _birth_names(box)
     aliases = [n for n in dict.fromkeys(names) if n and n != entity]
     return {"doc_id": doc_id, "title": page.title, "segments": segments, "plain": text, "triples": triples,
-            "aliases": aliases, "infobox": box.template if box else None, "entity_found": entity_end is not None}
+            "aliases": aliases, "infobox": box.template if box else None, "entity_found": entity_end is not None,
+            "wrong_kind": wrong_kind, "unsupported": unsupported}
+
+
+_SENTENCE = re.compile(r"[.!?](?=\s+[A-Z0-9\"'(])|\n")
+
+
+def _sentence_start(text: str, pos: int) -> int:
+    """Where the sentence holding ``pos`` begins (after the last sentence end or line break before it)."""
+    ends = [m.end() for m in _SENTENCE.finditer(text, max(0, pos - 600), pos)]
+    return ends[-1] if ends else max(0, pos - 600)
 
 
 def _named_from(text: str, entity: str) -> int | None:
@@ -189,7 +210,8 @@ def _merge(segments: list) -> list:
     return out
 
 
-def annotate_dump(dump: str | Path, out: str | Path, limit: int | None = None, progress: bool = True) -> dict:
+def annotate_dump(dump: str | Path, out: str | Path, limit: int | None = None, progress: bool = True,
+                  all_mentions: bool = False) -> dict:
     """Annotate every article of ``dump`` into ``out``.
 
     Writes ``documents.jsonl`` (the schema of :mod:`lmlm.corpus`: ``id``, ``annotated`` in the
@@ -207,6 +229,7 @@ def annotate_dump(dump: str | Path, out: str | Path, limit: int | None = None, p
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     n_calls, relations, n_triples, with_box, n_articles, no_entity = [], Counter(), 0, 0, 0, 0
+    dropped = Counter()
     triples_tmp = out / "triples.jsonl.tmp"
     redirects: list[tuple[str, str]] = []
     names: list[tuple[str, str]] = []
@@ -217,7 +240,8 @@ def annotate_dump(dump: str | Path, out: str | Path, limit: int | None = None, p
             for page in bar:
                 if limit is not None and n_articles >= limit:
                     break
-                art = annotate_article(page)
+                art = annotate_article(page, all_mentions)
+                dropped.update(wrong_kind=art["wrong_kind"], unsupported=art["unsupported"])
                 n_articles += 1
                 with_box += art["infobox"] is not None
                 no_entity += art["infobox"] is not None and not art["entity_found"]
@@ -248,6 +272,8 @@ def annotate_dump(dump: str | Path, out: str | Path, limit: int | None = None, p
     report = {
         "dump": str(dump), "articles": n_articles, "with_infobox": with_box,
         "infobox_entity_not_in_text": no_entity, "triples": n_triples, "calls": sum(n_calls),
+        "facts_wrong_kind": dropped["wrong_kind"], "mentions_unsupported": dropped["unsupported"],
+        "all_mentions": all_mentions,
         "aliases": len(aliases), "redirects": len(redirects),
         "calls_per_article": round(sum(n_calls) / n_articles, 3) if n_articles else 0.0,
         "calls_per_infobox_article": round(sum(n_calls) / with_box, 3) if with_box else 0.0,

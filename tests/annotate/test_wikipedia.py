@@ -70,7 +70,7 @@ def test_infobox_fields_become_readable_triples():
 
 
 def test_calls_sit_before_mentions_and_the_text_is_unchanged():
-    art = annotate_article(WikiPage("1", "Ada Lovelace", ADA))
+    art = annotate_article(WikiPage("1", "Ada Lovelace", ADA), all_mentions=True)
     calls = [s for s in art["segments"] if isinstance(s, Lookup)]
     plain, positions = plain_text(art["segments"])
     assert plain == art["plain"] and "Category" not in plain and "A source" not in plain
@@ -88,6 +88,30 @@ def test_calls_sit_before_mentions_and_the_text_is_unchanged():
     assert triples[("Drives On", "right")] is None and triples[("Birth Place", "London, England")] is None
 
 
+def test_a_call_only_where_the_sentence_says_what_the_relation_is():
+    """'She married William King' states the spouse; 'and wrote about the Analytical Engine' does not
+    say that she is known for it: that mention gets no call (its fact stays in the KB)."""
+    art = annotate_article(WikiPage("1", "Ada Lovelace", ADA))
+    calls = {(c.relation, c.value) for c in art["segments"] if isinstance(c, Lookup)}
+    assert calls == {("Birth Date", "December 10, 1815"), ("Spouse", "William King"),
+                     ("Death Date", "November 27, 1852")}
+    assert art["unsupported"] == 1 and ("Known For", "the Analytical Engine") in {(r, v) for _, r, v, _ in
+                                                                                  art["triples"]}
+
+
+def test_facts_not_of_their_relations_kind_stay_out_and_cues_read_the_words_before():
+    from lmlm.annotate.support import fits_kind, stated_before
+
+    assert not fits_kind("Largest City", "212,038") and fits_kind("Largest City", "Birmingham")
+    assert not fits_kind("Birth Date", "London") and fits_kind("Birth Date", "10 December 1815")
+    assert fits_kind("Population", "212,038") and fits_kind("Motto", "1")
+    assert stated_before("Its capital and most populous city is", "Capital")
+    assert stated_before("The state's most populous city is", "Largest City")
+    assert stated_before("Huxley married", "Spouses") and stated_before("The premier has been", "Premier")
+    assert not stated_before("Florida and the", "Lowest Point")
+    assert not stated_before("also the Casbah of", "Capital")
+
+
 def test_dump_to_documents_triples_and_kb(tmp_path):
     out = tmp_path / "wiki"
     report = annotate_dump(_dump(tmp_path), out, progress=False)
@@ -97,7 +121,8 @@ def test_dump_to_documents_triples_and_kb(tmp_path):
     assert [d["id"] for d in docs] == ["enwiki-1", "enwiki-3"] and docs[0]["infobox"] == "Infobox scientist"
     for d in docs:
         assert plain_text(parse(d["annotated"], form="dblookup", strict=True).segments)[0] == d["text"]
-    assert report["calls"] == sum(d["annotated"].count("[dblookup(") for d in docs) >= 4
+    assert report["calls"] == sum(d["annotated"].count("[dblookup(") for d in docs) == 3
+    assert report["mentions_unsupported"] == 1
     kb = KnowledgeBase.create(tmp_path / "kb", encoder=get_encoder())
     kb.import_jsonl(out / "triples.jsonl", why="wikipedia infoboxes")
     m = kb.lookup("Ada Lovelace", "birth date")
@@ -135,7 +160,7 @@ def test_real_excerpt_yields_an_annotated_corpus(tmp_path):
 def test_a_call_follows_the_entitys_name_as_the_call_writes_it():
     box = "{{Infobox economy\n| country = [[Angola]]\n| name = Economy of Angola\n}}\n"
     art = annotate_article(WikiPage("7", "Economy of Angola", box + (
-        "The Economy of Angola is one of the fastest-growing economies. Angola exports oil.")))
+        "The Economy of Angola is one of the fastest-growing economies. Angola exports oil.")), all_mentions=True)
     plain, positions = plain_text(art["segments"])
     # not on the "Angola" of the title's own mention: the call would name an entity the text has not finished naming
     assert [plain[p:p + 6] for p in positions] == ["Angola"] and positions[0] > plain.index("Angola exports") - 1
@@ -151,7 +176,7 @@ def test_a_fact_is_called_again_in_each_passage_but_never_for_the_entitys_own_na
         "outlived her.\nThe Ada Lovelace Day is named after Augusta Ada Byron, whose name appears here.\n"
         "The William King–Noel Estate is a place, not the spouse.\n\nReferences\n\nA book by William King.\n"
         "[[Category:Mathematicians]]"))
-    art = annotate_article(WikiPage("1", "Ada Lovelace", page))
+    art = annotate_article(WikiPage("1", "Ada Lovelace", page), all_mentions=True)
     plain, positions = plain_text(art["segments"])
     calls = [(c.relation, c.value, p) for c, p in zip((s for s in art["segments"] if isinstance(s, Lookup)),
                                                        positions)]
