@@ -69,6 +69,8 @@ def windows(corpus: Path = typer.Argument(..., help="annotated documents (.jsonl
             swap: float = typer.Option(0.0, min=0.0, max=1.0, help="share of windows whose entity gets a made-up "
                                        "name, in the text and the call alike (the value is masked: this teaches "
                                        "the model to copy the name the text gives)"),
+            copies: int = typer.Option(1, min=1, help="each window this many times, each copy renamed anew "
+                                       "(with --swap)"),
             seed: int = typer.Option(0, min=0),
             split: Optional[str] = typer.Option(None, help="only documents of this split")):
     """Cut a short training document around every lookup call: its sentence, the call, a few words after.
@@ -89,6 +91,61 @@ def windows(corpus: Path = typer.Argument(..., help="annotated documents (.jsonl
         if out.suffix.lower() != ".jsonl":
             raise CorpusError(f"--out {out}: give a .jsonl file")
         n = write_documents(out, windows_of(docs, before=before, after_words=after_words, head=head, swap=swap,
-                                            seed=seed))
+                                            seed=seed, copies=copies))
     renamed = sum(1 for line in out.read_text(encoding="utf-8").splitlines() if '"renamed"' in line)
     print(json.dumps({"documents": len(docs), "windows": n, "renamed": renamed, "out": str(out)}))
+
+
+@data_app.command("facts")
+def facts(source: str = typer.Argument(..., help="a fact source (countryinfo) or a triples file (.jsonl/.csv/.tsv, "
+                                       "lmlm kb build's formats)"),
+          out: Path = typer.Option(..., help="one training document per fact of the training side (.jsonl)"),
+          hold_out: float = typer.Option(0.0, min=0.0, max=1.0, help="share of the entities held out whole: their "
+                                         "facts go to --held-out-triples and --cloze, never to --out"),
+          unnamed_in: Optional[Path] = typer.Option(None, help="documents whose text must name no held-out entity "
+                                                    "(an entity they name stays on the training side)"),
+          held_out_triples: Optional[Path] = typer.Option(None, help="the held-out facts as triples (.jsonl), for "
+                                                          "lmlm kb build"),
+          cloze: Optional[Path] = typer.Option(None, help="the held-out facts as LAMA T-REx cloze prompts (.jsonl), "
+                                               "for lmlm eval trex"),
+          head: bool = typer.Option(True, help="the entity's name first, on a line of its own"),
+          seed: int = typer.Option(0, min=0)):
+    """Write real facts as short documents with their lookup calls, split by entity.
+
+    Each fact becomes one sentence in one of its relation's phrasings ("The capital of Kenya is
+    [Kenya, Capital -> Nairobi] Nairobi."). The values are masked in the LMLM loss, so these
+    documents teach where to call and what to write in the call, for many more entities than a
+    corpus names, and no fact. With --hold-out, a seeded share of the entities (never one that
+    --unnamed-in's text names) is kept apart for evaluation on entities no training text names.
+    """
+    from ..cli_errors import user_errors
+    from ..corpus import CorpusError, iter_documents, write_documents
+    from .facts import FactsError, cloze_records, fact_documents, read_facts, split_by_entity
+
+    with user_errors(FactsError):
+        for option, path in (("--out", out), ("--held-out-triples", held_out_triples), ("--cloze", cloze)):
+            if path is not None and path.suffix.lower() != ".jsonl":
+                raise CorpusError(f"{option} {path}: give a .jsonl file")
+        if (held_out_triples or cloze) and not hold_out:
+            raise CorpusError("--held-out-triples and --cloze write the held-out facts: give --hold-out too")
+        named = ""
+        if unnamed_in is not None:
+            if not unnamed_in.exists():
+                raise CorpusError(f"--unnamed-in {unnamed_in}: no such file or folder")
+            named = "\n".join(d.text for d in iter_documents(unnamed_in))
+        rows = read_facts(source)
+        if not rows:
+            raise CorpusError(f"{source}: no facts")
+        train, held = split_by_entity(rows, hold_out, seed, named)
+        n = write_documents(out, fact_documents(train, seed=seed, head=head, prefix=Path(str(source)).stem))
+        if held_out_triples is not None:
+            held_out_triples.parent.mkdir(parents=True, exist_ok=True)
+            held_out_triples.write_text("".join(json.dumps({"entity": e, "relation": r, "value": v}, ensure_ascii=False)
+                                                + "\n" for e, r, v in held), encoding="utf-8")
+        if cloze is not None:
+            cloze.parent.mkdir(parents=True, exist_ok=True)
+            cloze.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in cloze_records(held)),
+                             encoding="utf-8")
+    entities = lambda fs: len({e for e, _, _ in fs})  # noqa: E731
+    print(json.dumps({"facts": len(rows), "documents": n, "train_entities": entities(train),
+                      "held_out_facts": len(held), "held_out_entities": entities(held), "out": str(out)}))

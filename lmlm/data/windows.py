@@ -95,18 +95,23 @@ def fake_names(seed: int = 0) -> Iterator[str]:
 
 
 def windows_of(documents: Iterable[Document], *, before: int = 0, after_words: int = 8, head: bool = True,
-               swap: float = 0.0, seed: int = 0) -> Iterator[Document]:
+               swap: float = 0.0, seed: int = 0, copies: int = 1) -> Iterator[Document]:
     """The call windows of ``documents`` as documents (id ``DOC/wN``, the document's split and source
-    kept, ``meta.window_of``); a share ``swap`` of them has its entity renamed (``meta.renamed``)."""
+    kept, ``meta.window_of``); a share ``swap`` of them has its entity renamed (``meta.renamed``).
+    ``copies``: each window that many times (ids ``DOC/wN``, ``DOC/wN.1``, ...), each copy renamed anew."""
     if not 0 <= swap <= 1:
         raise ValueError(f"swap must be a share between 0 and 1, got {swap}")
+    if copies < 1:
+        raise ValueError(f"copies must be at least 1, got {copies}")
     rng = random.Random(seed)
     names = fake_names(seed)
     for doc in documents:
         for n, window in enumerate(call_windows(doc.segments, before, after_words, head)):
-            meta = {"window_of": doc.id}
-            if swap and rng.random() < swap:
-                entity = next(s.entity for s in window if isinstance(s, Lookup))
-                window = swap_entity(window, next(names))
-                meta["renamed"] = entity
-            yield Document.from_segments(f"{doc.id}/w{n}", window, source=doc.source, split=doc.split, meta=meta)
+            for k in range(copies):
+                meta, text = {"window_of": doc.id}, window
+                if swap and rng.random() < swap:
+                    entity = next(s.entity for s in window if isinstance(s, Lookup))
+                    text = swap_entity(window, next(names))
+                    meta["renamed"] = entity
+                yield Document.from_segments(f"{doc.id}/w{n}" + (f".{k}" if k else ""), text, source=doc.source,
+                                             split=doc.split, meta=meta)

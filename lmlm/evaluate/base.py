@@ -122,7 +122,8 @@ def lookup_metrics(protocol: Protocol, results, subjects) -> dict[str, float]:
     ``lookup_found``: share of items with a lookup the KB answered with a fact about the item's
     subject (the matched entity, or the query's entity that the KB resolved by name, is the subject;
     any answer where an item names no subject); ``lookup_answered``: with any answer;
-    ``lookup_wrong_entity``: items whose answers were all about someone else. The paper's match of
+    ``lookup_wrong_entity``: items whose answers were all about someone else; ``lookup_names_subject``:
+    share of items whose first lookup names the subject (found or not: what the model wrote). The paper's match of
     the whole key (``via == "key"``) resolves no name: a query naming the subject that it answers with
     a namesake's fact ("Darren Rios" -> Ian Rios's) is about someone else.
     """
@@ -131,15 +132,18 @@ def lookup_metrics(protocol: Protocol, results, subjects) -> dict[str, float]:
         return (not subject or same_entity(matched, subject)
                 or (same_entity(t.query_entity, subject) and (matched is None or getattr(t, "via", None) != "key")))
 
-    found, answered, wrong = [], [], 0
+    found, answered, names, wrong = [], [], [], 0
     for r, subject in zip(results, subjects):
-        got = [t for t in getattr(r, "trace", []) if getattr(t, "found", False)]
+        trace = getattr(r, "trace", [])
+        names.append(bool(trace) and (not subject or same_entity(trace[0].query_entity, subject)
+                                      or same_entity(getattr(trace[0], "matched_entity", None), subject)))
+        got = [t for t in trace if getattr(t, "found", False)]
         right = any(about(t, subject) for t in got)
         found.append(right)
         answered.append(bool(got))
         wrong += bool(got) and not right
     return {protocol.key("lookup_found"): mean(found), protocol.key("lookup_answered"): mean(answered),
-            protocol.key("lookup_wrong_entity"): float(wrong)}
+            protocol.key("lookup_wrong_entity"): float(wrong), protocol.key("lookup_names_subject"): mean(names)}
 
 
 def write_results(path: str | Path, protocol: Protocol, metrics: Mapping[str, float],

@@ -6,8 +6,8 @@ infobox facts (or the given corpus's calls) at the place an article mentions the
 words (a value the text writes otherwise, a date in another order, is left out: no single gold
 string would be fair to both a model that copies the KB and one that copies the text). The masked
 sentence is the sentence cut right after the masked value, so the T-REx reader's left-to-right filter
-keeps it; when the sentence does not name the fact's entity (``He married [MASK]``), the entity is put
-in front on a line of its own, as the training chunks are headed (``Abraham Lincoln\nHe married [MASK]``).
+keeps it; unless the sentence opens with the fact's entity, the entity is put in front on a line of
+its own, as the training chunks and windows are headed (``Abraham Lincoln\nHe married [MASK]``).
 One file per split: ``train`` (facts of articles
 the models read) and ``heldout`` (facts of articles no model read; the KB holds them all).
 
@@ -28,7 +28,8 @@ from typing import Any
 
 from ..corpus import Document
 
-__all__ = ["ClozeFact", "cloze_facts", "write_trex", "choose_edits", "evaluate_models", "evaluate_edits"]
+__all__ = ["ClozeFact", "cloze_facts", "write_trex", "choose_edits", "evaluate_models", "evaluate_edits",
+           "plain_perplexity", "MODELS"]
 
 REFERENCE_METHODS = ("infobox", "given")
 _BOUNDARY = re.compile(r"[.!?]\s+(?=[\"'(\[]?[A-Z0-9])|\n")
@@ -53,8 +54,6 @@ class ClozeFact:
 
 def _prompt(text: str, at: int, entity: str) -> str | None:
     """The sentence around offset ``at`` cut there, with the entity in front when the sentence lacks it."""
-    from ..annotate.validate import entity_in_context
-
     start = 0
     for m in _BOUNDARY.finditer(text, 0, at):
         start = m.end()
@@ -63,7 +62,9 @@ def _prompt(text: str, at: int, entity: str) -> str | None:
         head = " ".join(text[max(0, at - 160):at].split()[-12:])  # a short sentence: the words before it
     if not head:
         return None
-    return head if entity_in_context(head, entity) else f"{entity}\n{head}"  # as training chunks are headed
+    # headed by the entity as training chunks and windows are, unless the sentence opens with it: a prompt
+    # whose subject stands only mid-sentence ("..., is a satirical essay written by") names no one first
+    return head if head.casefold().startswith(entity.casefold()) else f"{entity}\n{head}"
 
 
 def cloze_facts(documents: list[Document], per_split: int = 0, seed: int = 0) -> dict[str, list[ClozeFact]]:
@@ -137,7 +138,18 @@ def _device(name: str) -> str:
     return name
 
 
-def _generators(models: dict[str, Path], kb_path: Path, base: str | None, constrained: bool, device: str):
+def _open_base(base: str, device: str):
+    """The untouched pretrained model with rows for the four lookup tokens (never written: its own outputs)."""
+    from ..train.start import add_lookup_embeddings, lookup_tokenizer, open_pretrained
+
+    m, hf_tok, _ = open_pretrained(base)
+    tok = lookup_tokenizer(hf_tok)
+    add_lookup_embeddings(m, tok)
+    return m.to(device).eval(), tok
+
+
+def _generators(models: dict[str, Path], kb_path: Path, base: str | None, constrained: bool, device: str,
+                free: bool = False, name_bias: float = 0.0):
     """``{name: (generator, force_lookup)}`` for every model the table compares."""
     from ..checkpoint import load_checkpoint
     from ..generate import LookupGenerator
@@ -147,7 +159,9 @@ def _generators(models: dict[str, Path], kb_path: Path, base: str | None, constr
     if "lmlm" in models:
         m, tok, _ = load_checkpoint(models["lmlm"], device=device)
         kb = KnowledgeBase.open(kb_path)
-        gens["lmlm"] = (LookupGenerator(m, tok, kb, on_miss="skip"), True)
+        gens["lmlm"] = (LookupGenerator(m, tok, kb, on_miss="skip", name_bias=name_bias), True)
+        if free:
+            gens["lmlm_free"] = (LookupGenerator(m, tok, kb, on_miss="skip", name_bias=name_bias), False)
         if constrained:
             gens["lmlm_constrained"] = (LookupGenerator(m, tok, kb, on_miss="skip", constrained=True), True)
         gens["lmlm_no_kb"] = (LookupGenerator(m, tok, None, use_db=False), False)
@@ -155,19 +169,21 @@ def _generators(models: dict[str, Path], kb_path: Path, base: str | None, constr
         m, tok, _ = load_checkpoint(models["standard"], device=device)
         gens["standard"] = (LookupGenerator(m, tok, None, use_db=False), False)
     if base:
-        from ..train.start import add_lookup_embeddings, lookup_tokenizer, open_pretrained
-
-        m, hf_tok, _ = open_pretrained(base)
-        tok = lookup_tokenizer(hf_tok)
-        add_lookup_embeddings(m, tok)  # rows for the four tokens, banned below: the base model's own outputs
-        gens["base"] = (LookupGenerator(m.to(device), tok, None, use_db=False), False)
+        m, tok = _open_base(base, device)
+        gens["base"] = (LookupGenerator(m, tok, None, use_db=False), False)
     return gens
+
+
+MODELS = ("lmlm", "lmlm_free", "lmlm_constrained", "lmlm_no_kb", "standard", "base")
 
 
 def evaluate_models(folder: Path, cloze_files: dict[str, Path], models: dict[str, Path], kb_path: Path,
                     base: str | None, constrained: bool, device: str, max_new_tokens: int, batch_size: int,
-                    log=print) -> dict[str, dict[str, dict[str, float]]]:
-    """Score every model on every split's cloze file; ``{model: {split: metrics}}`` (results JSON per pair)."""
+                    log=print, free: bool = False, name_bias: float = 0.0) -> dict[str, dict[str, dict[str, float]]]:
+    """Score every model on every split's cloze file; ``{model: {split: metrics}}`` (results JSON per pair).
+
+    ``free``: the LMLM also decodes without a lookup forced at the mask (``lmlm_free``); ``name_bias``: see
+    :class:`lmlm.generate.LookupGenerator`, for the LMLM's unconstrained rows."""
     from ..evaluate.base import write_results
     from ..evaluate.trex import TREX, read_trex, trex_eval
 
@@ -175,14 +191,15 @@ def evaluate_models(folder: Path, cloze_files: dict[str, Path], models: dict[str
     device = _device(device)
     table: dict[str, dict[str, dict[str, float]]] = {}
     gens = None
-    names = [n for n in ("lmlm", "lmlm_constrained", "lmlm_no_kb", "standard", "base")
-             if (n.startswith("lmlm") and "lmlm" in models and (n != "lmlm_constrained" or constrained))
+    names = [n for n in MODELS
+             if (n.startswith("lmlm") and "lmlm" in models and (n != "lmlm_constrained" or constrained)
+                 and (n != "lmlm_free" or free))
              or (n == "standard" and "standard" in models) or (n == "base" and base)]
     for name in names:
         for split, path in cloze_files.items():
             out = folder / f"cloze-{name}-{split}.json"
             if not out.exists():
-                gens = gens or _generators(models, kb_path, base, constrained, device)
+                gens = gens or _generators(models, kb_path, base, constrained, device, free, name_bias)
                 gen, force = gens[name]
                 items = [replace(it, prompt=fit_prompt(it.prompt, gen, max_new_tokens)) for it in read_trex(path)]
                 log(f"cloze: {name} on {len(items)} {split} facts")
@@ -194,6 +211,24 @@ def evaluate_models(folder: Path, cloze_files: dict[str, Path], models: dict[str
     if gens:
         _close(gens)
     return table
+
+
+def plain_perplexity(texts: list[str], models: dict[str, Path], base: str | None, device: str,
+                     batch_size: int = 8) -> dict[str, dict[str, float]]:
+    """Each model's perplexity on plain text (no lookup calls), the untouched ``base`` beside them: does
+    continued training as an LMLM keep the language the pretrained model had?"""
+    from ..checkpoint import load_checkpoint
+    from ..evaluate.perplexity import standard_perplexity
+
+    device = _device(device)
+    out = {}
+    for name, path in models.items():
+        m, tok, _ = load_checkpoint(path, device=device)
+        out[name] = standard_perplexity(m.eval(), tok, texts, batch_size)
+    if base:
+        m, tok = _open_base(base, device)
+        out["base"] = standard_perplexity(m, tok, texts, batch_size)
+    return out
 
 
 def _context(model) -> int:
@@ -217,7 +252,7 @@ def _close(gens) -> None:
 
 
 def evaluate_edits(folder: Path, edits: list[dict[str, str]], lmlm: Path, kb_path: Path, device: str,
-                   max_new_tokens: int, batch_size: int) -> dict[str, Any]:
+                   max_new_tokens: int, batch_size: int, name_bias: float = 0.0) -> dict[str, Any]:
     """Change ``edits`` in a copy of the KB and ask the LMLM again; how often it states the new (and old) value."""
     from ..checkpoint import load_checkpoint
     from ..evaluate.base import outputs_of
@@ -231,7 +266,7 @@ def evaluate_edits(folder: Path, edits: list[dict[str, str]], lmlm: Path, kb_pat
     shutil.copytree(kb_path, edited)
     m, tok, _ = load_checkpoint(lmlm, device=_device(device))
     kb = KnowledgeBase.open(edited)
-    gen = LookupGenerator(m, tok, kb, on_miss="skip")
+    gen = LookupGenerator(m, tok, kb, on_miss="skip", name_bias=name_bias)
     prompts = [fit_prompt(e["prompt"], gen, max_new_tokens) for e in edits]
 
     def ask() -> list[str]:

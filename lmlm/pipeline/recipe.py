@@ -137,6 +137,16 @@ class TrainSpec:
         chunk_chars: the documents are cut into their paragraphs (one longer than this many characters at
             sentence ends), each chunk headed by its title, so a model always sees whose facts it reads
             (0: whole documents). A heading line is a chunk of its own.
+        windows: train on a short window around each call instead (the sentence that holds it, the call,
+            ``after_words`` words after, the entity's name first: ``lmlm data windows``): a pretrained model
+            reads English already and has to learn where to call, what to write in it, and to copy the answer.
+        swap: share of the windows whose entity gets a made-up name, in the text and the call alike (the
+            value is masked: it rewards copying the name the text gives over recalling the corpus's entities).
+        after_words: words of text after each window's call.
+        window_copies: each window this many times, each copy renamed anew (with ``swap``).
+        packing, lora, lora_alpha, freeze_layers: see :class:`lmlm.train.TrainConfig` (``fit`` packs short
+            documents whole without padding; LoRA of rank ``lora`` with the lower ``freeze_layers`` frozen is
+            the cheap path of continued training on a CPU).
     """
 
     modes: list[str] = field(default_factory=lambda: ["lmlm", "standard"])
@@ -153,6 +163,34 @@ class TrainSpec:
     compile: bool = False
     model_overrides: dict[str, Any] = field(default_factory=dict)
     chunk_chars: int = 900
+    windows: bool = False
+    swap: float = 0.0
+    after_words: int = 8
+    window_copies: int = 1
+    packing: str = "stream"
+    lora: int = 0
+    lora_alpha: int = 0
+    freeze_layers: int = 0
+
+
+@dataclass
+class FactsSpec:
+    """Real facts from a source beside the corpus (``lmlm data facts``), split by entity.
+
+    The training side's facts become one short document each, with its call, in both models' training
+    data (they teach the LMLM to call for many more entities and relations than the corpus names; the
+    values are masked, so no fact enters its weights). The held-out side, entities no corpus text names,
+    is the ``facts`` cloze split, answered from a KB of its own (``OUT/eval/kb-facts``).
+
+    Args:
+        source: ``countryinfo`` (``pip install "lmlm[facts]"``) or a triples file; ``""``: none.
+        hold_out: share of the entities held out whole.
+        train: also train on the training side's documents (``false``: the held-out split only).
+    """
+
+    source: str = ""
+    hold_out: float = 0.3
+    train: bool = True
 
 
 @dataclass
@@ -166,6 +204,12 @@ class EvaluateSpec:
         constrained: also evaluate the LMLM with queries constrained to the KB's keys.
         base: also evaluate the untouched ``init_from`` model (with a pretrained start).
         samples: generations shown in the report.
+        free: also evaluate the LMLM decoding freely (no lookup forced at the mask; the paper's logit bias
+            on the four lookup tokens decides whether it calls).
+        name_bias: added, inside a call's entity, to the next token of a name the text before the call gives
+            (``lmlm generate --name-bias``; 0: none).
+        perplexity: held-out plain-text chunks on which the LMLM's and the base model's perplexity are
+            compared (0: none).
     """
 
     cloze_per_split: int = 150
@@ -175,6 +219,9 @@ class EvaluateSpec:
     constrained: bool = True
     base: bool = True
     samples: int = 4
+    free: bool = False
+    name_bias: float = 0.0
+    perplexity: int = 0
 
 
 @dataclass
@@ -187,6 +234,7 @@ class Recipe:
     device: str = "auto"
     corpus: CorpusSpec = field(default_factory=CorpusSpec)
     annotate: AnnotateSpec = field(default_factory=AnnotateSpec)
+    facts: FactsSpec = field(default_factory=FactsSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
     evaluate: EvaluateSpec = field(default_factory=EvaluateSpec)
 
@@ -215,17 +263,30 @@ class Recipe:
             if not self._field(name):
                 raise RecipeError(f"recipe {self.name}: {name} is empty: name at least one")
         check("train.precision", self.train.precision, ("auto", "no", "bf16", "fp16"))
+        check("train.packing", self.train.packing, ("stream", "document", "fit"))
+        for name in ("train.swap", "facts.hold_out"):
+            if not 0 <= self._field(name) <= 1:
+                raise RecipeError(f"recipe {self.name}: {name} = {self._field(name)} must be in [0, 1]")
+        if self.facts.source:
+            from ..data.facts import SOURCES
+
+            if self.facts.source not in SOURCES and not Path(self.facts.source).expanduser().is_file():
+                raise RecipeError(f"recipe {self.name}: facts.source = {self.facts.source!r} is neither a fact "
+                                  f"source ({', '.join(SOURCES)}) nor a triples file")
         if not 0 <= self.corpus.heldout < 1:
             raise RecipeError(f"recipe {self.name}: corpus.heldout = {self.corpus.heldout} must be in [0, 1)")
         if self.annotate.llm.negatives < 0:
             raise RecipeError(f"recipe {self.name}: annotate.llm.negatives = {self.annotate.llm.negatives} "
                               "must be at least 0")
-        for least, names in ((1, ("train.max_steps", "train.batch_size", "train.seq_len", "annotate.llm.seed_passages",
+        for least, names in ((1, ("train.max_steps", "train.batch_size", "train.seq_len", "train.window_copies",
+                                  "annotate.llm.seed_passages",
                                   "annotate.llm.passage_chars", "annotate.llm.parallel", "annotate.llm.threads",
                                   "annotate.llm.correct_steps", "annotate.llm.distill_steps",
                                   "annotate.llm.run_batch_size", "evaluate.max_new_tokens")),
                              (0, ("annotate.llm.examples", "annotate.llm.max_tokens", "annotate.llm.run_passages",
                                   "corpus.limit", "train.chunk_chars", "train.threads", "train.warmup_steps",
+                                  "train.after_words", "train.lora", "train.lora_alpha", "train.freeze_layers",
+                                  "evaluate.perplexity", "evaluate.name_bias",
                                   "evaluate.cloze_per_split", "evaluate.edits", "evaluate.samples")),
                              (1, ("evaluate.batch_size",))):
             for name in names:
@@ -253,7 +314,8 @@ class Recipe:
             TrainConfig(mode="lmlm", model=None if t.init_from else t.model, model_overrides=t.model_overrides,
                         init_from=t.init_from or None, tokenizer=None if t.init_from else t.tokenizer,
                         seq_len=t.seq_len, batch_size=t.batch_size, max_steps=t.max_steps, lr=t.lr,
-                        warmup_steps=t.warmup_steps, precision=t.precision, seed=self.seed, compile=t.compile)
+                        warmup_steps=t.warmup_steps, precision=t.precision, seed=self.seed, compile=t.compile,
+                        packing=t.packing, lora=t.lora, lora_alpha=t.lora_alpha or None, freeze_layers=t.freeze_layers)
         except TrainConfigError as e:
             raise RecipeError(f"recipe {self.name}: " + re.sub(
                 r"train config field '(\w+)'", lambda m: m[1] if m[1] == "seed" else f"train.{m[1]}", str(e))) from None

@@ -13,7 +13,8 @@ from .recipe import Recipe
 
 __all__ = ["write_pipeline_report", "MODEL_NAMES"]
 
-MODEL_NAMES = {"lmlm": "LMLM", "lmlm_constrained": "LMLM, queries constrained to KB keys",
+MODEL_NAMES = {"lmlm": "LMLM", "lmlm_free": "LMLM, decoding freely (no lookup forced)",
+               "lmlm_constrained": "LMLM, queries constrained to KB keys",
                "lmlm_no_kb": "LMLM without KB", "standard": "Standard", "base": "base model (untouched)"}
 
 
@@ -23,7 +24,8 @@ def _cloze_rows(table: dict[str, dict[str, dict[str, float]]]) -> list[dict[str,
         row: dict[str, Any] = {"model": model}
         for split, m in splits.items():
             row[split] = {"precision": m.get("trex_exact_match"), "precision_at_1": m.get("trex_precision_at_1"),
-                          "n": int(m.get("trex_n", 0)), "lookup_found": m.get("trex_lookup_found")}
+                          "n": int(m.get("trex_n", 0)), "lookup_found": m.get("trex_lookup_found"),
+                          "names_subject": m.get("trex_lookup_names_subject")}
         rows.append(row)
     return rows
 
@@ -69,7 +71,8 @@ def _figures(out: Path, report: dict) -> dict[str, str]:
             vals = [(r.get(s) or {}).get("precision") or 0.0 for s in splits]
             ax.bar([i + k * width for i in range(len(splits))], vals, width, label=MODEL_NAMES.get(r["model"], r["model"]))
         ax.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(splits))])
-        ax.set_xticklabels([f"{s} articles (n={(rows[0].get(s) or {}).get('n', 0)})" for s in splits])
+        ax.set_xticklabels([f"{s + ' articles' if s in ('train', 'heldout') else 'entities in no article'} "
+                            f"(n={(rows[0].get(s) or {}).get('n', 0)})" for s in splits])
         ax.set_ylabel("cloze precision")
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7)
@@ -100,6 +103,7 @@ def write_pipeline_report(recipe: Recipe, out: Path, corpus: dict, annotation: d
         "cloze": {"table": _cloze_rows(evaluation.get("table", {})), "facts": evaluation.get("cloze", {}),
                   "metric": "precision: the value among the first five content words of the greedy continuation "
                             "(LAMA T-REx rule); precision_at_1: the first content words are the value"},
+        "perplexity": evaluation.get("perplexity"),
         "edits": evaluation.get("edits"),
         "call_samples": _call_samples(out, 20, recipe.seed),
         "timings_seconds": {**stage_seconds, **timings},
@@ -161,8 +165,20 @@ def _markdown(r: dict, out: Path) -> str:
                 m = row.get(s) or {}
                 cells += [_fmt(m.get("precision")), _fmt(m.get("precision_at_1")), str(m.get("n", "–"))]
             lines.append(f"| {MODEL_NAMES.get(row['model'], row['model'])} | " + " | ".join(cells) + " |")
+    calls = [(row, s) for row in table for s in splits if (row.get(s) or {}).get("names_subject") is not None
+             and row["model"].startswith("lmlm") and row["model"] != "lmlm_no_kb"]
+    if calls:
+        lines += ["", "Share of prompts whose first lookup names the prompt's entity: " + "; ".join(
+            f"{MODEL_NAMES.get(row['model'], row['model'])}, {s}: {_fmt(row[s]['names_subject'])}" for row, s in calls)
+            + "."]
     if r.get("figures", {}).get("cloze"):
         lines += ["", f"![cloze precision]({r['figures']['cloze']})"]
+    ppl = r.get("perplexity") or {}
+    if ppl:
+        lines += ["", "## Plain held-out text", "", "Perplexity on held-out chunks without calls (the language a "
+                  "continued model keeps):", "", "| model | perplexity | tokens |", "|---|---|---|"]
+        lines += [f"| {MODEL_NAMES.get(m, m)} | {_fmt(v.get('perplexity'))} | {v.get('org_tokens')} |"
+                  for m, v in ppl.items()]
     e = r.get("edits") or {}
     if e:
         lines += ["", "## Editing real facts in the KB", "",

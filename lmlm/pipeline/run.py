@@ -254,7 +254,8 @@ def _train_config(recipe: Recipe, out: Path, mode: str, tokenizer: Path | None, 
         precision=spec.precision, seed=recipe.seed, out_dir=str(out / f"train-{mode}"),
         resume=holds_run(out / f"train-{mode}"),  # a first run starts without saying there was nothing to resume
         save_every=max(spec.max_steps // 4, 25), cpu=recipe.device == "cpu", threads=spec.threads or None,
-        compile=spec.compile, progress=progress)
+        compile=spec.compile, packing=spec.packing, lora=spec.lora, lora_alpha=spec.lora_alpha or None,
+        freeze_layers=spec.freeze_layers, progress=progress)
 
 
 def _chunks(docs: list[Document], max_chars: int) -> list[Document]:
@@ -278,6 +279,25 @@ def _chunks(docs: list[Document], max_chars: int) -> list[Document]:
     return out
 
 
+def _facts(recipe: Recipe, out: Path, folder: Path) -> list[Document]:
+    """The fact source's training documents (:mod:`lmlm.data.facts`); its held-out facts, about entities the
+    corpus never names, go to ``facts-heldout.jsonl`` (triples) for the evaluation's own KB and cloze."""
+    spec = recipe.facts
+    if not spec.source:
+        return []
+    from ..data.facts import fact_documents, read_facts, split_by_entity
+
+    named = "\n".join(d.text for d in read_documents(out / "corpus" / "documents.jsonl"))
+    train, held = split_by_entity(read_facts(spec.source), spec.hold_out, recipe.seed, named)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "facts-heldout.jsonl").write_text("".join(
+        json.dumps({"entity": e, "relation": r, "value": v}, ensure_ascii=False) + "\n" for e, r, v in held),
+        encoding="utf-8")
+    _log(f"facts: {len(train)} facts of {len({e for e, _, _ in train})} entities to train on, {len(held)} of "
+         f"{len({e for e, _, _ in held})} entities no corpus text names held out ({spec.source})")
+    return fact_documents(train, seed=recipe.seed, prefix="facts") if spec.train else []
+
+
 def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
     from ..checkpoint import is_checkpoint, read_meta
     from ..train import train
@@ -287,8 +307,15 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
         docs = read_documents(out / "annotate" / "documents.jsonl")
         chunks = _chunks(docs, recipe.train.chunk_chars)
         # only 'train' is trained on: a corpus's own 'test' or 'validation' documents are held out too
-        write_documents(folder / "train.jsonl", [d for d in chunks if d.split in (None, "train")])
         held = [d for d in chunks if d.split not in (None, "train")]
+        if recipe.train.windows:
+            from ..data.windows import windows_of
+
+            chunks = windows_of([d for d in docs if d.split in (None, "train")], after_words=recipe.train.after_words,
+                                swap=recipe.train.swap, seed=recipe.seed, copies=recipe.train.window_copies)
+        train_docs = [d for d in chunks if d.split in (None, "train")]
+        facts = _facts(recipe, out, folder)
+        write_documents(folder / "train.jsonl", train_docs + facts)
         if held:
             write_documents(folder / "heldout.jsonl", held)
         tokenizer = None
@@ -301,7 +328,8 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
             tokenizer = str(folder / "tokenizer")
         elif not recipe.train.init_from:
             tokenizer = recipe.train.tokenizer
-        _finish(folder, {"tokenizer": tokenizer, "train_chunks": len(chunks) - len(held), "heldout_chunks": len(held)})
+        _finish(folder, {"tokenizer": tokenizer, "train_chunks": len(train_docs), "heldout_chunks": len(held),
+                         "fact_documents": len(facts), "windows": recipe.train.windows})
     tokenizer = _done(folder)["tokenizer"]
     stats = {}
     for mode in recipe.train.modes:
@@ -321,7 +349,7 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
 # -- 5. evaluation -----------------------------------------------------------------------------------------
 
 def stage_evaluate(recipe: Recipe, out: Path) -> dict:
-    from .facts import choose_edits, cloze_facts, evaluate_edits, evaluate_models, write_trex
+    from .facts import choose_edits, cloze_facts, evaluate_edits, evaluate_models, plain_perplexity, write_trex
 
     folder = out / "eval"
     if (info := _done(folder)) is not None:
@@ -333,19 +361,59 @@ def stage_evaluate(recipe: Recipe, out: Path) -> dict:
     files = {s: write_trex(f, folder / "cloze" / f"{s}.jsonl") for s, f in sorted(facts.items())}
     models = {m: out / f"train-{m}" / "checkpoint" for m in recipe.train.modes}
     base = recipe.train.init_from if recipe.train.init_from and spec.base else None
+    args = dict(log=_log, free=spec.free, name_bias=spec.name_bias)
     table = evaluate_models(folder, files, models, out / "kb", base, spec.constrained, recipe.device,
-                            spec.max_new_tokens, spec.batch_size, log=_log) if files else {}
+                            spec.max_new_tokens, spec.batch_size, **args) if files else {}
+    held = out / "data" / "facts-heldout.jsonl"
+    n_facts = _facts_split(recipe, held, folder)
+    if n_facts:  # entities no corpus text names, answered from a KB of their own facts
+        more = evaluate_models(folder, {"facts": folder / "cloze" / "facts.jsonl"}, models, folder / "kb-facts",
+                               base, spec.constrained, recipe.device, spec.max_new_tokens, spec.batch_size, **args)
+        for name, splits in more.items():
+            table.setdefault(name, {}).update(splits)
+    perplexity = None
+    if spec.perplexity and (out / "data" / "heldout.jsonl").exists():
+        texts = [d.text for d in read_documents(out / "data" / "heldout.jsonl") if d.text.strip()]
+        texts = random.Random(recipe.seed).sample(texts, min(spec.perplexity, len(texts)))
+        _log(f"perplexity: {len(texts)} held-out plain-text chunks")
+        perplexity = plain_perplexity(texts, models, base, recipe.device)
     edits = None
     if "lmlm" in models and spec.edits:
         chosen = choose_edits([f for fs in facts.values() for f in fs], spec.edits, recipe.seed)
         if chosen:
             _log(f"edits: {len(chosen)} real facts changed in a copy of the KB")
             edits = evaluate_edits(folder, chosen, models["lmlm"], out / "kb", recipe.device, spec.max_new_tokens,
-                                   spec.batch_size)
+                                   spec.batch_size, spec.name_bias)
             (folder / "edits.json").write_text(json.dumps(edits, indent=2, default=str) + "\n")
-    info = {"cloze": {s: len(f) for s, f in facts.items()}, "table": table,
+    cloze = {s: len(f) for s, f in facts.items()}
+    if n_facts:
+        cloze["facts"] = n_facts
+    info = {"cloze": cloze, "table": table, "perplexity": perplexity,
             "edits": {k: v for k, v in (edits or {}).items() if k != "records"}, "seconds": time.time() - t}
     return _finish(folder, info)
+
+
+def _facts_split(recipe: Recipe, held: Path, folder: Path) -> int:
+    """The held-out facts of ``recipe.facts`` as the ``facts`` cloze split (at most ``cloze_per_split``, seeded)
+    and their KB, ``eval/kb-facts``; the number of prompts."""
+    if not recipe.facts.source or not held.exists() or not held.stat().st_size:
+        return 0
+    from ..data.facts import cloze_records
+    from ..kb import build
+
+    rows = [json.loads(line) for line in held.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = cloze_records([(r["entity"], r["relation"], r["value"]) for r in rows], split="facts")
+    n = recipe.evaluate.cloze_per_split
+    if n and len(records) > n:
+        records = sorted(random.Random(recipe.seed).sample(records, n), key=records.index)
+    path = folder / "cloze" / "facts.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    kb = folder / "kb-facts"
+    if kb.exists():  # a few hundred facts: made again by a resumed stage rather than trusted half-built
+        shutil.rmtree(kb)
+    build(kb, held, who="lmlm pipeline", why=f"recipe {recipe.name}: facts about entities no corpus text names").close()
+    return len(records)
 
 
 # -- the whole run ---------------------------------------------------------------------------------------------
@@ -375,6 +443,7 @@ def _differences(before: dict, now: dict, where: str = "") -> dict[str, tuple]:
 _LLM = "annotate/llm"
 _FIRST_STAGE = {"annotate": ("annotate",), "train": ("train-lmlm", "train-standard"), "evaluate": ("eval",),
                 "train.chunk_chars": ("data",), "train.tokenizer": ("data",), "train.init_from": ("data",),
+                **{f"train.{k}": ("data",) for k in ("windows", "swap", "after_words", "window_copies")}, "facts": ("data",),
                 "annotate.llm": (_LLM,),  # the seed's: model, style, seed_passages, examples, passage_chars, ...
                 **{f"annotate.llm.{k}": (f"{_LLM}/correct",) for k in ("correct_drop", "correct_steps")},
                 **{f"annotate.llm.{k}": (f"{_LLM}/annotator",) for k in (

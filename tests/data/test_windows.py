@@ -59,3 +59,14 @@ def test_cli_writes_windows_as_documents_and_refuses_a_corpus_without_calls(tmp_
     write_documents(plain, [Document("p", "no calls here", "no calls here")])
     bad = CliRunner().invoke(app, ["data", "windows", str(plain), "--out", str(out)])
     assert bad.exit_code == 2 and "no lookup calls" in bad.output
+
+
+def test_copies_of_a_window_are_renamed_anew_and_keep_distinct_ids():
+    docs = [Document.from_annotated("a", ARTICLE)]
+    once = list(windows_of(docs, swap=1.0, seed=3))
+    twice = list(windows_of(docs, swap=1.0, seed=3, copies=2))
+    assert [d.id for d in twice] == ["a/w0", "a/w0.1", "a/w1", "a/w1.1", "a/w2", "a/w2.1"]
+    first, second = twice[0], twice[1]
+    assert first.meta["renamed"] == second.meta["renamed"] == "Alabama" and first.source == second.source
+    names = [next(s.entity for s in d.segments if isinstance(s, Lookup)) for d in twice]
+    assert len(set(names)) == len(names) and [d.id for d in once] == ["a/w0", "a/w1", "a/w2"]

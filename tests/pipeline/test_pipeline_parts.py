@@ -25,12 +25,15 @@ LINCOLN = ("Abraham Lincoln (February 12, 1809 – April 15, 1865) was an Americ
 
 
 def test_shipped_recipes_load_and_take_overrides():
-    assert {"wiki-cpu", "wiki-gpu"} <= set(recipe_names())
+    assert {"wiki-cpu", "wiki-cpu-scratch", "wiki-gpu"} <= set(recipe_names())
+    scratch = load_recipe("wiki-cpu-scratch")
+    assert scratch.train.init_from == "" and scratch.annotate.methods == ["infobox", "llm"]
     cpu = load_recipe("wiki-cpu")
-    assert cpu.train.init_from == "" and cpu.annotate.methods == ["infobox", "llm"]
+    assert cpu.train.init_from == "SmolLM2-135M-Instruct" and cpu.train.windows and cpu.train.lora
+    assert cpu.facts.source == "countryinfo" and cpu.evaluate.base and cpu.evaluate.free
     gpu = load_recipe("wiki-gpu", device="cuda")
     assert gpu.train.init_from == "SmolLM2-135M-Instruct" and gpu.device == "cuda" and gpu.evaluate.base
-    r = load_recipe("wiki-cpu", ["train.max_steps=2", "evaluate.constrained=false", 'annotate.methods=["infobox"]',
+    r = load_recipe("wiki-cpu-scratch", ["train.max_steps=2", "evaluate.constrained=false", 'annotate.methods=["infobox"]',
                                  "corpus.heldout=0.5"], corpus="dump.xml.bz2")
     assert (r.train.max_steps, r.evaluate.constrained, r.annotate.methods, r.corpus.heldout, r.corpus.path) == \
         (2, False, ["infobox"], 0.5, "dump.xml.bz2")
@@ -69,25 +72,25 @@ def test_shipped_recipes_load_and_take_overrides():
 ])
 def test_bad_recipe_fields_are_named(overrides, message):
     with pytest.raises(RecipeError, match=message):
-        load_recipe("wiki-cpu", overrides)
+        load_recipe("wiki-cpu-scratch", overrides)
 
 
 def test_cli_errors_are_one_line(tmp_path):
     res = runner.invoke(app, ["pipeline", "wiki-nope", "--out", str(tmp_path / "p")])
     assert res.exit_code == 2 and "error: unknown recipe 'wiki-nope'" in res.output
-    res = runner.invoke(app, ["pipeline", "wiki-cpu", "--out", str(tmp_path / "p")])
+    res = runner.invoke(app, ["pipeline", "wiki-cpu-scratch", "--out", str(tmp_path / "p")])
     assert res.exit_code == 2 and "names no corpus: pass --corpus" in res.output
-    res = runner.invoke(app, ["pipeline", "wiki-cpu", "--corpus", str(tmp_path / "missing.xml.bz2"),
+    res = runner.invoke(app, ["pipeline", "wiki-cpu-scratch", "--corpus", str(tmp_path / "missing.xml.bz2"),
                               "--out", str(tmp_path / "p")])
     assert res.exit_code == 2 and "no corpus at" in res.output and "Traceback" not in res.output
     # a recipe's relative corpus path is read from the current folder, not the recipe's: the error says so
-    res = runner.invoke(app, ["pipeline", "wiki-cpu", "--corpus", "no-such-dump.xml.bz2", "--out", str(tmp_path / "p")])
+    res = runner.invoke(app, ["pipeline", "wiki-cpu-scratch", "--corpus", "no-such-dump.xml.bz2", "--out", str(tmp_path / "p")])
     assert res.exit_code == 2 and "a relative path is read from the current folder" in res.output
     docs = tmp_path / "docs.jsonl"
     docs.write_text(json.dumps({"id": "a", "text": "plain"}) + "\n")
-    res = runner.invoke(app, ["pipeline", "wiki-cpu", "--corpus", str(docs), "--out", str(tmp_path / "q")])
+    res = runner.invoke(app, ["pipeline", "wiki-cpu-scratch", "--corpus", str(docs), "--out", str(tmp_path / "q")])
     assert res.exit_code == 2 and "'infobox' needs a Wikipedia dump" in res.output
-    res = runner.invoke(app, ["pipeline", "wiki-cpu", "--corpus", str(docs), "--out", str(tmp_path / "q"),
+    res = runner.invoke(app, ["pipeline", "wiki-cpu-scratch", "--corpus", str(docs), "--out", str(tmp_path / "q"),
                               "--until", "evaluate"])
     assert res.exit_code == 2 and "'evaluate' is not one of" in res.output and "Traceback" not in res.output
     assert runner.invoke(app, ["pipeline", "--help"]).exit_code == 0
@@ -277,7 +280,7 @@ def test_a_users_corpus_splits_calls_and_edits_at_the_pipelines_joints(tmp_path)
     corpus.write_text("".join(json.dumps({"id": n, "split": s, "annotated": f"{n} was born in "
                                           f"[dblookup('{n}', 'Birth City') -> {c}] {c}. {n} liked it."}) + "\n"
                               for n, c, s in people))
-    run = ["pipeline", "wiki-cpu", "--corpus", str(corpus), "--out", str(tmp_path / "P"), "--no-progress",
+    run = ["pipeline", "wiki-cpu-scratch", "--corpus", str(corpus), "--out", str(tmp_path / "P"), "--no-progress",
            "--set", 'annotate.methods=["given"]', "--set", "train.max_steps=1", "--set", "train.batch_size=1",
            "--set", "train.seq_len=32"]
     res = CliRunner().invoke(app, run)
@@ -300,21 +303,21 @@ def test_a_field_of_the_llm_path_may_change_until_the_step_that_reads_it_has_beg
     from lmlm.pipeline.run import _check_folder
 
     out = tmp_path / "P"
-    _check_folder(load_recipe("wiki-cpu", corpus="dump.xml.bz2"), out, fresh=False, until="correct")
+    _check_folder(load_recipe("wiki-cpu-scratch", corpus="dump.xml.bz2"), out, fresh=False, until="correct")
     for step in ("seed", "correct"):  # a run stopped by --until correct
         _finish(out / "annotate" / "llm" / step, {})
     later = ["annotate.llm.distill_steps=50", "annotate.llm.min_f1=0.5", "annotate.llm.run_passages=9",
              'annotate.llm.keep="consistent"']
-    _check_folder(load_recipe("wiki-cpu", later, corpus="dump.xml.bz2"), out, fresh=False, until="distill")
+    _check_folder(load_recipe("wiki-cpu-scratch", later, corpus="dump.xml.bz2"), out, fresh=False, until="distill")
     assert json.loads((out / "recipe.json").read_text())["annotate"]["llm"]["distill_steps"] == 50
     for done in ("annotate.llm.correct_drop=0.2", "annotate.llm.seed_passages=8", "annotate.llm.style=\"inline\"",
                  'annotate.methods=["infobox"]'):
         with pytest.raises(RecipeError, match=f"holds a run of another recipe \\({done.split('=')[0]}"):
-            _check_folder(load_recipe("wiki-cpu", later + [done], corpus="dump.xml.bz2"), out, fresh=False,
+            _check_folder(load_recipe("wiki-cpu-scratch", later + [done], corpus="dump.xml.bz2"), out, fresh=False,
                           until="distill")
     # invalid is invalid, on a folder or not
     with pytest.raises(RecipeError, match="distill_steps = -5 must be at least 1"):
-        load_recipe("wiki-cpu", ["annotate.llm.distill_steps=-5"], corpus="dump.xml.bz2")
+        load_recipe("wiki-cpu-scratch", ["annotate.llm.distill_steps=-5"], corpus="dump.xml.bz2")
 
 
 def test_training_resumes_only_a_run_its_folder_holds(tmp_path):
@@ -322,7 +325,7 @@ def test_training_resumes_only_a_run_its_folder_holds(tmp_path):
     cut short before its first saved state is, so that it says so."""
     from lmlm.pipeline.run import _train_config
 
-    recipe = load_recipe("wiki-cpu", corpus="dump.xml.bz2")
+    recipe = load_recipe("wiki-cpu-scratch", corpus="dump.xml.bz2")
     assert not _train_config(recipe, tmp_path, "lmlm", None).resume
     (tmp_path / "train-lmlm").mkdir()
     (tmp_path / "train-lmlm" / "train_config.json").write_text("{}")
@@ -339,7 +342,7 @@ def test_a_run_refused_before_it_wrote_anything_is_no_part_of_the_run(tmp_path):
     rows = [{"id": "d1", "annotated": "[dblookup('Ada', 'Birth City') -> London] London."},
             {"id": "d1", "annotated": "Ada wrote notes."}]
     docs.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    recipe = load_recipe("wiki-cpu", ['annotate.methods=["given"]'], corpus=str(docs))
+    recipe = load_recipe("wiki-cpu-scratch", ['annotate.methods=["given"]'], corpus=str(docs))
     with pytest.raises(Exception, match="duplicate document id 'd1'"):
         run_pipeline(recipe, tmp_path / "P", progress=False, until="corpus")
     assert (tmp_path / "P" / "runs.jsonl").read_text() == ""
@@ -358,11 +361,11 @@ def test_a_corpus_with_nothing_to_train_on_is_refused_at_its_first_stage(tmp_pat
     rows = [{"id": f"d{i}", "annotated": f"{n} was born in [dblookup('{n}', 'Birth City') -> London] London."}
             for i, n in enumerate(["Ada Lind", "Bo Moss", "Cy Roe"])]
     docs.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    recipe = load_recipe("wiki-cpu", ['annotate.methods=["given"]', "corpus.heldout=0.9"], corpus=str(docs))
+    recipe = load_recipe("wiki-cpu-scratch", ['annotate.methods=["given"]', "corpus.heldout=0.9"], corpus=str(docs))
     with pytest.raises(RecipeError, match="nothing to train on: corpus.heldout = 0.9 holds out all 3"):
         run_pipeline(recipe, tmp_path / "P", progress=False, until="corpus")
     docs.write_text("".join(json.dumps({**r, "split": "test"}) + "\n" for r in rows))
-    recipe = load_recipe("wiki-cpu", ['annotate.methods=["given"]'], corpus=str(docs))
+    recipe = load_recipe("wiki-cpu-scratch", ['annotate.methods=["given"]'], corpus=str(docs))
     with pytest.raises(RecipeError, match="split fields name no 'train' document"):
         run_pipeline(recipe, tmp_path / "Q", progress=False, until="corpus")
 
@@ -377,7 +380,7 @@ def test_a_kb_whose_creation_was_cut_short_is_made_again(tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": f"d{i}", "annotated": f"{n} was born in [dblookup('{n}', 'Birth City') "
                                         f"-> London] London."}) + "\n" for i, n in enumerate(["Ada Lind", "Bo Moss"])))
-    recipe = load_recipe("wiki-cpu", ['annotate.methods=["given"]', "corpus.heldout=0.0"], corpus=str(docs))
+    recipe = load_recipe("wiki-cpu-scratch", ['annotate.methods=["given"]', "corpus.heldout=0.0"], corpus=str(docs))
     assert run_pipeline(recipe, tmp_path / "P", progress=False, until="annotate") is None
     (tmp_path / "P" / "kb").mkdir()
     with sqlite3.connect(tmp_path / "P" / "kb" / "kb.sqlite") as db:
