@@ -252,8 +252,10 @@ def _close(gens) -> None:
 
 
 def evaluate_edits(folder: Path, edits: list[dict[str, str]], lmlm: Path, kb_path: Path, device: str,
-                   max_new_tokens: int, batch_size: int, name_bias: float = 0.0) -> dict[str, Any]:
-    """Change ``edits`` in a copy of the KB and ask the LMLM again; how often it states the new (and old) value."""
+                   max_new_tokens: int, batch_size: int, name_bias: float = 0.0,
+                   constrained: bool = False) -> dict[str, Any]:
+    """Change ``edits`` in a copy of the KB and ask the LMLM again; how often it states the new (and old) value
+    (``constrained``: its queries kept on the KB's keys, as the report's constrained row)."""
     from ..checkpoint import load_checkpoint
     from ..evaluate.base import outputs_of
     from ..evaluate.cloze import match_first_content_words
@@ -266,7 +268,8 @@ def evaluate_edits(folder: Path, edits: list[dict[str, str]], lmlm: Path, kb_pat
     shutil.copytree(kb_path, edited)
     m, tok, _ = load_checkpoint(lmlm, device=_device(device))
     kb = KnowledgeBase.open(edited)
-    gen = LookupGenerator(m, tok, kb, on_miss="skip", name_bias=name_bias)
+    gen = LookupGenerator(m, tok, kb, on_miss="skip", name_bias=0.0 if constrained else name_bias,
+                          constrained=constrained)
     prompts = [fit_prompt(e["prompt"], gen, max_new_tokens) for e in edits]
 
     def ask() -> list[str]:

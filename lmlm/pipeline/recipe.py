@@ -186,11 +186,14 @@ class FactsSpec:
         source: ``countryinfo`` (``pip install "lmlm[facts]"``) or a triples file; ``""``: none.
         hold_out: share of the entities held out whole.
         train: also train on the training side's documents (``false``: the held-out split only).
+        documents: most training documents from the facts, a seeded sample (0: one per fact): a few hundred
+            keep the corpus's own windows, and their relations, from being drowned by a few relations.
     """
 
     source: str = ""
     hold_out: float = 0.3
     train: bool = True
+    documents: int = 0
 
 
 @dataclass
@@ -273,6 +276,11 @@ class Recipe:
             if self.facts.source not in SOURCES and not Path(self.facts.source).expanduser().is_file():
                 raise RecipeError(f"recipe {self.name}: facts.source = {self.facts.source!r} is neither a fact "
                                   f"source ({', '.join(SOURCES)}) nor a triples file")
+            import importlib.util
+
+            if self.facts.source in SOURCES and importlib.util.find_spec(self.facts.source) is None:
+                raise RecipeError(f"recipe {self.name}: facts.source = {self.facts.source!r} is not installed: "
+                                  'pip install "lmlm[facts]"')
         if not 0 <= self.corpus.heldout < 1:
             raise RecipeError(f"recipe {self.name}: corpus.heldout = {self.corpus.heldout} must be in [0, 1)")
         if self.annotate.llm.negatives < 0:
@@ -286,7 +294,7 @@ class Recipe:
                              (0, ("annotate.llm.examples", "annotate.llm.max_tokens", "annotate.llm.run_passages",
                                   "corpus.limit", "train.chunk_chars", "train.threads", "train.warmup_steps",
                                   "train.after_words", "train.lora", "train.lora_alpha", "train.freeze_layers",
-                                  "evaluate.perplexity", "evaluate.name_bias",
+                                  "evaluate.perplexity", "evaluate.name_bias", "facts.documents",
                                   "evaluate.cloze_per_split", "evaluate.edits", "evaluate.samples")),
                              (1, ("evaluate.batch_size",))):
             for name in names:

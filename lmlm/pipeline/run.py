@@ -293,8 +293,11 @@ def _facts(recipe: Recipe, out: Path, folder: Path) -> list[Document]:
     (folder / "facts-heldout.jsonl").write_text("".join(
         json.dumps({"entity": e, "relation": r, "value": v}, ensure_ascii=False) + "\n" for e, r, v in held),
         encoding="utf-8")
-    _log(f"facts: {len(train)} facts of {len({e for e, _, _ in train})} entities to train on, {len(held)} of "
+    _log(f"facts: {len(train)} facts of {len({e for e, _, _ in train})} entities on the training side "
+         f"({min(len(train), spec.documents or len(train))} trained on), {len(held)} of "
          f"{len({e for e, _, _ in held})} entities no corpus text names held out ({spec.source})")
+    if spec.documents and len(train) > spec.documents:
+        train = sorted(random.Random(recipe.seed).sample(train, spec.documents), key=train.index)
     return fact_documents(train, seed=recipe.seed, prefix="facts") if spec.train else []
 
 
@@ -383,7 +386,7 @@ def stage_evaluate(recipe: Recipe, out: Path) -> dict:
         if chosen:
             _log(f"edits: {len(chosen)} real facts changed in a copy of the KB")
             edits = evaluate_edits(folder, chosen, models["lmlm"], out / "kb", recipe.device, spec.max_new_tokens,
-                                   spec.batch_size, spec.name_bias)
+                                   spec.batch_size, spec.name_bias, spec.constrained)
             (folder / "edits.json").write_text(json.dumps(edits, indent=2, default=str) + "\n")
     cloze = {s: len(f) for s, f in facts.items()}
     if n_facts:
