@@ -1,4 +1,4 @@
-"""The lookup grammar inside vLLM: :class:`lmlm.generate.processor.RowGrammar` (the tables of
+"""The lookup grammar inside vLLM: :class:`lmlm.generate.rows.RowGrammar` (the tables of
 :func:`~lmlm.generate.processor.grammar_tables`) applied to each row of a vLLM batch, as a
 per-request logits processor of vLLM's V1 engine.
 
@@ -22,7 +22,7 @@ import json
 
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
-from .processor import RowGrammar
+from .rows import RowGrammar
 from .trie import TokenTrie
 
 __all__ = ["LookupGrammar", "GRAMMAR_ARG"]

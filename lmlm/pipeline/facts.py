@@ -149,7 +149,7 @@ def _open_base(base: str, device: str):
 
 
 def _generators(models: dict[str, Path], kb_path: Path, base: str | None, constrained: bool, device: str,
-                free: bool = False, name_bias: float = 0.0):
+                free: bool = False, decoding: dict | None = None):
     """``{name: (generator, force_lookup)}`` for every model the table compares."""
     from ..checkpoint import load_checkpoint
     from ..generate import LookupGenerator
@@ -159,11 +159,13 @@ def _generators(models: dict[str, Path], kb_path: Path, base: str | None, constr
     if "lmlm" in models:
         m, tok, _ = load_checkpoint(models["lmlm"], device=device)
         kb = KnowledgeBase.open(kb_path)
-        gens["lmlm"] = (LookupGenerator(m, tok, kb, on_miss="skip", name_bias=name_bias), True)
+        decoding = decoding or {}
+        copy = {k: v for k, v in decoding.items() if k != "name_bias"}  # the prefix tree alone keeps names on keys
+        gens["lmlm"] = (LookupGenerator(m, tok, kb, on_miss="skip", **decoding), True)
         if free:
-            gens["lmlm_free"] = (LookupGenerator(m, tok, kb, on_miss="skip", name_bias=name_bias), False)
+            gens["lmlm_free"] = (LookupGenerator(m, tok, kb, on_miss="skip", **decoding), False)
         if constrained:
-            gens["lmlm_constrained"] = (LookupGenerator(m, tok, kb, on_miss="skip", constrained=True), True)
+            gens["lmlm_constrained"] = (LookupGenerator(m, tok, kb, on_miss="skip", constrained=True, **copy), True)
         gens["lmlm_no_kb"] = (LookupGenerator(m, tok, None, use_db=False), False)
     if "standard" in models:
         m, tok, _ = load_checkpoint(models["standard"], device=device)
@@ -179,11 +181,12 @@ MODELS = ("lmlm", "lmlm_free", "lmlm_constrained", "lmlm_no_kb", "standard", "ba
 
 def evaluate_models(folder: Path, cloze_files: dict[str, Path], models: dict[str, Path], kb_path: Path,
                     base: str | None, constrained: bool, device: str, max_new_tokens: int, batch_size: int,
-                    log=print, free: bool = False, name_bias: float = 0.0) -> dict[str, dict[str, dict[str, float]]]:
+                    log=print, free: bool = False, decoding: dict | None = None) -> dict[str, dict[str, dict[str, float]]]:
     """Score every model on every split's cloze file; ``{model: {split: metrics}}`` (results JSON per pair).
 
-    ``free``: the LMLM also decodes without a lookup forced at the mask (``lmlm_free``); ``name_bias``: see
-    :class:`lmlm.generate.LookupGenerator`, for the LMLM's unconstrained rows."""
+    ``free``: the LMLM also decodes without a lookup forced at the mask (``lmlm_free``); ``decoding``: the
+    LMLM's ``name_bias`` and ``copy_bias`` (:class:`lmlm.generate.LookupGenerator`; the constrained row takes
+    no name bias, its prefix tree keeps a query on the KB's keys)."""
     from ..evaluate.base import write_results
     from ..evaluate.trex import TREX, read_trex, trex_eval
 
@@ -199,7 +202,7 @@ def evaluate_models(folder: Path, cloze_files: dict[str, Path], models: dict[str
         for split, path in cloze_files.items():
             out = folder / f"cloze-{name}-{split}.json"
             if not out.exists():
-                gens = gens or _generators(models, kb_path, base, constrained, device, free, name_bias)
+                gens = gens or _generators(models, kb_path, base, constrained, device, free, decoding)
                 gen, force = gens[name]
                 items = [replace(it, prompt=fit_prompt(it.prompt, gen, max_new_tokens)) for it in read_trex(path)]
                 log(f"cloze: {name} on {len(items)} {split} facts")
@@ -252,7 +255,7 @@ def _close(gens) -> None:
 
 
 def evaluate_edits(folder: Path, edits: list[dict[str, str]], lmlm: Path, kb_path: Path, device: str,
-                   max_new_tokens: int, batch_size: int, name_bias: float = 0.0,
+                   max_new_tokens: int, batch_size: int, decoding: dict | None = None,
                    constrained: bool = False) -> dict[str, Any]:
     """Change ``edits`` in a copy of the KB and ask the LMLM again; how often it states the new (and old) value
     (``constrained``: its queries kept on the KB's keys, as the report's constrained row)."""
@@ -268,8 +271,8 @@ def evaluate_edits(folder: Path, edits: list[dict[str, str]], lmlm: Path, kb_pat
     shutil.copytree(kb_path, edited)
     m, tok, _ = load_checkpoint(lmlm, device=_device(device))
     kb = KnowledgeBase.open(edited)
-    gen = LookupGenerator(m, tok, kb, on_miss="skip", name_bias=0.0 if constrained else name_bias,
-                          constrained=constrained)
+    decoding = {k: v for k, v in (decoding or {}).items() if not (constrained and k == "name_bias")}
+    gen = LookupGenerator(m, tok, kb, on_miss="skip", constrained=constrained, **decoding)
     prompts = [fit_prompt(e["prompt"], gen, max_new_tokens) for e in edits]
 
     def ask() -> list[str]:

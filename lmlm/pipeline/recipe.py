@@ -211,6 +211,8 @@ class EvaluateSpec:
             on the four lookup tokens decides whether it calls).
         name_bias: added, inside a call's entity, to the next token of a name the text before the call gives
             (``lmlm generate --name-bias``; 0: none).
+        copy_bias: added to the next token of an answered value while the text after the call states it
+            (``lmlm generate --copy-bias``; 0: none).
         perplexity: held-out plain-text chunks on which the LMLM's and the base model's perplexity are
             compared (0: none).
     """
@@ -224,6 +226,7 @@ class EvaluateSpec:
     samples: int = 4
     free: bool = False
     name_bias: float = 0.0
+    copy_bias: float = 0.0
     perplexity: int = 0
 
 
@@ -294,7 +297,7 @@ class Recipe:
                              (0, ("annotate.llm.examples", "annotate.llm.max_tokens", "annotate.llm.run_passages",
                                   "corpus.limit", "train.chunk_chars", "train.threads", "train.warmup_steps",
                                   "train.after_words", "train.lora", "train.lora_alpha", "train.freeze_layers",
-                                  "evaluate.perplexity", "evaluate.name_bias", "facts.documents",
+                                  "evaluate.perplexity", "evaluate.name_bias", "evaluate.copy_bias", "facts.documents",
                                   "evaluate.cloze_per_split", "evaluate.edits", "evaluate.samples")),
                              (1, ("evaluate.batch_size",))):
             for name in names:

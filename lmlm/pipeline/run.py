@@ -35,6 +35,7 @@ from rich.console import Console
 from ..corpus import Document, corpus_stats, read_documents, write_documents
 from .recipe import Recipe, RecipeError, recipe_json
 from .annotation import Stopped, _done, _finish, stop_after  # one stage marker for both modules
+from .data import chunks as chunks_of, fact_documents_of, facts_split
 
 __all__ = ["run_pipeline", "STAGES", "UNTIL"]
 
@@ -258,49 +259,6 @@ def _train_config(recipe: Recipe, out: Path, mode: str, tokenizer: Path | None, 
         freeze_layers=spec.freeze_layers, progress=progress)
 
 
-def _chunks(docs: list[Document], max_chars: int) -> list[Document]:
-    """Documents cut into their paragraphs (one over ``max_chars`` characters at sentence ends), each headed by its
-    document's title (``source``) on a line of its own, calls kept: a model reading a chunk always sees
-    whose facts it states (an article's calls name the article's entity, which a block from its middle
-    would not show). LMLM and Standard train on the same chunks; 0 keeps whole documents."""
-    from ..annotate.validate import calls_with_offsets, insert_calls
-    from ..annotate.passages import split_passages
-
-    if not max_chars:
-        return docs
-    out = []
-    for d in docs:
-        calls = calls_with_offsets(d.segments)
-        head = f"{d.source}\n" if d.source else ""
-        for s, e in split_passages(d.text, max_chars, min_chars=1):  # no text left out
-            inside = [(len(head) + q - s, c) for q, c in calls if s <= q < e]
-            out.append(Document.from_segments(f"{d.id}@{s}", insert_calls(head + d.text[s:e], inside),
-                                              source=d.source, split=d.split))
-    return out
-
-
-def _facts(recipe: Recipe, out: Path, folder: Path) -> list[Document]:
-    """The fact source's training documents (:mod:`lmlm.data.facts`); its held-out facts, about entities the
-    corpus never names, go to ``facts-heldout.jsonl`` (triples) for the evaluation's own KB and cloze."""
-    spec = recipe.facts
-    if not spec.source:
-        return []
-    from ..data.facts import fact_documents, read_facts, split_by_entity
-
-    named = "\n".join(d.text for d in read_documents(out / "corpus" / "documents.jsonl"))
-    train, held = split_by_entity(read_facts(spec.source), spec.hold_out, recipe.seed, named)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "facts-heldout.jsonl").write_text("".join(
-        json.dumps({"entity": e, "relation": r, "value": v}, ensure_ascii=False) + "\n" for e, r, v in held),
-        encoding="utf-8")
-    _log(f"facts: {len(train)} facts of {len({e for e, _, _ in train})} entities on the training side "
-         f"({min(len(train), spec.documents or len(train))} trained on), {len(held)} of "
-         f"{len({e for e, _, _ in held})} entities no corpus text names held out ({spec.source})")
-    if spec.documents and len(train) > spec.documents:
-        train = sorted(random.Random(recipe.seed).sample(train, spec.documents), key=train.index)
-    return fact_documents(train, seed=recipe.seed, prefix="facts") if spec.train else []
-
-
 def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
     from ..checkpoint import is_checkpoint, read_meta
     from ..train import train
@@ -308,7 +266,7 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
     folder = out / "data"
     if not _done(folder):
         docs = read_documents(out / "annotate" / "documents.jsonl")
-        chunks = _chunks(docs, recipe.train.chunk_chars)
+        chunks = chunks_of(docs, recipe.train.chunk_chars)
         # only 'train' is trained on: a corpus's own 'test' or 'validation' documents are held out too
         held = [d for d in chunks if d.split not in (None, "train")]
         if recipe.train.windows:
@@ -317,7 +275,7 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
             chunks = windows_of([d for d in docs if d.split in (None, "train")], after_words=recipe.train.after_words,
                                 swap=recipe.train.swap, seed=recipe.seed, copies=recipe.train.window_copies)
         train_docs = [d for d in chunks if d.split in (None, "train")]
-        facts = _facts(recipe, out, folder)
+        facts = fact_documents_of(recipe, out, folder, _log)
         write_documents(folder / "train.jsonl", train_docs + facts)
         if held:
             write_documents(folder / "heldout.jsonl", held)
@@ -364,11 +322,12 @@ def stage_evaluate(recipe: Recipe, out: Path) -> dict:
     files = {s: write_trex(f, folder / "cloze" / f"{s}.jsonl") for s, f in sorted(facts.items())}
     models = {m: out / f"train-{m}" / "checkpoint" for m in recipe.train.modes}
     base = recipe.train.init_from if recipe.train.init_from and spec.base else None
-    args = dict(log=_log, free=spec.free, name_bias=spec.name_bias)
+    decoding = {"name_bias": spec.name_bias, "copy_bias": spec.copy_bias}
+    args = dict(log=_log, free=spec.free, decoding=decoding)
     table = evaluate_models(folder, files, models, out / "kb", base, spec.constrained, recipe.device,
                             spec.max_new_tokens, spec.batch_size, **args) if files else {}
     held = out / "data" / "facts-heldout.jsonl"
-    n_facts = _facts_split(recipe, held, folder)
+    n_facts = facts_split(recipe, held, folder)
     if n_facts:  # entities no corpus text names, answered from a KB of their own facts
         more = evaluate_models(folder, {"facts": folder / "cloze" / "facts.jsonl"}, models, folder / "kb-facts",
                                base, spec.constrained, recipe.device, spec.max_new_tokens, spec.batch_size, **args)
@@ -386,37 +345,12 @@ def stage_evaluate(recipe: Recipe, out: Path) -> dict:
         if chosen:
             _log(f"edits: {len(chosen)} real facts changed in a copy of the KB")
             edits = evaluate_edits(folder, chosen, models["lmlm"], out / "kb", recipe.device, spec.max_new_tokens,
-                                   spec.batch_size, spec.name_bias, spec.constrained)
+                                   spec.batch_size, decoding, spec.constrained)
             (folder / "edits.json").write_text(json.dumps(edits, indent=2, default=str) + "\n")
-    cloze = {s: len(f) for s, f in facts.items()}
-    if n_facts:
-        cloze["facts"] = n_facts
+    cloze = {**{s: len(f) for s, f in facts.items()}, **({"facts": n_facts} if n_facts else {})}
     info = {"cloze": cloze, "table": table, "perplexity": perplexity,
             "edits": {k: v for k, v in (edits or {}).items() if k != "records"}, "seconds": time.time() - t}
     return _finish(folder, info)
-
-
-def _facts_split(recipe: Recipe, held: Path, folder: Path) -> int:
-    """The held-out facts of ``recipe.facts`` as the ``facts`` cloze split (at most ``cloze_per_split``, seeded)
-    and their KB, ``eval/kb-facts``; the number of prompts."""
-    if not recipe.facts.source or not held.exists() or not held.stat().st_size:
-        return 0
-    from ..data.facts import cloze_records
-    from ..kb import build
-
-    rows = [json.loads(line) for line in held.read_text(encoding="utf-8").splitlines() if line.strip()]
-    records = cloze_records([(r["entity"], r["relation"], r["value"]) for r in rows], split="facts")
-    n = recipe.evaluate.cloze_per_split
-    if n and len(records) > n:
-        records = sorted(random.Random(recipe.seed).sample(records, n), key=records.index)
-    path = folder / "cloze" / "facts.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
-    kb = folder / "kb-facts"
-    if kb.exists():  # a few hundred facts: made again by a resumed stage rather than trusted half-built
-        shutil.rmtree(kb)
-    build(kb, held, who="lmlm pipeline", why=f"recipe {recipe.name}: facts about entities no corpus text names").close()
-    return len(records)
 
 
 # -- the whole run ---------------------------------------------------------------------------------------------

@@ -374,7 +374,7 @@ def test_the_clean_text_continues_the_prompt_with_the_space_before_a_looked_up_w
 def test_after_a_lookup_that_found_nothing_the_text_goes_on_before_another_call(world, tmp_path):
     """A model that wrote [dblookup('Deepavali', 'Capital') -> unknown] wrote it again and again: after
     a miss the next token is text, in the Hugging Face processor and in the vLLM row grammar alike."""
-    from lmlm.generate.processor import RowGrammar
+    from lmlm.generate.rows import RowGrammar
 
     tok = world.tok
     kb = make_kb(world, str(tmp_path / "kb"))

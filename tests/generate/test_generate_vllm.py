@@ -13,7 +13,8 @@ from gen_support import bio_prompts, make_kb, trained_world
 
 from lmlm.checkpoint import save_checkpoint
 from lmlm.generate import LookupGenerator
-from lmlm.generate.processor import PAPER_LOGIT_BIAS, LookupLogitsProcessor, RowGrammar
+from lmlm.generate.processor import PAPER_LOGIT_BIAS, LookupLogitsProcessor
+from lmlm.generate.rows import RowGrammar
 from lmlm.generate.trie import KeyTrie, TokenTrie
 from lmlm.kb import Triple
 
@@ -78,7 +79,9 @@ def test_the_row_grammar_forces_calls_and_keeps_queries_on_keys_as_the_engine_do
             scores = torch.randn(1, len(tok), generator=rng)
             want = engine(torch.tensor([prompt + out]), scores.clone())[0]
             last = [t for t in prompt + out if t in tok.call_ids][-1:]
-            if last != [tok.retrieve_id]:  # the engine forces the value here; vLLM stops the row instead
+            # the engine forces the value after <|db_retrieve|>, where vLLM stops the row instead; right after a
+            # call's end, whether a call may open at once is the driver's word (``missed``, from its lookup's trace)
+            if last != [tok.retrieve_id] and not (out and out[-1] == tok.end_id):
                 got = grammar(prompt, list(out), scores[0].clone())
                 assert torch.equal(got, want), (seed, out)
                 allowed = int(torch.isfinite(want).sum())
@@ -93,7 +96,7 @@ def test_the_row_grammar_forces_calls_and_keeps_queries_on_keys_as_the_engine_do
             if tok.retrieve_id in body:
                 query = body[:body.index(tok.retrieve_id) + 1]
                 assert tuple(query) in set(trie.paths())  # a real key, whole
-    assert min(compared.values()) >= 10, compared
+    assert compared["forced start"] >= 6 and min(compared.values()) >= 6, compared
 
 
 def test_the_row_grammar_biases_a_round_as_the_engine_does(tmp_path):

@@ -227,7 +227,7 @@ def test_cloze_prompts_in_trex_format_per_split(tmp_path):
 
 
 def test_training_chunks_are_headed_by_their_title_and_keep_their_calls():
-    from lmlm.pipeline.run import _chunks
+    from lmlm.pipeline.data import chunks as _chunks
 
     married = LINCOLN.index("Mary Todd")
     from lmlm.annotate.validate import insert_calls

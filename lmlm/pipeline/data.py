@@ -1,0 +1,80 @@
+"""The training documents a recipe makes of the annotated corpus, and its held-out facts: chunks headed
+by their title or windows around each call, a fact source's sentences, and the ``facts`` cloze split."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+from ..corpus import Document, read_documents
+from .recipe import Recipe
+
+__all__ = ["chunks", "fact_documents_of", "facts_split"]
+
+
+def chunks(docs: list[Document], max_chars: int) -> list[Document]:
+    """Documents cut into their paragraphs (one over ``max_chars`` characters at sentence ends), each headed by its
+    document's title (``source``) on a line of its own, calls kept: a model reading a chunk always sees
+    whose facts it states (an article's calls name the article's entity, which a block from its middle
+    would not show). LMLM and Standard train on the same chunks; 0 keeps whole documents."""
+    from ..annotate.validate import calls_with_offsets, insert_calls
+    from ..annotate.passages import split_passages
+
+    if not max_chars:
+        return docs
+    out = []
+    for d in docs:
+        calls = calls_with_offsets(d.segments)
+        head = f"{d.source}\n" if d.source else ""
+        for s, e in split_passages(d.text, max_chars, min_chars=1):  # no text left out
+            inside = [(len(head) + q - s, c) for q, c in calls if s <= q < e]
+            out.append(Document.from_segments(f"{d.id}@{s}", insert_calls(head + d.text[s:e], inside),
+                                              source=d.source, split=d.split))
+    return out
+
+
+def fact_documents_of(recipe: Recipe, out: Path, folder: Path, log=print) -> list[Document]:
+    """The fact source's training documents (:mod:`lmlm.data.facts`); its held-out facts, about entities the
+    corpus never names, go to ``facts-heldout.jsonl`` (triples) for the evaluation's own KB and cloze."""
+    spec = recipe.facts
+    if not spec.source:
+        return []
+    from ..data.facts import fact_documents, read_facts, split_by_entity
+
+    named = "\n".join(d.text for d in read_documents(out / "corpus" / "documents.jsonl"))
+    train, held = split_by_entity(read_facts(spec.source), spec.hold_out, recipe.seed, named)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "facts-heldout.jsonl").write_text("".join(
+        json.dumps({"entity": e, "relation": r, "value": v}, ensure_ascii=False) + "\n" for e, r, v in held),
+        encoding="utf-8")
+    log(f"facts: {len(train)} facts of {len({e for e, _, _ in train})} entities on the training side "
+         f"({min(len(train), spec.documents or len(train))} trained on), {len(held)} of "
+         f"{len({e for e, _, _ in held})} entities no corpus text names held out ({spec.source})")
+    if spec.documents and len(train) > spec.documents:
+        train = sorted(random.Random(recipe.seed).sample(train, spec.documents), key=train.index)
+    return fact_documents(train, seed=recipe.seed, prefix="facts") if spec.train else []
+
+
+def facts_split(recipe: Recipe, held: Path, folder: Path) -> int:
+    """The held-out facts of ``recipe.facts`` as the ``facts`` cloze split (at most ``cloze_per_split``, seeded)
+    and their KB, ``eval/kb-facts``; the number of prompts."""
+    if not recipe.facts.source or not held.exists() or not held.stat().st_size:
+        return 0
+    from ..data.facts import cloze_records
+    from ..kb import build
+
+    rows = [json.loads(line) for line in held.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = cloze_records([(r["entity"], r["relation"], r["value"]) for r in rows], split="facts")
+    n = recipe.evaluate.cloze_per_split
+    if n and len(records) > n:
+        records = sorted(random.Random(recipe.seed).sample(records, n), key=records.index)
+    path = folder / "cloze" / "facts.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    kb = folder / "kb-facts"
+    if kb.exists():  # a few hundred facts: made again by a resumed stage rather than trusted half-built
+        shutil.rmtree(kb)
+    build(kb, held, who="lmlm pipeline", why=f"recipe {recipe.name}: facts about entities no corpus text names").close()
+    return len(records)
