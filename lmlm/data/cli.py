@@ -120,7 +120,7 @@ def facts(source: str = typer.Argument(..., help="a fact source (countryinfo) or
     """
     from ..cli_errors import user_errors
     from ..corpus import CorpusError, iter_documents, write_documents
-    from .facts import FactsError, cloze_records, fact_documents, read_facts, split_by_entity
+    from .facts import FactsError, cloze_records, fact_documents, read_facts, split_by_entity, write_jsonl
 
     with user_errors(FactsError):
         for option, path in (("--out", out), ("--held-out-triples", held_out_triples), ("--cloze", cloze)):
@@ -139,13 +139,9 @@ def facts(source: str = typer.Argument(..., help="a fact source (countryinfo) or
         train, held = split_by_entity(rows, hold_out, seed, named)
         n = write_documents(out, fact_documents(train, seed=seed, head=head, prefix=Path(str(source)).stem))
         if held_out_triples is not None:
-            held_out_triples.parent.mkdir(parents=True, exist_ok=True)
-            held_out_triples.write_text("".join(json.dumps({"entity": e, "relation": r, "value": v}, ensure_ascii=False)
-                                                + "\n" for e, r, v in held), encoding="utf-8")
+            write_jsonl(held_out_triples, held)
         if cloze is not None:
-            cloze.parent.mkdir(parents=True, exist_ok=True)
-            cloze.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in cloze_records(held)),
-                             encoding="utf-8")
+            write_jsonl(cloze, cloze_records(held))
     entities = lambda fs: len({e for e, _, _ in fs})  # noqa: E731
     print(json.dumps({"facts": len(rows), "documents": n, "train_entities": entities(train),
                       "held_out_facts": len(held), "held_out_entities": entities(held), "out": str(out)}))

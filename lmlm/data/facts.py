@@ -29,7 +29,7 @@ from ..corpus import Document
 from ..lookup import Lookup, Text
 
 __all__ = ["SOURCES", "FactsError", "country_facts", "read_facts", "split_by_entity", "fact_documents",
-           "cloze_records", "PHRASINGS"]
+           "cloze_records", "write_jsonl", "PHRASINGS"]
 
 SOURCES = ("countryinfo",)
 
@@ -130,3 +130,12 @@ def cloze_records(facts: Iterable[tuple[str, str, str]], split: str = "facts") -
         out.append({"uuid": f"{split}/{n}", "sub_label": entity, "obj_label": value, "predicate_id": relation,
                     "masked_sentences": [f"{entity}\n{before.format(e=entity)} [MASK] ."], "split": split})
     return out
+
+
+def write_jsonl(path: Path, rows: Iterable[dict | tuple[str, str, str]]) -> None:
+    """``rows`` as JSON lines (a fact as ``{"entity", "relation", "value"}``: ``lmlm kb build``'s triples)."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r if isinstance(r, dict) else dict(zip(("entity", "relation", "value"), r)),
+                                       ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")

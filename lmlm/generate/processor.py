@@ -26,7 +26,7 @@ PAPER_LOGIT_BIAS = (5.0, 2.0, 2.0, 2.0)  # added to <|db_start|>, <|sep|>, <|db_
 
 # Per-row decoding states. Each selects one row of the ban table; VALUE rows are forced instead.
 OUTSIDE, OUTSIDE_FULL, ENTITY0, ENTITY, RELATION0, RELATION, VALUE, NO_DB = range(8)
-_NEG_INF = float("-inf")
+NEG_INF = float("-inf")
 
 
 def grammar_tables(call_ids: Sequence[int], stop_ids: Sequence[int], logit_bias, vocab_size: int
@@ -71,9 +71,9 @@ def field_state(kind: int, pos: int, length: int, calls: int, max_lookups: int) 
     return (ENTITY if kind == 1 else RELATION) - (pos == length - 1)
 
 
-def _only(logits: torch.Tensor, token: int) -> torch.Tensor:
+def only_token(logits: torch.Tensor, token: int) -> torch.Tensor:
     """``logits`` (one row) edited so that ``token`` is the only choice."""
-    logits.fill_(_NEG_INF)
+    logits.fill_(NEG_INF)
     logits[token] = 0.0
     return logits
 
@@ -252,18 +252,18 @@ class LookupLogitsProcessor(LogitsProcessor):
             self._build(scores.shape[1], scores.device)
         _, ban, bias = self._tables
         if not self.use_db:
-            return (scores + bias).masked_fill_(ban[NO_DB], _NEG_INF)
+            return (scores + bias).masked_fill_(ban[NO_DB], NEG_INF)
         states, forced, allowed = self.plan(input_ids)
         if len(set(states)) == 1:
             mask = ban[states[0]]  # (vocab,), the same for every row
         else:
             mask = ban[torch.tensor(states, device=scores.device)]  # (B, vocab)
         scores = scores + bias if self.logit_bias is not None else scores.clone()  # ours to edit from here
-        scores.masked_fill_(mask, _NEG_INF)
+        scores.masked_fill_(mask, NEG_INF)
         for b, ids in allowed.items():  # rows inside the prefix tree keep only its next tokens
             ids = ids.to(scores.device)
             keep = scores[b, ids]
-            scores[b] = _NEG_INF
+            scores[b] = NEG_INF
             scores[b, ids] = keep
         if self.copy_bias:
             for b, t in self._copy_targets(input_ids).items():
@@ -272,7 +272,7 @@ class LookupLogitsProcessor(LogitsProcessor):
             for b, ts in self._name_targets(input_ids).items():
                 scores[b, ts] += self.name_bias
         for b, t in forced.items():
-            scores[b] = _NEG_INF
+            scores[b] = NEG_INF
             scores[b, t] = 0.0
         return scores
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .processor import NO_DB, OUTSIDE, OUTSIDE_FULL, _NEG_INF, _only, call_due, field_state, grammar_tables
+from .processor import NEG_INF, NO_DB, OUTSIDE, OUTSIDE_FULL, call_due, field_state, grammar_tables, only_token
 
 __all__ = ["RowGrammar"]
 
@@ -72,20 +72,20 @@ class RowGrammar:
         self.seen = len(output_ids)
         length = n + self.seen
         if not self.use_db:
-            return (logits + bias).masked_fill_(ban[NO_DB], _NEG_INF)
+            return (logits + bias).masked_fill_(ban[NO_DB], NEG_INF)
         state = field_state(self.kind, self.pos, length, self.calls, self.max_lookups)
         if self.missed and state == OUTSIDE and self.kind == 4 and self.pos == length - 1:
             state = OUTSIDE_FULL  # after a lookup that found nothing the text goes on: no call at once
-        logits = (logits + bias).masked_fill_(ban[state], _NEG_INF)
+        logits = (logits + bias).masked_fill_(ban[state], NEG_INF)
         if self.kind in (0, 4) and call_due(self.force_at, length, self.origin, self.start):
-            return _only(logits, self.call_ids[0])
+            return only_token(logits, self.call_ids[0])
         in_tree = False
         if self.kind in (1, 2) and self.trie is not None and self.start >= 0:
             row = (prompt_ids[self.start + 1:] if self.start + 1 < n else []) + output_ids[max(self.start + 1 - n, 0):]
             ids = self.trie.next_tokens(row)
             if ids is not None:  # the tree ends every path, so no field needs cutting
                 ids, in_tree = ids.to(logits.device), True
-                logits = torch.full_like(logits, _NEG_INF).index_copy_(0, ids, logits[ids])
+                logits = torch.full_like(logits, NEG_INF).index_copy_(0, ids, logits[ids])
         done = output_ids[:self.seen]  # the request's prompt ends with the call or value the biases are about
         if self.copy_bias and self.kind == 4 and self.pos == n - 1 and len(done) < len(self.copy) \
                 and done == self.copy[:len(done)] and len(done) <= 2 * self.max_field_tokens:
@@ -95,5 +95,5 @@ class RowGrammar:
                   if ids[:len(done)] == done}
             logits[sorted(ts)] += self.name_bias  # none: nothing added
         if not in_tree and self.kind in (1, 2) and length - 1 - self.pos >= self.max_field_tokens:
-            return _only(logits, self.call_ids[self.kind])  # sep after the entity, retrieve after the relation
+            return only_token(logits, self.call_ids[self.kind])  # sep after the entity, retrieve after the relation
         return logits

@@ -3,7 +3,6 @@ by their title or windows around each call, a fact source's sentences, and the `
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 from pathlib import Path
@@ -41,14 +40,11 @@ def fact_documents_of(recipe: Recipe, out: Path, folder: Path, log=print) -> lis
     spec = recipe.facts
     if not spec.source:
         return []
-    from ..data.facts import fact_documents, read_facts, split_by_entity
+    from ..data.facts import fact_documents, read_facts, split_by_entity, write_jsonl
 
     named = "\n".join(d.text for d in read_documents(out / "corpus" / "documents.jsonl"))
     train, held = split_by_entity(read_facts(spec.source), spec.hold_out, recipe.seed, named)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "facts-heldout.jsonl").write_text("".join(
-        json.dumps({"entity": e, "relation": r, "value": v}, ensure_ascii=False) + "\n" for e, r, v in held),
-        encoding="utf-8")
+    write_jsonl(folder / "facts-heldout.jsonl", held)
     log(f"facts: {len(train)} facts of {len({e for e, _, _ in train})} entities on the training side "
          f"({min(len(train), spec.documents or len(train))} trained on), {len(held)} of "
          f"{len({e for e, _, _ in held})} entities no corpus text names held out ({spec.source})")
@@ -62,17 +58,14 @@ def facts_split(recipe: Recipe, held: Path, folder: Path) -> int:
     and their KB, ``eval/kb-facts``; the number of prompts."""
     if not recipe.facts.source or not held.exists() or not held.stat().st_size:
         return 0
-    from ..data.facts import cloze_records
+    from ..data.facts import cloze_records, read_facts, write_jsonl
     from ..kb import build
 
-    rows = [json.loads(line) for line in held.read_text(encoding="utf-8").splitlines() if line.strip()]
-    records = cloze_records([(r["entity"], r["relation"], r["value"]) for r in rows], split="facts")
+    records = cloze_records(read_facts(held), split="facts")
     n = recipe.evaluate.cloze_per_split
     if n and len(records) > n:
         records = sorted(random.Random(recipe.seed).sample(records, n), key=records.index)
-    path = folder / "cloze" / "facts.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    write_jsonl(folder / "cloze" / "facts.jsonl", records)
     kb = folder / "kb-facts"
     if kb.exists():  # a few hundred facts: made again by a resumed stage rather than trusted half-built
         shutil.rmtree(kb)
