@@ -37,6 +37,7 @@ def run(tmp_path_factory):
     return out, partial, before, report
 
 
+@pytest.mark.slow  # the smoke reproduction end to end
 def test_interrupted_run_continues_where_it_stopped(run):
     out, partial, before, report = run
     assert list(partial["stages"]) == ["bios", "data", "factual"] and "claims" not in partial
@@ -46,6 +47,7 @@ def test_interrupted_run_continues_where_it_stopped(run):
     assert _same(report["stages"]["factual"], partial["stages"]["factual"])
 
 
+@pytest.mark.slow  # the smoke reproduction end to end
 def test_report_has_every_protocol_beside_the_paper(run):
     out, _, _, report = run
     assert json.loads((out / "report.json").read_text())["claims"] == report["claims"]
@@ -73,6 +75,7 @@ def test_report_has_every_protocol_beside_the_paper(run):
         assert 0 <= m["above_chance"]["p_value"] <= 1
 
 
+@pytest.mark.slow  # the smoke reproduction end to end
 def test_seeds_give_every_margin_a_spread(run):
     _, _, _, report = run
     s = report["stages"]["seeds"]
@@ -86,6 +89,7 @@ def test_seeds_give_every_margin_a_spread(run):
     assert perplexity["seeds"] == 2
 
 
+@pytest.mark.slow  # the smoke reproduction end to end
 def test_rag_has_both_readers_and_its_controls(run):
     out, _, _, report = run
     r = report["stages"]["rag"]
@@ -101,6 +105,7 @@ def test_rag_has_both_readers_and_its_controls(run):
     assert sum("(reader: Standard trained with passages)" in c["claim"] for c in report["claims"]) == 3
 
 
+@pytest.mark.slow  # the smoke reproduction end to end
 def test_benchmark_files_in_official_formats(run):
     out, _, _, report = run
     assert len(read_trex(out / "data" / "trex.jsonl")) == report["config"]["n_trex"]
@@ -109,6 +114,7 @@ def test_benchmark_files_in_official_formats(run):
     assert forget and all(it.paraphrased_answer and it.perturbed_answers for it in forget)
 
 
+@pytest.mark.slow  # the smoke reproduction end to end
 def test_unlearning_and_offloading_stages(run):
     out, _, _, report = run
     t = report["stages"]["tofu"]
@@ -133,6 +139,7 @@ def test_unlearning_and_offloading_stages(run):
     assert (out / "offloading" / "ratio-050" / "checkpoint" / "config.json").exists()
 
 
+@pytest.mark.slow  # the smoke reproduction end to end
 def test_a_stage_cut_short_resumes_from_its_pieces(run):
     out, _, _, report = run
     ckpts = {p: _stamps(out / p) for p in ("offloading/ratio-050", "tofu/train-lmlm-full")}
@@ -153,6 +160,7 @@ def test_cli_rejects_an_unknown_preset(tmp_path):
     assert res.exit_code == 2 and "unknown preset" in res.output
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes(tmp_path):
     """SIGKILL in the middle of a stage, then run again: finished stages are kept, the rest completes."""
     out = tmp_path / "killed"

@@ -325,6 +325,7 @@ def test_every_train_preset_loads_and_an_unknown_one_is_named():
         TrainConfig.from_name("demo", lr=-1.0)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_after_the_step_with_the_state_saved_and_resume_goes_on(tmp_path, tok):
     """``lmlm train`` interrupted by Ctrl-C: the step under way ends, the state is saved, exit 130 with
     the command to go on; ``--resume`` then finishes the run from there."""

@@ -65,6 +65,7 @@ def test_packing_by_document_gives_each_document_its_own_sequences(tmp_path, cor
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_flags_override_the_config_file_and_a_run_config_is_accepted(tmp_path, corpus):
     cfg = {"model": "gpt2-tiny", "data": str(corpus / "docs.jsonl"), "max_steps": 5, "seq_len": 64,
            "micro_batch_size": 4, "tokenizer": "bpe:300", "progress": False, "out_dir": str(tmp_path / "A")}
@@ -220,6 +221,7 @@ def test_no_lookup_token_comes_from_text_outside_a_call():
             assert not any(i in tok.call_ids and r == ORG for i, r in zip(enc.input_ids, enc.roles))
 
 
+@pytest.mark.slow
 def test_a_pretrained_model_trains_only_on_shards_of_its_own_tokenizer(tmp_path, corpus, pretrained):
     """Shards of the pretrained model's tokenizer (plus the lookup tokens): its embedding grows by the four
     lookup rows. Shards of another tokenizer: refused, one line, nothing resized or saved."""

@@ -24,7 +24,8 @@ class Device(str, Enum):
 
 
 def pipeline_command(
-    recipe: str = typer.Argument(..., help="a shipped recipe (wiki-cpu, wiki-gpu) or a recipe .toml file"),
+    recipe: str = typer.Argument(..., help="a shipped recipe (wiki-cpu, wiki-cpu-scratch, wiki-gpu) or a recipe "
+                                            ".toml file"),
     out: Path = typer.Option(..., help="run folder: every stage's outputs, report.json and report.md"),
     corpus: Optional[Path] = typer.Option(None, help="the corpus (a Wikipedia dump .xml/.xml.bz2 or a document "
                                           "file), instead of the recipe's"),

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZERS = Path("/work/shared/data/tokenizers")
 
@@ -40,6 +42,7 @@ def _tokenizer(name: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_work_shards_are_reused_only_for_the_same_request(tmp_path):
     def bench(tokenizer: str, corpus_tokens: int = 1000) -> dict:
         proc = lmlm("bench", "train", "--model", "gpt2-tiny", "--seq-len", "64", "--prepare-only", "--workers", "1",

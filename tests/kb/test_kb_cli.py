@@ -298,6 +298,7 @@ def test_bench_kb_keeps_each_phase_it_measured_and_checks_deletes_after_letting_
     assert not out.with_name("r.json.tmp").exists()
 
 
+@pytest.mark.slow
 def test_bench_kb_reuses_a_kb_kept_as_built_and_measures_it_alike(tmp_path):
     """--keep --no-forget leaves the KB as built; --reuse opens it instead of building it again (a
     run of hours at the paper's size measures its lookups again in minutes) and, with the same

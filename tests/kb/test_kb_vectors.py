@@ -34,6 +34,7 @@ def test_vectors_given_in_blocks_build_the_index_for_the_final_size_and_survive_
     again.close()
 
 
+@pytest.mark.slow
 def test_embedding_a_large_kb_trains_its_index_on_the_first_vectors_and_codes_the_rest(encoder, tmp_path):
     ann = AnnConfig(flat_max=200, ivf_min=1000, pq_min=2000, pq_bytes=48)
     kb = KnowledgeBase.create(tmp_path / "kb", encoder=encoder, ann=ann)
