@@ -55,14 +55,14 @@ class QuickstartConfig:
     vocab_size: int = 4096
     seq_len: int = 256
     batch_size: int = 8
-    max_steps: int = 900
+    max_steps: int = 300  # the fewest that keep every claim with margin: docs/quickstart.md, budget table
     lr: float = 2e-3
     warmup_steps: int = 40
     precision: str = "auto"
-    n_cloze: int | None = 1500
+    n_cloze: int | None = 600
     n_edits: int = 200
     forget_fraction: float = 0.05
-    n_retain: int = 600
+    n_retain: int = 300
     n_heldout: int | None = 200
     n_samples: int = 6
     max_new_tokens: int = 32
@@ -79,7 +79,7 @@ class QuickstartConfig:
 
 
 QUICKSTART_PRESETS: dict[str, dict[str, Any]] = {
-    # 12 minutes on a 2-core CPU with native bf16, 18 on an AVX2-only one
+    # the budget table in docs/quickstart.md: the fewest steps that keep every claim with margin
     "default": {},
     # about 2-3 minutes: what the tests run
     "smoke": dict(world="smoke", model="gpt2-small-cpu", vocab_size=1024, max_steps=200, warmup_steps=20, n_cloze=300, n_edits=40, n_retain=150, n_heldout=40, n_samples=3),
@@ -279,10 +279,12 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     kb.close()
     shutil.copytree(kb_dir, eval_kb_dir)
     kb = KnowledgeBase.open(eval_kb_dir)
-    lmlm = LookupGenerator(lmlm_model, tok, kb)  # entity-aware lookups (the default)
-    paper = LookupGenerator(lmlm_model, tok, kb, matching="key")  # the paper's single-key cosine, to compare
-    # both decoding biases on (`lmlm generate --name-bias 10 --copy-bias 5`): do they answer for anyone else?
-    biased = LookupGenerator(lmlm_model, tok, kb, copy_bias=COPY_BIAS, name_bias=NAME_BIAS)
+    # the quickstart's decoding: entity-aware lookups and both biases (`lmlm generate --name-bias 10
+    # --copy-bias 5`): a small model otherwise slips to a name it was trained on ("James Girard" for Jackson
+    # Girard) or off the value it was given
+    lmlm = LookupGenerator(lmlm_model, tok, kb, copy_bias=COPY_BIAS, name_bias=NAME_BIAS)
+    plain = LookupGenerator(lmlm_model, tok, kb)  # the paper's plain decoding, entity-aware lookups
+    paper = LookupGenerator(lmlm_model, tok, kb, matching="key")  # plain decoding, the paper's single-key cosine
     no_db = LookupGenerator(lmlm_model, tok, None, use_db=False)
     standard = LookupGenerator(std_model, tok, None, use_db=False)
 
@@ -301,17 +303,17 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     from .evaluate.cloze import wrong_entity
     subjects = [c.person for c in cloze]
     res, res_paper = fp["lmlm"].pop("results"), fp["lmlm_paper"].pop("results")
-    fp_biased = _precision(biased, items, True, cfg, results=True)
+    fp_plain = _precision(plain, items, True, cfg, results=True)
     wrong = {"cloze": {**wrong_entity(res, subjects), "misses": _misses(res),
                        "paper": {**wrong_entity(res_paper, subjects), "misses": _misses(res_paper)},
-                       "biased": {**wrong_entity(fp_biased["results"], subjects),
-                                  "misses": _misses(fp_biased["results"])}}}
+                       "plain": {**wrong_entity(fp_plain["results"], subjects),
+                                 "misses": _misses(fp_plain["results"])}}}
     # people who were never in the KB (the world's held-out people): any answer is someone else's
     absent = [p.name for p in world.people_in("heldout")]
     absent_items = _cloze_items(world, [world.cloze(p, r) for p in absent for r in world.person(p).facts])
     absent_subjects = [p for p in absent for _ in world.person(p).facts]
     wrong["absent"] = {}
-    for name, gen, matching in (("lmlm", lmlm, "entity"), ("paper", paper, "key"), ("biased", biased, "entity")):
+    for name, gen, matching in (("lmlm", lmlm, "entity"), ("paper", paper, "key"), ("plain", plain, "entity")):
         res = _precision(gen, absent_items, True, cfg, results=True)["results"]
         row = {**_kb_wrong_entity(kb, absent, RELATIONS, matching), "generated": wrong_entity(res, absent_subjects)}
         if name == "lmlm":
@@ -321,8 +323,9 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
             wrong["absent"][name] = row
     factual = {k: v["precision"] for k, v in fp.items()}
     named = LookupGenerator(lmlm_model, tok, kb, name_bias=NAME_BIAS)
+    factual["lmlm_plain"] = fp_plain["precision"]
     factual["lmlm_name_bias"], factual["name_bias"] = _precision(named, items, True, cfg)["precision"], NAME_BIAS
-    factual["lmlm_name_copy_bias"], factual["copy_bias"] = fp_biased["precision"], COPY_BIAS
+    factual["lmlm_name_copy_bias"], factual["copy_bias"] = factual["lmlm"], COPY_BIAS  # the default decoding
     factual["n"] = len(items)
     factual["by_mentions"] = {b: {k: fp[k]["by_key"].get(b) for k in fp} for b in ("1", "2-4", "5+")}
     factual["mention_counts"] = {b: sum(1 for it in items if it.key == b) for b in ("1", "2-4", "5+")}
@@ -352,11 +355,11 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     ak_paper = _precision(paper, added_items, True, cfg)
     ak_copy = _precision(LookupGenerator(lmlm_model, tok, kb, copy_bias=COPY_BIAS), added_items, True, cfg)
     ak_named = _precision(named, added_items, True, cfg)
-    ak_both = _precision(biased, added_items, True, cfg)
+    ak_plain = _precision(plain, added_items, True, cfg)
     ak_std = _precision(standard, added_items, False, cfg)
-    added_knowledge = {"lmlm": ak["precision"], "lmlm_paper": ak_paper["precision"],
+    added_knowledge = {"lmlm": ak["precision"], "lmlm_paper": ak_paper["precision"], "lmlm_plain": ak_plain["precision"],
                        "lmlm_copy_bias": ak_copy["precision"], "copy_bias": COPY_BIAS, "standard": ak_std["precision"],
-                       "lmlm_name_bias": ak_named["precision"], "lmlm_name_copy_bias": ak_both["precision"],
+                       "lmlm_name_bias": ak_named["precision"], "lmlm_name_copy_bias": ak["precision"],
                        "name_bias": NAME_BIAS,
                        "n": len(added_items), "people": len(added), "misses": _misses(ak_res),
                        "wrong_answers": _wrong_answers(added_items, ak["hits"], ak_res)}
@@ -382,7 +385,7 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     f_before = _precision(lmlm, forget_items, True, cfg)["precision"]
     r_before = _precision(lmlm, retain_items, True, cfg)["precision"]
     r_before_paper = _precision(paper, retain_items, True, cfg)["precision"]
-    r_before_biased = _precision(biased, retain_items, True, cfg)["precision"]
+    r_before_plain = _precision(plain, retain_items, True, cfg)["precision"]
     t0 = time.perf_counter()
     deleted = 0
     for person in forget:
@@ -392,21 +395,21 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     f_after_paper = _precision(paper, forget_items, True, cfg, results=True)
     r_after = _precision(lmlm, retain_items, True, cfg)["precision"]
     r_after_paper = _precision(paper, retain_items, True, cfg)["precision"]
-    f_after_biased = _precision(biased, forget_items, True, cfg, results=True)
-    r_after_biased = _precision(biased, retain_items, True, cfg)["precision"]
+    f_after_plain = _precision(plain, forget_items, True, cfg, results=True)
+    r_after_plain = _precision(plain, retain_items, True, cfg)["precision"]
     f_std = _precision(standard, forget_items, False, cfg)["precision"]
     forget_subjects = [p for p in forget for _ in world.person(p).facts]
     wrong["deleted"] = {**_kb_wrong_entity(kb, forget, RELATIONS, "entity"),
                         "generated": wrong_entity(f_after_res.pop("results"), forget_subjects),
                         "paper": {**_kb_wrong_entity(kb, forget, RELATIONS, "key"),
                                   "generated": wrong_entity(f_after_paper.pop("results"), forget_subjects)},
-                        "biased": {**_kb_wrong_entity(kb, forget, RELATIONS, "entity"),
-                                   "generated": wrong_entity(f_after_biased.pop("results"), forget_subjects)}}
+                        "plain": {**_kb_wrong_entity(kb, forget, RELATIONS, "entity"),
+                                  "generated": wrong_entity(f_after_plain.pop("results"), forget_subjects)}}
     unlearning = {"forget_before": f_before, "forget_after": f_after_res["precision"], "retain_before": r_before,
                   "retain_after": r_after, "forget_after_paper": f_after_paper["precision"],
                   "retain_before_paper": r_before_paper, "retain_after_paper": r_after_paper,
-                  "forget_after_biased": f_after_biased["precision"], "retain_before_biased": r_before_biased,
-                  "retain_after_biased": r_after_biased,
+                  "forget_after_plain": f_after_plain["precision"], "retain_before_plain": r_before_plain,
+                  "retain_after_plain": r_after_plain,
                   "seconds": forget_seconds, "people": len(forget),
                   "facts_deleted": deleted, "forget_prompts": len(forget_items),
                   "retain_prompts": len(retain_items), "standard_forget": f_std}

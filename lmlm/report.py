@@ -164,14 +164,14 @@ def _ratio(row: dict | None, n: str = "n") -> str:
 
 
 def wrong_entity_lines(report: dict) -> list[str]:
-    """The table of lookups answered for someone else: entity-aware matching beside the paper's, and the
-    entity-aware one decoded with both biases (``--name-bias`` and ``--copy-bias``) where the run measured it."""
+    """The table of lookups answered for someone else: the default decoding (entity-aware matching, both
+    biases) beside plain decoding with entity-aware matching and with the paper's single-key match."""
     w = report.get("wrong_entity")
     if not w:
         return []
     fp, ak, u = report["factual_precision"], report["added_knowledge"], report["unlearning"]
     d, a, c = w["deleted"], w["absent"], w["cloze"]
-    db, ab, cb = d.get("biased"), a.get("biased"), c.get("biased")
+    dp, ap, cp = d.get("plain"), a.get("plain"), c.get("plain")
 
     def lookups(row):
         return _ratio(row, "lookups")
@@ -180,34 +180,34 @@ def wrong_entity_lines(report: dict) -> list[str]:
         return f"{lookups(row)} ({_fmt(row.get('share'))})" if row else "–"
 
     rows = [
-        ("factual precision (cloze)", _fmt(fp["lmlm"]), _fmt(fp.get("lmlm_paper")),
-         _fmt(fp.get("lmlm_name_copy_bias"))),
-        ("people added to the KB after training", _fmt(ak["lmlm"]), _fmt(ak.get("lmlm_paper")),
-         _fmt(ak.get("lmlm_name_copy_bias"))),
-        ("forget set, after delete", _fmt(u["forget_after"]), _fmt(u.get("forget_after_paper")),
-         _fmt(u.get("forget_after_biased"))),
+        ("factual precision (cloze)", _fmt(fp["lmlm"]), _fmt(fp.get("lmlm_plain")), _fmt(fp.get("lmlm_paper"))),
+        ("people added to the KB after training", _fmt(ak["lmlm"]), _fmt(ak.get("lmlm_plain")),
+         _fmt(ak.get("lmlm_paper"))),
+        ("forget set, after delete", _fmt(u["forget_after"]), _fmt(u.get("forget_after_plain")),
+         _fmt(u.get("forget_after_paper"))),
         ("retain set, before / after delete", f"{_fmt(u['retain_before'])} / {_fmt(u['retain_after'])}",
-         f"{_fmt(u.get('retain_before_paper'))} / {_fmt(u.get('retain_after_paper'))}",
-         f"{_fmt(u.get('retain_before_biased'))} / {_fmt(u.get('retain_after_biased'))}"),
-        ("`wrong_entity.deleted`: keys of deleted people looked up", _ratio(d), _ratio(d.get("paper")), _ratio(db)),
-        ("... their cloze lookups after the delete", lookups(d["generated"]),
-         lookups(d.get("paper", {}).get("generated")), lookups((db or {}).get("generated"))),
-        ("`wrong_entity.absent`: keys of people never in the KB", _ratio(a), _ratio(a.get("paper")), _ratio(ab)),
-        ("... their cloze lookups", lookups(a["generated"]), lookups(a.get("paper", {}).get("generated")),
-         lookups((ab or {}).get("generated"))),
-        ("`wrong_entity.cloze`: cloze lookups answered from another entity", share(c), share(c.get("paper")),
-         share(cb)),
+         f"{_fmt(u.get('retain_before_plain'))} / {_fmt(u.get('retain_after_plain'))}",
+         f"{_fmt(u.get('retain_before_paper'))} / {_fmt(u.get('retain_after_paper'))}"),
+        ("`wrong_entity.deleted`: keys of deleted people looked up", _ratio(d), _ratio(dp), _ratio(d.get("paper"))),
+        ("... their cloze lookups after the delete", lookups(d["generated"]), lookups((dp or {}).get("generated")),
+         lookups(d.get("paper", {}).get("generated"))),
+        ("`wrong_entity.absent`: keys of people never in the KB", _ratio(a), _ratio(ap), _ratio(a.get("paper"))),
+        ("... their cloze lookups", lookups(a["generated"]), lookups((ap or {}).get("generated")),
+         lookups(a.get("paper", {}).get("generated"))),
+        ("`wrong_entity.cloze`: cloze lookups answered from another entity", share(c), share(cp),
+         share(c.get("paper"))),
     ]
     misses = ", ".join(f"{k} {v}" for k, v in sorted(c["misses"]["by_reason"].items())) or "none"
     return ["## Lookups answered for someone else", "",
-            "Entity-aware matching (the default: the entity first, by exact name, alias, the names in the text "
-            "so far, then a fuzzy match with a margin; then the relation among its keys) beside the paper's "
-            "single-key cosine (0.6) on the same model and KB, and entity-aware matching decoded with both biases "
-            f"(`--name-bias {fp.get('name_bias') or 0:g} --copy-bias {ak.get('copy_bias') or 0:g}`; the key rows "
-            "look up the same keys, without decoding).", "",
-            "| what | entity-aware | paper's single-key match | entity-aware, both biases |", "|---|---:|---:|---:|",
+            "The quickstart's decoding (entity-aware matching: the entity first, by exact name, alias, the names "
+            "in the text so far, then a fuzzy match with a margin; then the relation among its keys; decoded with "
+            f"`--name-bias {fp.get('name_bias') or 0:g} --copy-bias {ak.get('copy_bias') or 0:g}`) beside the "
+            "paper's plain decoding, with entity-aware matching and with the paper's single-key cosine (0.6), "
+            "on the same model and KB (the key rows look up the same keys, without decoding).", "",
+            "| what | entity-aware, both biases (default) | entity-aware, plain decoding "
+            "| paper's single-key match, plain decoding |", "|---|---:|---:|---:|",
             *[f"| {' | '.join(r)} |" for r in rows], "",
-            f"Why the entity-aware cloze lookups missed: {misses}.", ""]
+            f"Why the default's cloze lookups missed: {misses}.", ""]
 
 
 def _added_lines(ak: dict) -> list[str]:
@@ -219,13 +219,12 @@ def _added_lines(ak: dict) -> list[str]:
         lines.append(f"Added knowledge: {wa['n']} of {ak['n']} items missed: {wa['no_answer']} where no lookup was "
                      f"answered (lookup misses by reason: {misses}), {wa['lookup_answered']} where the KB answered "
                      "and the text after the call did not state the value.")
-    if ak.get("lmlm_copy_bias") is not None:
-        lines.append(f"With `lmlm generate --copy-bias {ak['copy_bias']:g}` (the answered value's next token favoured "
-                     f"while the text states it) the LMLM states {_fmt(ak['lmlm_copy_bias'])} of them.")
-    if ak.get("lmlm_name_bias") is not None:
-        lines.append(f"With `--name-bias {ak['name_bias']:g}` (a query's entity kept on the KB names the text gives: "
-                     f"a small model slips to a name it was trained on, which the KB refuses) "
-                     f"{_fmt(ak['lmlm_name_bias'])}; with both biases {_fmt(ak['lmlm_name_copy_bias'])}.")
+    if ak.get("lmlm_plain") is not None:
+        lines.append(f"Decoded with both biases (the default above) the LMLM states {_fmt(ak['lmlm'])} of them; "
+                     f"plain decoding {_fmt(ak['lmlm_plain'])}, only `--copy-bias {ak['copy_bias']:g}` (the answered "
+                     f"value's next token favoured while the text states it) {_fmt(ak.get('lmlm_copy_bias'))}, only "
+                     f"`--name-bias {ak['name_bias']:g}` (a query's entity kept on the KB names the text gives: a small "
+                     f"model slips to a name it was trained on, which the KB refuses) {_fmt(ak.get('lmlm_name_bias'))}.")
     return lines
 
 
@@ -264,9 +263,11 @@ def write_quickstart_report(report: dict, out: str | Path) -> Path:
     sc = fp.get("stated_counts", {})
     lines += [f"| all | {fp['n']} | {_fmt(sc.get('kb_only'))} | **{_fmt(fp['lmlm'])}** | {_fmt(fp['lmlm_no_db'])} "
               f"| {_fmt(fp['standard'])} | {_fmt(fp.get('by_stated', {}).get('stated', {}).get('standard'))} |", ""]
-    if fp.get("lmlm_name_bias") is not None:
-        lines += [f"With `lmlm generate --name-bias {fp['name_bias']:g}` (a query's entity kept on the KB names the "
-                  f"text gives) the LMLM's factual precision is {_fmt(fp['lmlm_name_bias'])}.", ""]
+    if fp.get("lmlm_plain") is not None:
+        lines += [f"The LMLM decodes with `lmlm generate --name-bias {fp['name_bias']:g} --copy-bias "
+                  f"{fp['copy_bias']:g}` (a query's entity kept on the KB names the text gives; the answered value "
+                  f"favoured while the text states it). The paper's plain decoding: {_fmt(fp['lmlm_plain'])}; "
+                  f"the name bias alone: {_fmt(fp.get('lmlm_name_bias'))}.", ""]
     if "by_stated" in fp:
         bs = fp["by_stated"]
         lines += ["Facts stated in some training document vs facts only the KB holds (no training document states "

@@ -11,6 +11,8 @@ from lmlm.kb import KnowledgeBase
 from lmlm.quickstart import quickstart
 from lmlm.worlds.bios import BiosWorld
 
+pytestmark = pytest.mark.slow  # the smoke preset end to end: 3 minutes with native bf16, 10 without
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
@@ -33,12 +35,14 @@ def test_report_contract(run):
         for bucket in ("1", "2-4", "5+"):
             assert {"lmlm", "lmlm_no_db", "standard"} <= set(fp["by_mentions"][bucket])
     assert _unit(report["added_knowledge"]["lmlm"]) and _unit(report["edits"]["lmlm"])
-    for k in ("lmlm_copy_bias", "lmlm_name_bias", "lmlm_name_copy_bias"):  # the same items, biased decoding
+    for k in ("lmlm_plain", "lmlm_copy_bias", "lmlm_name_bias", "lmlm_name_copy_bias"):  # the same items, decoded otherwise
         assert _unit(report["added_knowledge"][k])
-    assert _unit(fp["lmlm_name_bias"]) and fp["name_bias"] > 0 and _unit(fp["lmlm_name_copy_bias"])
+    assert _unit(fp["lmlm_name_bias"]) and fp["name_bias"] > 0 and _unit(fp["lmlm_plain"])
+    # the LMLM rows are decoded with both biases; the paper's plain decoding beside them
+    assert fp["lmlm_name_copy_bias"] == fp["lmlm"] and fp["copy_bias"] > 0
     u = report["unlearning"]
-    for k in ("forget_before", "forget_after", "retain_before", "retain_after", "forget_after_biased",
-              "retain_before_biased", "retain_after_biased"):
+    for k in ("forget_before", "forget_after", "retain_before", "retain_after", "forget_after_plain",
+              "retain_before_plain", "retain_after_plain"):
         assert _unit(u[k])
     assert u["seconds"] > 0 and u["facts_deleted"] == 6 * u["people"]
     p = report["perplexity"]
@@ -85,7 +89,8 @@ def test_precision_split_by_stated_and_kb_only_facts(run):
     assert stated == world.stats()["triples"]["facts_stated"]
     md = (out / "report.md").read_text()
     assert "KB only" in md and "stated in training text" in md and "added people" in md
-    assert "| entity-aware | paper's single-key match | entity-aware, both biases |" in md
+    assert ("| entity-aware, both biases (default) | entity-aware, plain decoding "
+            "| paper's single-key match, plain decoding |") in md
 
 
 def test_knowledge_lives_in_the_kb(run):
@@ -104,11 +109,11 @@ def test_knowledge_lives_in_the_kb(run):
     # generated text about them: only where the model itself wrote another person's exact name
     for g in (w["deleted"], w["absent"]):
         assert g["generated"]["wrong"] < g["paper"]["generated"]["wrong"]
-        # decoded with both biases (name and copy) as well
-        assert max(g["generated"]["wrong"], g["biased"]["generated"]["wrong"]) < g["paper"]["generated"]["wrong"]
-        for row in (g, g["biased"]):
+        # decoded plainly (no name or copy bias) as well
+        assert max(g["generated"]["wrong"], g["plain"]["generated"]["wrong"]) < g["paper"]["generated"]["wrong"]
+        for row in (g, g["plain"]):
             assert all(query == matched for _, query, matched in row["generated"]["examples"])
-    assert u["forget_after_biased"] <= 0.05 and w["deleted"]["biased"]["wrong"] == 0
+    assert u["forget_after_plain"] <= 0.05 and w["deleted"]["plain"]["wrong"] == 0
     assert w["deleted"]["paper"]["wrong"] == w["deleted"]["paper"]["n"] > 0
     assert w["cloze"]["share"] <= w["cloze"]["paper"]["share"]
     # the deletes are in the KB's log and unreachable by exact lookup
