@@ -114,7 +114,7 @@ def presets(tokenizer: List[str] = typer.Option(
 
     from .models import TOKENIZER_VOCAB, preset_table
     from .train.config import TrainConfigError
-    from .train.inputs import _tokenizer_from_spec
+    from .train.inputs import tokenizer_from_spec
 
     toks: dict = dict(TOKENIZER_VOCAB)  # the paper's tokenizers' sizes; a file given replaces its entry
     for spec in tokenizer or ():
@@ -122,7 +122,7 @@ def presets(tokenizer: List[str] = typer.Option(
         if not sep or not name or not path:
             _fail(f"--tokenizer takes NAME=PATH, got {spec!r}")
         try:  # as lmlm train reads --tokenizer: a local path that is not there is named so
-            toks[name] = _tokenizer_from_spec(path)
+            toks[name] = tokenizer_from_spec(path)
         except TrainConfigError as e:
             _fail(f"--tokenizer {name}: {e}")
         except Exception as e:  # a clear message naming the tokenizer

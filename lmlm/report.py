@@ -23,7 +23,7 @@ def write_json(path: Path, obj) -> None:
     tmp.replace(path)
 
 
-def _fmt(x: Any, digits: int = 3) -> str:
+def fmt_value(x: Any, digits: int = 3) -> str:
     if x is None:
         return "–"
     if isinstance(x, float):
@@ -46,7 +46,7 @@ def render_generation(text: str) -> str:
     return "".join(out)
 
 
-def _plt():
+def plt_module():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -57,7 +57,7 @@ def _plt():
 
 def plot_training_curves(runs: dict[str, Path], path: Path) -> bool:
     """Training loss per step for each run folder that has a ``train_log.jsonl``."""
-    plt = _plt()
+    plt = plt_module()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     any_curve = False
     for name, run in runs.items():
@@ -81,7 +81,7 @@ def plot_training_curves(runs: dict[str, Path], path: Path) -> bool:
 
 
 def _bar_precision(report: dict, path: Path) -> None:
-    plt = _plt()
+    plt = plt_module()
     fp = report["factual_precision"]
     buckets = ["1", "2-4", "5+"]
     systems = [("lmlm", "LMLM"), ("lmlm_no_db", "LMLM, no DB"), ("standard", "Standard")]
@@ -107,7 +107,7 @@ def _bar_precision(report: dict, path: Path) -> None:
 
 def _labelled_bars(path: Path, labels, vals, colors, ylabel: str, title: str, ylim=None, size=(6, 3.5)) -> None:
     """One bar per value, each labelled with its value."""
-    plt = _plt()
+    plt = plt_module()
     fig, ax = plt.subplots(figsize=size)
     ax.bar(range(len(vals)), vals, color=colors)
     top = ylim[1] if ylim else max(vals)
@@ -138,7 +138,7 @@ def _bar_knowledge(report: dict, path: Path) -> None:
 
 def _bar_perplexity(report: dict, path: Path) -> None:
     p = report["perplexity"]
-    plt = _plt()
+    plt = plt_module()
     rows = [("all", {**p["lmlm"], "standard": p["standard"]})] + list(p.get("by_group", {}).items())
     keys = [("static", "LMLM static", "tab:blue"), ("dynamic", "LMLM dynamic", "tab:cyan"),
             ("normalized", "LMLM normalized", "tab:purple"), ("standard", "Standard", "tab:orange")]
@@ -177,17 +177,17 @@ def wrong_entity_lines(report: dict) -> list[str]:
         return _ratio(row, "lookups")
 
     def share(row):
-        return f"{lookups(row)} ({_fmt(row.get('share'))})" if row else "–"
+        return f"{lookups(row)} ({fmt_value(row.get('share'))})" if row else "–"
 
     rows = [
-        ("factual precision (cloze)", _fmt(fp["lmlm"]), _fmt(fp.get("lmlm_plain")), _fmt(fp.get("lmlm_paper"))),
-        ("people added to the KB after training", _fmt(ak["lmlm"]), _fmt(ak.get("lmlm_plain")),
-         _fmt(ak.get("lmlm_paper"))),
-        ("forget set, after delete", _fmt(u["forget_after"]), _fmt(u.get("forget_after_plain")),
-         _fmt(u.get("forget_after_paper"))),
-        ("retain set, before / after delete", f"{_fmt(u['retain_before'])} / {_fmt(u['retain_after'])}",
-         f"{_fmt(u.get('retain_before_plain'))} / {_fmt(u.get('retain_after_plain'))}",
-         f"{_fmt(u.get('retain_before_paper'))} / {_fmt(u.get('retain_after_paper'))}"),
+        ("factual precision (cloze)", fmt_value(fp["lmlm"]), fmt_value(fp.get("lmlm_plain")), fmt_value(fp.get("lmlm_paper"))),
+        ("people added to the KB after training", fmt_value(ak["lmlm"]), fmt_value(ak.get("lmlm_plain")),
+         fmt_value(ak.get("lmlm_paper"))),
+        ("forget set, after delete", fmt_value(u["forget_after"]), fmt_value(u.get("forget_after_plain")),
+         fmt_value(u.get("forget_after_paper"))),
+        ("retain set, before / after delete", f"{fmt_value(u['retain_before'])} / {fmt_value(u['retain_after'])}",
+         f"{fmt_value(u.get('retain_before_plain'))} / {fmt_value(u.get('retain_after_plain'))}",
+         f"{fmt_value(u.get('retain_before_paper'))} / {fmt_value(u.get('retain_after_paper'))}"),
         ("`wrong_entity.deleted`: keys of deleted people looked up", _ratio(d), _ratio(dp), _ratio(d.get("paper"))),
         ("... their cloze lookups after the delete", lookups(d["generated"]), lookups((dp or {}).get("generated")),
          lookups(d.get("paper", {}).get("generated"))),
@@ -220,11 +220,11 @@ def _added_lines(ak: dict) -> list[str]:
                      f"answered (lookup misses by reason: {misses}), {wa['lookup_answered']} where the KB answered "
                      "and the text after the call did not state the value.")
     if ak.get("lmlm_plain") is not None:
-        lines.append(f"Decoded with both biases (the default above) the LMLM states {_fmt(ak['lmlm'])} of them; "
-                     f"plain decoding {_fmt(ak['lmlm_plain'])}, only `--copy-bias {ak['copy_bias']:g}` (the answered "
-                     f"value's next token favoured while the text states it) {_fmt(ak.get('lmlm_copy_bias'))}, only "
+        lines.append(f"Decoded with both biases (the default above) the LMLM states {fmt_value(ak['lmlm'])} of them; "
+                     f"plain decoding {fmt_value(ak['lmlm_plain'])}, only `--copy-bias {ak['copy_bias']:g}` (the answered "
+                     f"value's next token favoured while the text states it) {fmt_value(ak.get('lmlm_copy_bias'))}, only "
                      f"`--name-bias {ak['name_bias']:g}` (a query's entity kept on the KB names the text gives: a small "
-                     f"model slips to a name it was trained on, which the KB refuses) {_fmt(ak.get('lmlm_name_bias'))}.")
+                     f"model slips to a name it was trained on, which the KB refuses) {fmt_value(ak.get('lmlm_name_bias'))}.")
     return lines
 
 
@@ -258,35 +258,35 @@ def write_quickstart_report(report: dict, out: str | Path) -> Path:
     mst = fp.get("by_mentions_stated", {})
     for b in ("1", "2-4", "5+"):
         r, rs = fp["by_mentions"][b], mst.get(b, {})
-        lines.append(f"| {b} time{'s' if b != '1' else ''} | {fp['mention_counts'][b]} | {_fmt(rs.get('kb_only_prompts'))} "
-                     f"| {_fmt(r['lmlm'])} | {_fmt(r['lmlm_no_db'])} | {_fmt(r['standard'])} | {_fmt(rs.get('standard'))} |")
+        lines.append(f"| {b} time{'s' if b != '1' else ''} | {fp['mention_counts'][b]} | {fmt_value(rs.get('kb_only_prompts'))} "
+                     f"| {fmt_value(r['lmlm'])} | {fmt_value(r['lmlm_no_db'])} | {fmt_value(r['standard'])} | {fmt_value(rs.get('standard'))} |")
     sc = fp.get("stated_counts", {})
-    lines += [f"| all | {fp['n']} | {_fmt(sc.get('kb_only'))} | **{_fmt(fp['lmlm'])}** | {_fmt(fp['lmlm_no_db'])} "
-              f"| {_fmt(fp['standard'])} | {_fmt(fp.get('by_stated', {}).get('stated', {}).get('standard'))} |", ""]
+    lines += [f"| all | {fp['n']} | {fmt_value(sc.get('kb_only'))} | **{fmt_value(fp['lmlm'])}** | {fmt_value(fp['lmlm_no_db'])} "
+              f"| {fmt_value(fp['standard'])} | {fmt_value(fp.get('by_stated', {}).get('stated', {}).get('standard'))} |", ""]
     if fp.get("lmlm_plain") is not None:
         lines += [f"The LMLM decodes with `lmlm generate --name-bias {fp['name_bias']:g} --copy-bias "
                   f"{fp['copy_bias']:g}` (a query's entity kept on the KB names the text gives; the answered value "
-                  f"favoured while the text states it). The paper's plain decoding: {_fmt(fp['lmlm_plain'])}; "
-                  f"the name bias alone: {_fmt(fp.get('lmlm_name_bias'))}.", ""]
+                  f"favoured while the text states it). The paper's plain decoding: {fmt_value(fp['lmlm_plain'])}; "
+                  f"the name bias alone: {fmt_value(fp.get('lmlm_name_bias'))}.", ""]
     if "by_stated" in fp:
         bs = fp["by_stated"]
         lines += ["Facts stated in some training document vs facts only the KB holds (no training document states "
                   "them, so no Standard model could learn them; the cloze prompts sample both):", "",
                   "| facts | prompts | LMLM | LMLM without DB | Standard |", "|---|---:|---:|---:|---:|"]
         for g, label in (("stated", "stated in training text"), ("kb_only", "KB only")):
-            lines.append(f"| {label} | {sc.get(g)} | {_fmt(bs[g]['lmlm'])} | {_fmt(bs[g]['lmlm_no_db'])} "
-                         f"| {_fmt(bs[g]['standard'])} |")
+            lines.append(f"| {label} | {sc.get(g)} | {fmt_value(bs[g]['lmlm'])} | {fmt_value(bs[g]['lmlm_no_db'])} "
+                         f"| {fmt_value(bs[g]['standard'])} |")
         lines.append("")
     lines += ["![factual precision](figures/factual_precision.png)", "",
               "## Changing what the model knows, with no training", "",
               "| what | prompts | LMLM | Standard |", "|---|---:|---:|---:|",
-              f"| people added to the KB after training | {ak['n']} | {_fmt(ak['lmlm'])} | {_fmt(ak.get('standard'))} |",
-              f"| facts edited in the KB (new value produced) | {ed['n']} | {_fmt(ed['lmlm'])} | – |",
-              f"| edited facts: old value still produced | {ed['n']} | {_fmt(ed.get('lmlm_old_value'))} | – |",
-              f"| forget set ({u['people']} people), before delete | {u['forget_prompts']} | {_fmt(u['forget_before'])} | {_fmt(u.get('standard_forget'))} |",
-              f"| forget set, after delete | {u['forget_prompts']} | **{_fmt(u['forget_after'])}** | {_fmt(u.get('standard_forget'))} |",
-              f"| retain set, before delete | {u['retain_prompts']} | {_fmt(u['retain_before'])} | – |",
-              f"| retain set, after delete | {u['retain_prompts']} | {_fmt(u['retain_after'])} | – |",
+              f"| people added to the KB after training | {ak['n']} | {fmt_value(ak['lmlm'])} | {fmt_value(ak.get('standard'))} |",
+              f"| facts edited in the KB (new value produced) | {ed['n']} | {fmt_value(ed['lmlm'])} | – |",
+              f"| edited facts: old value still produced | {ed['n']} | {fmt_value(ed.get('lmlm_old_value'))} | – |",
+              f"| forget set ({u['people']} people), before delete | {u['forget_prompts']} | {fmt_value(u['forget_before'])} | {fmt_value(u.get('standard_forget'))} |",
+              f"| forget set, after delete | {u['forget_prompts']} | **{fmt_value(u['forget_after'])}** | {fmt_value(u.get('standard_forget'))} |",
+              f"| retain set, before delete | {u['retain_prompts']} | {fmt_value(u['retain_before'])} | – |",
+              f"| retain set, after delete | {u['retain_prompts']} | {fmt_value(u['retain_after'])} | – |",
               "",
               f"Deleting {u['facts_deleted']} facts of {u['people']} people took {u['seconds']:.3f} s.",
               ""] + _added_lines(ak) + ["", "![knowledge changes](figures/knowledge_changes.png)", ""] + wrong_entity_lines(report) + [
@@ -295,16 +295,16 @@ def write_quickstart_report(report: dict, out: str | Path) -> Path:
               "trained people's and the added people's), as the paper's database covers its validation text.", "",
               "| documents about | documents | LMLM static | LMLM dynamic | LMLM normalized | Standard | queries | "
               "right person found |", "|---|---:|---:|---:|---:|---:|---:|---:|",
-              f"| all | {p['documents']} | {_fmt(p['lmlm']['static'], 2)} | {_fmt(p['lmlm']['dynamic'], 2)} "
-              f"| {_fmt(p['lmlm']['normalized'], 2)} | {_fmt(p['standard'], 2)} | {_fmt(p['lmlm'].get('dynamic_lookups'))} "
-              f"| {_fmt(p['lmlm'].get('dynamic_lookup_found_rate'))} |"]
+              f"| all | {p['documents']} | {fmt_value(p['lmlm']['static'], 2)} | {fmt_value(p['lmlm']['dynamic'], 2)} "
+              f"| {fmt_value(p['lmlm']['normalized'], 2)} | {fmt_value(p['standard'], 2)} | {fmt_value(p['lmlm'].get('dynamic_lookups'))} "
+              f"| {fmt_value(p['lmlm'].get('dynamic_lookup_found_rate'))} |"]
     for g, r in p.get("by_group", {}).items():
-        lines.append(f"| {g} people | {r['documents']} | {_fmt(r['static'], 2)} | {_fmt(r['dynamic'], 2)} "
-                     f"| {_fmt(r['normalized'], 2)} | {_fmt(r['standard'], 2)} | {r['lookups']} "
-                     f"| {_fmt(r['lookup_found_rate'])} |")
+        lines.append(f"| {g} people | {r['documents']} | {fmt_value(r['static'], 2)} | {fmt_value(r['dynamic'], 2)} "
+                     f"| {fmt_value(r['normalized'], 2)} | {fmt_value(r['standard'], 2)} | {r['lookups']} "
+                     f"| {fmt_value(r['lookup_found_rate'])} |")
     lines += ["", f"{p['org_tokens']} text tokens. A query counts as found only when the KB answered with a fact of "
-              f"the person the reference call names; {_fmt(p['lmlm'].get('dynamic_lookup_matched_rate'))} of the queries "
-              f"got some answer, {_fmt(p['lmlm'].get('dynamic_lookup_wrong_entity'))} of them about someone else. "
+              f"the person the reference call names; {fmt_value(p['lmlm'].get('dynamic_lookup_matched_rate'))} of the queries "
+              f"got some answer, {fmt_value(p['lmlm'].get('dynamic_lookup_wrong_entity'))} of them about someone else. "
               "LMLM loss per token role: " + ", ".join(f"{k} {v:.2f}" for k, v in p["lmlm"]["role_loss"].items()) + ".",
               "", "![perplexity](figures/perplexity.png)", "",
               "## Models", "",
@@ -315,8 +315,8 @@ def write_quickstart_report(report: dict, out: str | Path) -> Path:
         r = m[k]
         params = r.get("parameters")
         params = params.get("total") if isinstance(params, dict) else params
-        lines.append(f"| {k} | {r['preset']} | {_fmt(params)} | {_fmt(r.get('steps'))} | {_fmt(r.get('training_tokens'))} "
-                     f"| {_fmt(r.get('trained_tokens'))} | {_fmt(r.get('training_seconds'), 0)} | {_fmt(r.get('final_loss'))} |")
+        lines.append(f"| {k} | {r['preset']} | {fmt_value(params)} | {fmt_value(r.get('steps'))} | {fmt_value(r.get('training_tokens'))} "
+                     f"| {fmt_value(r.get('trained_tokens'))} | {fmt_value(r.get('training_seconds'), 0)} | {fmt_value(r.get('final_loss'))} |")
     if has_curves:
         lines += ["", "![training loss](figures/training_loss.png)"]
     lines += ["", "## Sample generations", "",

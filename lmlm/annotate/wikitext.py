@@ -125,10 +125,10 @@ def relation_name(field_name: str) -> str:
 def _english_words() -> dict[str, int]:
     """Whole English words with their rank (a proxy for frequency): the MiniLM encoder's WordPiece
     vocabulary, which ships with the package that holds the encoder; empty if it cannot be read."""
-    from ..kb.encoder import DEFAULT_MODEL, _model_location
+    from ..kb.encoder import DEFAULT_MODEL, model_location
 
     try:
-        lines = (Path(_model_location(DEFAULT_MODEL)) / "vocab.txt").read_text(encoding="utf-8").splitlines()
+        lines = (Path(model_location(DEFAULT_MODEL)) / "vocab.txt").read_text(encoding="utf-8").splitlines()
     except OSError:
         return {}
     words = {w: i for i, w in enumerate(lines) if w.isascii() and w.isalpha() and w.islower()}

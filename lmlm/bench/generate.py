@@ -49,7 +49,7 @@ from typing import Callable, List, Optional
 import typer
 
 from . import bench_app
-from .generate_paper import PAPER_DTYPES, PAPER_MODELS, _device_name, plain_generate
+from .generate_paper import PAPER_DTYPES, PAPER_MODELS, device_name, plain_generate
 
 __all__ = ["BENCH_WORLD", "BENCH_TRAIN", "build_bench_model", "bench_prompts", "run_generate_bench"]
 
@@ -181,7 +181,7 @@ def run_generate_bench(model_dir: Path, kb_dir: Path, *, new_tokens: int = 256, 
         "new_tokens": new_tokens, "check_prompts": len(check), "check_tokens": check_tokens,
         "prompts_b1": len(single), "prompts_b16": len(batch16), "repeats": repeats, "threads": threads,
         "parameters": sum(p.numel() for p in model.parameters()), "model": str(model_dir), "kb": str(kb_dir),
-        "device": _device_name(model.device), "cuda_graphs": gen.static_decoding, **extra,
+        "device": device_name(model.device), "cuda_graphs": gen.static_decoding, **extra,
     }
     return report
 

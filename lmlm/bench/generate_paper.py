@@ -84,7 +84,7 @@ def plain_generate(gen, prompts: Sequence[str], new_tokens: int, batch: int) -> 
     return out_ids
 
 
-def _device_name(device) -> str:
+def device_name(device) -> str:
     import platform
 
     import torch
@@ -285,7 +285,7 @@ def _bench_model(model, tok, kb, prompts: list[str], shape: dict, *, repeats: in
         "sample_calls": [f"{t.query_entity} | {t.query_relation} -> {t.value}" for t in traces[0][:3]],
         "parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tok),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        "device": _device_name(model.device), "cuda_graphs": gen.static_decoding, "packed_weights": packs,
+        "device": device_name(model.device), "cuda_graphs": gen.static_decoding, "packed_weights": packs,
     })
     report.update(_floor_report(model, shape, best, forwards, prefill, rate))
     if served is not None:

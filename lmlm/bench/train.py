@@ -120,7 +120,7 @@ def run_train_bench(model: str, seq_len: int, device: str, *, micro_batch_size: 
     from ..models import ModelConfig
     from ..train import TrainConfig, train
     from ..train.config import TrainConfigError
-    from ..train.inputs import _tokenizer_from_spec
+    from ..train.inputs import tokenizer_from_spec
 
     try:  # an unknown preset or field, or a sequence past the context, fails before any work
         preset = ModelConfig.from_name(model, **(overrides or {}))
@@ -130,7 +130,7 @@ def run_train_bench(model: str, seq_len: int, device: str, *, micro_batch_size: 
         raise TrainConfigError(f"--seq-len {seq_len} exceeds the context length {preset.context_length} of "
                                f"{model}; give --seq-len {preset.context_length} or less")
     if tokenizer:
-        tok = _tokenizer_from_spec(tokenizer)
+        tok = tokenizer_from_spec(tokenizer)
     else:  # a BPE trained on one copy of the corpus world
         from ..tokens import LookupTokenizer, train_bpe
         from ..worlds.bios import BiosConfig, BiosWorld

@@ -119,7 +119,7 @@ def run_continue_bench(init_from: str, data: str, *, seq_len: int = 96, micro_ba
     """Run ``recipes`` one after the other on the same model and documents; see the module docstring."""
     from ..corpus import read_documents
     from ..train.config import TrainConfigError
-    from ..train.lora import _layers
+    from ..train.lora import decoder_layers
     from ..train.start import open_pretrained
 
     unknown = [r for r in recipes if r not in RECIPES]
@@ -128,7 +128,7 @@ def run_continue_bench(init_from: str, data: str, *, seq_len: int = 96, micro_ba
     docs = read_documents(data)
     if freeze_layers is None:  # half the stack, the lower half
         model, _, _ = open_pretrained(init_from, with_tokenizer=False)
-        freeze_layers = len(_layers(model)) // 2
+        freeze_layers = len(decoder_layers(model)) // 2
         del model
     out: dict[str, Any] = {"init_from": init_from, "data": data, "documents": len(docs), "seq_len": seq_len,
                            "micro_batch_size": micro_batch_size, "steps_timed": steps, "warmup_steps": warmup_steps,

@@ -29,7 +29,7 @@ def prepare(corpus: Path = typer.Argument(..., help="documents (.jsonl/.json/.pa
     would be trained as stray lookup tokens; --skip-malformed leaves such documents out instead.
     """
     from ..cli_errors import user_errors
-    from ..train.inputs import _tokenizer_from_spec
+    from ..train.inputs import tokenizer_from_spec
     from .shards import prepare_shards
 
     from ..corpus import CorpusError, iter_documents
@@ -40,7 +40,7 @@ def prepare(corpus: Path = typer.Argument(..., help="documents (.jsonl/.json/.pa
                 raise CorpusError(f"{corpus}: no documents")
         elif not corpus.exists():
             raise CorpusError(f"{corpus}: no such file or folder")
-        tok = _tokenizer_from_spec(tokenizer)
+        tok = tokenizer_from_spec(tokenizer)
         try:
             manifest = prepare_shards(corpus, tok, out, workers=workers, shard_tokens=shard_tokens, split=split,
                                       progress=progress, skip_malformed=skip_malformed)

@@ -135,7 +135,7 @@ class LookupGenerator:
             raise ValueError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r}")
         if stop_strings and ignore_eos:
             raise ValueError("stop_strings and ignore_eos exclude each other (a stopped row is padded with eos)")
-        force_at = _force_offsets(force_lookup_at, len(prompts))
+        force_at = force_offsets(force_lookup_at, len(prompts))
         if seed is not None:
             torch.manual_seed(seed)
         warpers = _warpers(do_sample, temperature, top_k, top_p)
@@ -325,7 +325,7 @@ def batch_order(prompt_ids) -> list[int]:
     return sorted(range(len(prompt_ids)), key=lambda i: -len(prompt_ids[i]))
 
 
-def _force_offsets(at, n: int) -> list[tuple[int, ...]] | None:
+def force_offsets(at, n: int) -> list[tuple[int, ...]] | None:
     """``force_lookup_at`` as one tuple of offsets per prompt."""
     if at is None:
         return None

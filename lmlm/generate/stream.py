@@ -20,7 +20,7 @@ from transformers import StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
 from .answers import Answerer
-from .trace import GenerationResult, LookupTrace, _trace_entry, call_spans, continuation_text, open_call
+from .trace import GenerationResult, LookupTrace, trace_entry, call_spans, continuation_text, open_call
 
 __all__ = ["StreamEvent", "TokenEvents", "stream"]
 
@@ -114,7 +114,7 @@ class TokenEvents:
 
     def _lookup(self) -> StreamEvent:
         span = call_spans(self.ids, self.tok)[0][-1]
-        return StreamEvent(lookup=_trace_entry(self.ids, span, self.tok, self.answers, self.max_field, self.tree,
+        return StreamEvent(lookup=trace_entry(self.ids, span, self.tok, self.answers, self.max_field, self.tree,
                                                self.prefix))
 
 

@@ -175,7 +175,7 @@ def build_result(prompt: str, ids: list[int], tok: LookupTokenizer, answers: Ans
     tail = open_call(ids, tok)  # a call the token limit cut: in the text, not among the segments, as in clean_text
     segments = tok.decode_segments(ids[:len(ids) - len(tail)])
     spans, stray = call_spans(ids, tok)
-    trace = [_trace_entry(ids, sp, tok, answers, max_field_tokens, tree, prefix) for sp in spans]
+    trace = [trace_entry(ids, sp, tok, answers, max_field_tokens, tree, prefix) for sp in spans]
     names = dict(zip(tok.call_ids, tok.tokens.as_list()))
     found = [(t.token_start, msg) for t in trace for msg in (t.problem.split("; ") if t.problem else [])]
     found += [(i, f"{names[ids[i]]} outside a call at token {i}") for i in stray]
@@ -185,7 +185,7 @@ def build_result(prompt: str, ids: list[int], tok: LookupTokenizer, answers: Ans
                             trace=trace, token_ids=ids, problems=[m for _, m in sorted(found, key=lambda x: x[0])])
 
 
-def _trace_entry(ids: list[int], sp: CallSpan, tok: LookupTokenizer, answers: Answerer, max_field: int,
+def trace_entry(ids: list[int], sp: CallSpan, tok: LookupTokenizer, answers: Answerer, max_field: int,
                  tree=None, prefix: Sequence[int] = ()) -> LookupTrace:
     n = len(ids)
     sep = sp.sep if sp.sep is not None else (sp.retrieve if sp.retrieve is not None else n)

@@ -145,13 +145,13 @@ class VLLMLookupGenerator:
         """Continue each prompt (greedy at ``temperature=0``); one :class:`GenerationResult` per prompt.
         ``force_lookup_at``: offsets into the continuation where a call must begin, as for
         :meth:`lmlm.generate.LookupGenerator.generate`."""
-        from .base import _force_offsets
+        from .base import force_offsets
 
         if isinstance(prompts, str):
             raise TypeError("generate expects a list of prompts, got a single string")
         if (force_lookup or force_lookup_at is not None) and not self.options["use_db"]:
             raise ValueError("force_lookup and force_lookup_at need use_db=True")
-        force_at = _force_offsets(force_lookup_at, len(prompts))
+        force_at = force_offsets(force_lookup_at, len(prompts))
         tok = self.tok
         prompt_ids = [self.prompt_ids(p, force_lookup) for p in prompts]
         new: list[list[int]] = [open_call(ids, tok) for ids in prompt_ids]  # a forced call is part of the output

@@ -38,7 +38,7 @@ import numpy as np
 from .index_codes import RowCodec, add_rows, ivf_search, scan_codes
 from .index_file import (key_ids_layout, open_body, read_array, read_header, read_key_ids, write_array,
                          write_atomically, write_key_ids)
-from .index_rows import RowOf, Selection, _no_hits, _top_k, allocations_from_os
+from .index_rows import RowOf, Selection, no_hits, top_k_rows, allocations_from_os
 
 __all__ = ["AnnConfig", "VectorKeyIndex", "Selection", "read_header", "save_index", "load_index"]
 
@@ -356,7 +356,7 @@ class VectorKeyIndex:
         if within is not None and within.generation != self.generation:
             within = self.select(within.key_ids)
         if k <= 0 or (self._n_alive == 0 if within is None else len(within.rows) == 0):
-            return _no_hits(len(q), k)
+            return no_hits(len(q), k)
         if within is not None and (self._ann is None or len(within.rows) <= self.config.flat_max):
             run = lambda block: self._exact(block, k, within.rows)  # noqa: E731
         elif self._ann is None:
@@ -373,10 +373,10 @@ class VectorKeyIndex:
             scores = q @ (self._vecs[:self._n] if self._codec.kind != "pq" else self._codec.decode(self._vecs[:self._n])).T
             if self._n_alive < self._n:
                 scores[:, ~self._alive[:self._n]] = -np.inf
-            cols, vals = _top_k(scores, k)
+            cols, vals = top_k_rows(scores, k)
             return self._pad(vals, self._keys[cols], k)
         scores = q @ self._codec.decode(self._vecs[rows]).T  # (n, m)
-        cols, vals = _top_k(scores, k)
+        cols, vals = top_k_rows(scores, k)
         return self._pad(vals, self._keys[rows[cols]], k)
 
     def _approximate(self, q: np.ndarray, k: int, within: Selection | None) -> tuple[np.ndarray, np.ndarray]:
@@ -398,7 +398,7 @@ class VectorKeyIndex:
         params.sel = sel  # None: every row
         rows = (self._ann.search(q, cand, params=params)[1] if self.ann_kind == "hnsw"  # (n, cand) rows, -1 where none
                 else ivf_search(self._ann, q, cand, params, c.ivf_probe_gap / 1000, c.ivf_min_probe))
-        cols, vals = _top_k(self._codec.score(q, self._vecs, rows, keep=max(k, _KEEP)), k)  # (n, cand) from the stored rows
+        cols, vals = top_k_rows(self._codec.score(q, self._vecs, rows, keep=max(k, _KEEP)), k)  # (n, cand) from the stored rows
         picked = np.take_along_axis(rows, cols, axis=1)
         ids = np.where(picked >= 0, self._keys[np.maximum(picked, 0)], -1)
         return self._pad(vals, ids, k)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .index_rows import _top_k
+from .index_rows import top_k_rows
 
 __all__ = ["KINDS", "RowCodec", "add_rows", "ivf_search", "scan_codes"]
 
@@ -265,7 +265,7 @@ def _nearest_lists(index, q: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.nd
     quantizer = faiss.downcast_index(index.quantizer)
     if len(q) < 16 or not isinstance(quantizer, faiss.IndexFlat) or quantizer.metric_type != faiss.METRIC_INNER_PRODUCT:
         return quantizer.search(q, nprobe)
-    lists, scores = _top_k(q @ _centroids(quantizer).T, nprobe)  # (n, lists) scores, partly sorted
+    lists, scores = top_k_rows(q @ _centroids(quantizer).T, nprobe)  # (n, lists) scores, partly sorted
     return scores, lists.astype(np.int64)
 
 

@@ -111,12 +111,12 @@ class Selection:
     generation: int
 
 
-def _no_hits(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+def no_hits(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     k = max(k, 0)
     return np.full((n, k), -np.inf, dtype=np.float32), np.full((n, k), -1, dtype=np.int64)
 
 
-def _top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def top_k_rows(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Column positions and values of the ``k`` largest scores per row, best first. scores: (n, m)."""
     k = min(k, scores.shape[1])
     part = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < scores.shape[1] else \

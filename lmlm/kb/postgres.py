@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from .store import FORMAT, KBError, KBNotFound, NotAKnowledgeBase, SQLiteStore, _now
+from .store import FORMAT, KBError, KBNotFound, NotAKnowledgeBase, SQLiteStore, utc_now
 
 __all__ = ["PG_MIGRATIONS", "PostgresStore", "is_url", "as_url", "index_cache_dir", "redact"]
 
@@ -196,7 +196,7 @@ class PostgresStore(SQLiteStore):
             if store._x("SELECT 1 FROM meta WHERE name = 'format'").fetchone():
                 raise KBError(f"{store.folder} already holds a knowledge base")
             store._xm("INSERT OR REPLACE INTO meta(name, value) VALUES (?, ?)",
-                      [("format", FORMAT), ("created", _now()), *meta.items()])
+                      [("format", FORMAT), ("created", utc_now()), *meta.items()])
         return store
 
     @classmethod

@@ -265,7 +265,7 @@ class Best(NamedTuple):
 
 
 
-def _group_records(rows: Iterable[tuple]) -> Iterator[TripleRecord]:
+def group_records(rows: Iterable[tuple]) -> Iterator[TripleRecord]:
     """Rows (id, entity, relation, value, count, created, deleted, doc_id, position), ordered by id -> records."""
     rec, srcs = None, []
     for r in rows:

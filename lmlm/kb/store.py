@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from .keys import normalize_text, normalize_value
-from .records import (Best, Change, KBError, KBNotFound, NotAKnowledgeBase, TripleRecord, VersionRecord, _group_records,
+from .records import (Best, Change, KBError, KBNotFound, NotAKnowledgeBase, TripleRecord, VersionRecord, group_records,
                       gc_paused)
 from .schema import DB_FILENAME, FORMAT, KEY_IS, MIGRATIONS, NAMED, NO_POSITION, stored_position
 from .schema import NoChange as _NoChange, chunks as _chunks, marks as _marks
@@ -47,7 +47,7 @@ class Fact(NamedTuple):
     sources: tuple[tuple[str, int | None], ...] = ()
 
 
-def _now() -> str:
+def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
@@ -126,7 +126,7 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
             store.migrate()
             with store._transaction():
                 store._xm("INSERT OR REPLACE INTO meta(name, value) VALUES (?, ?)",
-                          [("format", FORMAT), ("created", _now()), *meta.items()])
+                          [("format", FORMAT), ("created", utc_now()), *meta.items()])
         finally:
             store.close()  # the last connection: its write-ahead log goes into the file
         os.replace(tmp, folder / DB_FILENAME)
@@ -225,7 +225,7 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
     def _new_version(self, op: str, who: str, why: str) -> int:
         v = self.version() + 1
         self._x("INSERT INTO versions(version, time, who, why, op) VALUES (?, ?, ?, ?, ?)",
-                (v, _now(), who, why, op))
+                (v, utc_now(), who, why, op))
         return v
 
     def _finish_version(self, v: int) -> None:
@@ -426,7 +426,7 @@ class SQLiteStore(PastVersions, StoredAliases, StoredDeletes, StoredMap):
                    " LEFT JOIN sources s ON s.triple_id = t.id LEFT JOIN documents d ON d.id = s.doc")
 
     def _records(self, where: str, params: Sequence = ()) -> Iterator[TripleRecord]:
-        return _group_records(self._x(f"{self._RECORD_SQL} WHERE {where} ORDER BY t.id, s.doc, s.position", params))
+        return group_records(self._x(f"{self._RECORD_SQL} WHERE {where} ORDER BY t.id, s.doc, s.position", params))
 
     def get(self, triple_id: int) -> TripleRecord | None:
         return next(self._records("t.id = ?", (int(triple_id),)), None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Iterator
 
-from .records import Best, DiffEntry, KBError, TripleRecord, _group_records
+from .records import Best, DiffEntry, KBError, TripleRecord, group_records
 from .keys import KEY_SEP
 from .schema import ACTIVE_AT, KEY_IS, KEY_NORM, NAMED, NO_POSITION
 
@@ -55,7 +55,7 @@ class PastVersions:
         only, params = ("", ()) if key_norm is None else (f" AND {KEY_IS}", tuple(key_norm.split(KEY_SEP, 1)))
         counts = _COUNTS_AT if key_norm is None else _COUNTS_AT.replace(
             "WHERE version <= ?", f"WHERE version <= ? AND triple_id IN (SELECT t.id FROM triples t WHERE {KEY_IS})")
-        yield from _group_records(self._x(
+        yield from group_records(self._x(
             f"WITH n AS ({counts}) SELECT t.id, e.name, r.name, t.value, n.count, t.created_version, NULL,"
             f" d.doc_id, nullif(s.position, {NO_POSITION}) FROM {NAMED} JOIN n ON n.triple_id = t.id"
             " LEFT JOIN sources s ON s.triple_id = t.id AND s.version <= ? LEFT JOIN documents d ON d.id = s.doc"

@@ -151,13 +151,13 @@ def vet_layer(layer: Layer, reference: Reference, keep: str) -> tuple[Layer, dic
 
 # -- the LLM path ----------------------------------------------------------------------------------
 
-def _done(folder: Path) -> dict | None:
+def stage_done(folder: Path) -> dict | None:
     """The done.json of a finished stage (its summary), or None: what makes every stage resumable."""
     marker = folder / "done.json"
     return json.loads(marker.read_text()) if marker.exists() else None
 
 
-def _finish(folder: Path, info: dict) -> dict:
+def finish_stage(folder: Path, info: dict) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / "done.json.tmp"
     tmp.write_text(json.dumps(info, indent=2, default=str) + "\n")
@@ -282,12 +282,12 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
         rest = rest[:spec.run_passages]
     report: dict[str, Any] = {"passages": len(passages), "seed_passages": len(seeds), "run_passages": len(rest)}
     # the time of steps an earlier invocation finished, so the stage's time covers all of its work
-    report["seconds_earlier"] = sum((_done(folder / step) or {}).get("seconds") or 0.0
+    report["seconds_earlier"] = sum((stage_done(folder / step) or {}).get("seconds") or 0.0
                                     for step in ("seed", "correct", "annotator", "run"))
 
     # 1. seed: the LLM annotates the seed passages, every call validated
     seed_dir = folder / "seed"
-    if not _done(seed_dir):
+    if not stage_done(seed_dir):
         write_documents(folder / "seed-passages.jsonl", seeds)
         examples = _examples(infobox, folder, spec.passage_chars)
         t = time.time()
@@ -299,8 +299,8 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
                             max_tokens=spec.max_tokens or None, style=spec.style, progress=progress)
         finally:
             del server
-        _finish(seed_dir, {**rep, "seconds": time.time() - t})
-    report["seed"] = _done(seed_dir)
+        finish_stage(seed_dir, {**rep, "seconds": time.time() - t})
+    report["seed"] = stage_done(seed_dir)
     stop_after("seed", until)
     seeded = read_documents(seed_dir / "annotated.jsonl")
     if not any(d.num_calls for d in seeded):
@@ -309,19 +309,19 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
 
     # 2. correct: an under-fitted LM on the seed drops the calls it finds least predictable
     corr_dir = folder / "correct"
-    if not _done(corr_dir):
+    if not stage_done(corr_dir):
         t = time.time()
         config = CorrectorConfig(drop=spec.correct_drop, device=device,
                                  fit=FitConfig(steps=spec.correct_steps, batch_size=8, seq_len=256, lr=3e-3, seed=seed))
         result = correct(seeded, config, corr_dir, progress=progress)
-        _finish(corr_dir, {**{k: v for k, v in summary(result).items() if k != "train"}, "seconds": time.time() - t})
-    report["correct"] = _done(corr_dir)
+        finish_stage(corr_dir, {**{k: v for k, v in summary(result).items() if k != "train"}, "seconds": time.time() - t})
+    report["correct"] = stage_done(corr_dir)
     stop_after("correct", until)
     kept = read_documents(corr_dir / "kept.jsonl")
 
     # 3. distill: the annotator learns from the corrected seed (and the infobox passages), validated
     ann_dir = folder / "annotator"
-    if not _done(ann_dir):
+    if not stage_done(ann_dir):
         t = time.time()
         train_docs = [d for d in kept if d.num_calls] if "seed" in spec.distill_from else []
         if "infobox" in spec.distill_from and infobox:
@@ -337,7 +337,7 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
             why = (f"{len(train_docs)} passages with calls, too few to hold out a check of the annotator "
                    f"({CHECK_MIN} needed; annotate.llm.min_f1 = 0 runs it unchecked)")
             log(f"distill: skipped, {why}")
-            _finish(ann_dir, {"skipped": why, "calls": sum(d.num_calls for d in train_docs)})
+            finish_stage(ann_dir, {"skipped": why, "calls": sum(d.num_calls for d in train_docs)})
         else:
             if spec.min_f1 > 0 and len(train_docs) >= CHECK_MIN:  # held out to measure the annotator before it runs
                 random.Random(seed).shuffle(train_docs)
@@ -369,8 +369,8 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
                     f"the annotator scores F1 {info['check']['f1']:.3f} (precision {info['check']['precision']:.3f}, "
                     f"{info['check']['predicted']} calls for {info['check']['gold']}; "
                     f"{info['check']['calls_where_none']} where none belongs)")
-            _finish(ann_dir, info)
-    report["distill"] = _done(ann_dir)
+            finish_stage(ann_dir, info)
+    report["distill"] = stage_done(ann_dir)
     stop_after("distill", until)
     if "skipped" in report["distill"]:
         report["run"] = {"skipped": report["distill"]["skipped"]}
@@ -384,15 +384,15 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
 
     # 4. run the distilled annotator on every other passage (sharded: a killed run goes on)
     run_dir = folder / "run"
-    if not _done(run_dir):
+    if not stage_done(run_dir):
         t = time.time()
         write_documents(folder / "run-passages.jsonl", rest)
         rep = run_corpus(folder / "run-passages.jsonl", run_dir, ann_dir, batch_size=spec.run_batch_size,
                          shard_size=max(256, spec.run_batch_size), progress=progress)
         if rep["shards_done"] != rep["shards"]:
             raise RuntimeError(f"{run_dir}: {rep['shards_done']} of {rep['shards']} shards annotated")
-        _finish(run_dir, {**rep, "seconds": time.time() - t})
-    report["run"] = _done(run_dir)
+        finish_stage(run_dir, {**rep, "seconds": time.time() - t})
+    report["run"] = stage_done(run_dir)
     layers = {"llm_seed": call_layer(kept, _passage_origin),
               "llm_distilled": call_layer(iter_documents(run_dir / "annotated.jsonl"), _passage_origin)}
     return layers, report

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from ..report import _fmt, _plt, plot_training_curves, render_generation
+from ..report import fmt_value, plt_module, plot_training_curves, render_generation
 from .annotation import METHOD_NAMES
 from .recipe import Recipe
 
@@ -48,7 +48,7 @@ def _call_samples(out: Path, k: int = 20, seed: int = 0) -> list[dict[str, Any]]
 
 
 def _figures(out: Path, report: dict) -> dict[str, str]:
-    plt = _plt()
+    plt = plt_module()
     figs: dict[str, str] = {}
     (out / "figures").mkdir(exist_ok=True)
     by_method = report["corpus"]["calls_by_method"]
@@ -127,8 +127,8 @@ def _markdown(r: dict, out: Path) -> str:
     c, rec = r["corpus"], r["recipe"]
     lines = [f"# lmlm pipeline `{rec['name']}`", "", rec.get("description", ""), "",
              "## Corpus and annotation", "",
-             f"{c['documents']} documents ({_fmt(c.get('characters'))} characters; splits {c.get('splits')}), "
-             f"**{c['lookup_calls']} lookup calls**, text unchanged in {_fmt(c['text_unchanged'])} of the documents.",
+             f"{c['documents']} documents ({fmt_value(c.get('characters'))} characters; splits {c.get('splits')}), "
+             f"**{c['lookup_calls']} lookup calls**, text unchanged in {fmt_value(c['text_unchanged'])} of the documents.",
              "", "| method | calls |", "|---|---|"]
     lines += [f"| {METHOD_NAMES.get(m, m)} | {n} |" for m, n in (c.get("calls_by_method") or {}).items()]
     llm = r["annotation"].get("llm") or {}
@@ -163,13 +163,13 @@ def _markdown(r: dict, out: Path) -> str:
             cells = []
             for s in splits:
                 m = row.get(s) or {}
-                cells += [_fmt(m.get("precision")), _fmt(m.get("precision_at_1")), str(m.get("n", "–"))]
+                cells += [fmt_value(m.get("precision")), fmt_value(m.get("precision_at_1")), str(m.get("n", "–"))]
             lines.append(f"| {MODEL_NAMES.get(row['model'], row['model'])} | " + " | ".join(cells) + " |")
     calls = [(row, s) for row in table for s in splits if (row.get(s) or {}).get("names_subject") is not None
              and row["model"].startswith("lmlm") and row["model"] != "lmlm_no_kb"]
     if calls:
         lines += ["", "Share of prompts whose first lookup names the prompt's entity: " + "; ".join(
-            f"{MODEL_NAMES.get(row['model'], row['model'])}, {s}: {_fmt(row[s]['names_subject'])}" for row, s in calls)
+            f"{MODEL_NAMES.get(row['model'], row['model'])}, {s}: {fmt_value(row[s]['names_subject'])}" for row, s in calls)
             + "."]
     if r.get("figures", {}).get("cloze"):
         lines += ["", f"![cloze precision]({r['figures']['cloze']})"]
@@ -177,20 +177,20 @@ def _markdown(r: dict, out: Path) -> str:
     if ppl:
         lines += ["", "## Plain held-out text", "", "Perplexity on held-out chunks without calls (the language a "
                   "continued model keeps):", "", "| model | perplexity | tokens |", "|---|---|---|"]
-        lines += [f"| {MODEL_NAMES.get(m, m)} | {_fmt(v.get('perplexity'))} | {v.get('org_tokens')} |"
+        lines += [f"| {MODEL_NAMES.get(m, m)} | {fmt_value(v.get('perplexity'))} | {v.get('org_tokens')} |"
                   for m, v in ppl.items()]
     e = r.get("edits") or {}
     if e:
         lines += ["", "## Editing real facts in the KB", "",
                   f"{e['n']} facts given another value of their relation in a copy of the KB: the LMLM states the "
-                  f"new value {_fmt(e['new_value_after'])} of the time (the old one {_fmt(e['old_value_after'])}; "
-                  f"before the edit it stated the old value {_fmt(e['old_value_before'])})."]
+                  f"new value {fmt_value(e['new_value_after'])} of the time (the old one {fmt_value(e['old_value_after'])}; "
+                  f"before the edit it stated the old value {fmt_value(e['old_value_before'])})."]
     lines += ["", "## Models", "", "| model | steps | tokens | final loss | held-out loss | seconds |",
               "|---|---|---|---|---|---|"]
     for m, s in r["models"].items():
         held = (s.get("eval") or {}).get("loss") if isinstance(s.get("eval"), dict) else None
-        lines.append(f"| {m} | {s.get('steps')} | {s.get('tokens')} | {_fmt(s.get('final_loss'))} | {_fmt(held)} | "
-                     f"{_fmt(s.get('seconds'), 0)} |")
+        lines.append(f"| {m} | {s.get('steps')} | {s.get('tokens')} | {fmt_value(s.get('final_loss'))} | {fmt_value(held)} | "
+                     f"{fmt_value(s.get('seconds'), 0)} |")
     if r.get("figures", {}).get("training"):
         lines += ["", f"![training]({r['figures']['training']})"]
     lines += ["", "## 20 calls drawn at random", ""]
@@ -201,7 +201,7 @@ def _markdown(r: dict, out: Path) -> str:
         lines += ["", "## Sample cloze generations (LMLM)", ""]
         lines += [f"- gold *{s['gold']}*: {render_generation(s['text'])}" for s in samples]
     lines += ["", "## Time", "", "| stage | seconds |", "|---|---|"]
-    lines += [f"| {k} | {_fmt(v, 0)} |" for k, v in r["timings_seconds"].items() if v is not None]
+    lines += [f"| {k} | {fmt_value(v, 0)} |" for k, v in r["timings_seconds"].items() if v is not None]
     if len(r["runs"]) > 1:
         lines += ["", "Run in parts: " + "; ".join(
             f"{x['started']} on {x['ran_on']}" + (f" until {x['until']}" if x.get("until") else "")
@@ -212,7 +212,7 @@ def _markdown(r: dict, out: Path) -> str:
 def _run_sentence(llm: dict) -> str:
     """What became of the distilled annotator: its held-out check and whether it ran."""
     check = (llm.get("distill") or {}).get("check")
-    said = (f"on held-out annotated passages it scored call-level F1 {_fmt(check['f1'])} ({check['predicted']} calls "
+    said = (f"on held-out annotated passages it scored call-level F1 {fmt_value(check['f1'])} ({check['predicted']} calls "
             f"for {check['gold']}, {check['correct']} right)") if check else ""
     run = llm.get("run") or {}
     if not llm.get("distill"):

@@ -34,7 +34,7 @@ from rich.console import Console
 
 from ..corpus import Document, corpus_stats, read_documents, write_documents
 from .recipe import Recipe, RecipeError, recipe_json
-from .annotation import Stopped, _done, _finish, stop_after  # one stage marker for both modules
+from .annotation import Stopped, stage_done, finish_stage, stop_after  # one stage marker for both modules
 from .data import chunks as chunks_of, fact_documents_of, facts_split
 
 __all__ = ["run_pipeline", "STAGES", "UNTIL"]
@@ -82,7 +82,7 @@ def _fingerprint(src: Path) -> dict:
 
 def stage_corpus(recipe: Recipe, out: Path) -> dict:
     folder = out / "corpus"
-    if (info := _done(folder)) is not None:
+    if (info := stage_done(folder)) is not None:
         src = Path(info.get("path", ""))
         was = info.get("fingerprint")
         now = _fingerprint(src) if was else None
@@ -127,7 +127,7 @@ def stage_corpus(recipe: Recipe, out: Path) -> dict:
     if any(d.num_calls for d in annotated):
         write_documents(folder / ("infobox.jsonl" if _is_dump(src) else "given.jsonl"), annotated)
     info.update(corpus_stats(plain), seconds=time.time() - t)
-    return _finish(folder, info)
+    return finish_stage(folder, info)
 
 
 # -- 2. annotation -------------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ def stage_annotate(recipe: Recipe, out: Path, device: str | None, progress: bool
     from .annotation import call_layer, merge_layers, run_llm, vet_layer
 
     folder = out / "annotate"
-    if (info := _done(folder)) is not None:
+    if (info := stage_done(folder)) is not None:
         return info
     t = time.time()
     docs = read_documents(out / "corpus" / "documents.jsonl")
@@ -175,7 +175,7 @@ def stage_annotate(recipe: Recipe, out: Path, device: str | None, progress: bool
     (folder / "report.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     _log(f"annotation: {stats['lookup_calls']} calls ({by_method}), text unchanged in "
          f"{stats['text_unchanged']:.1%} of {stats['documents']} documents")
-    return _finish(folder, info)
+    return finish_stage(folder, info)
 
 
 def _reference(out: Path, layers: dict):
@@ -219,7 +219,7 @@ def stage_kb(recipe: Recipe, out: Path) -> dict:
     from ..kb import NotAKnowledgeBase, build
 
     folder = out / "kb"
-    if (info := _done(folder)) is not None:
+    if (info := stage_done(folder)) is not None:
         return info
     t = time.time()
     args = dict(who="lmlm pipeline", why=f"recipe {recipe.name}")
@@ -235,7 +235,7 @@ def stage_kb(recipe: Recipe, out: Path) -> dict:
         kb.add_aliases(read_aliases(aliases), who="lmlm pipeline", why="Wikipedia redirects and infobox names")
     stats = {k: v for k, v in kb.stats().items() if isinstance(v, (int, float, str))}
     kb.close()
-    return _finish(folder, {**stats, "seconds": time.time() - t})
+    return finish_stage(folder, {**stats, "seconds": time.time() - t})
 
 
 # -- 4. training ------------------------------------------------------------------------------------------
@@ -264,7 +264,7 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
     from ..train import train
 
     folder = out / "data"
-    if not _done(folder):
+    if not stage_done(folder):
         docs = read_documents(out / "annotate" / "documents.jsonl")
         chunks = chunks_of(docs, recipe.train.chunk_chars)
         # only 'train' is trained on: a corpus's own 'test' or 'validation' documents are held out too
@@ -289,9 +289,9 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
             tokenizer = str(folder / "tokenizer")
         elif not recipe.train.init_from:
             tokenizer = recipe.train.tokenizer
-        _finish(folder, {"tokenizer": tokenizer, "train_chunks": len(train_docs), "heldout_chunks": len(held),
+        finish_stage(folder, {"tokenizer": tokenizer, "train_chunks": len(train_docs), "heldout_chunks": len(held),
                          "fact_documents": len(facts), "windows": recipe.train.windows})
-    tokenizer = _done(folder)["tokenizer"]
+    tokenizer = stage_done(folder)["tokenizer"]
     stats = {}
     for mode in recipe.train.modes:
         run = out / f"train-{mode}"
@@ -313,7 +313,7 @@ def stage_evaluate(recipe: Recipe, out: Path) -> dict:
     from .facts import choose_edits, cloze_facts, evaluate_edits, evaluate_models, plain_perplexity, write_trex
 
     folder = out / "eval"
-    if (info := _done(folder)) is not None:
+    if (info := stage_done(folder)) is not None:
         return info
     t = time.time()
     spec = recipe.evaluate
@@ -350,7 +350,7 @@ def stage_evaluate(recipe: Recipe, out: Path) -> dict:
     cloze = {**{s: len(f) for s, f in facts.items()}, **({"facts": n_facts} if n_facts else {})}
     info = {"cloze": cloze, "table": table, "perplexity": perplexity,
             "edits": {k: v for k, v in (edits or {}).items() if k != "records"}, "seconds": time.time() - t}
-    return _finish(folder, info)
+    return finish_stage(folder, info)
 
 
 # -- the whole run ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query
 
 from ..kb import KBError, Triple
 from .schemas import (MAX_ID, KBVersion, LogResponse, LookupResponse, SearchResponse, TripleOut, VersionDetail,
-                      WriteResponse, _utf8, request_models)
+                      WriteResponse, utf8_text, request_models)
 
 __all__ = ["router"]
 
@@ -34,7 +34,7 @@ def router(state, require_token) -> APIRouter:
         if "\ufffd" in value:  # what the URL decoder makes of bytes that are not UTF-8 (%FF, %ED%A0%80)
             raise HTTPException(422, f"{name}: the query string is not valid UTF-8 (percent-encode UTF-8 bytes)")
         try:
-            return _utf8(value)
+            return utf8_text(value)
         except ValueError as e:
             raise HTTPException(422, f"{name}: {e}") from None
 

@@ -18,7 +18,7 @@ __all__ = ["ServeLimits", "request_models", "MAX_ID"]
 MAX_ID = 2**63 - 1  # SQLite integers are signed 64-bit
 
 
-def _utf8(s: str) -> str:
+def utf8_text(s: str) -> str:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
@@ -29,7 +29,7 @@ def _utf8(s: str) -> str:
 def _utf8_text(min_length: int = 0, max_length: int | None = None):
     """UTF-8 text of a bounded length: a lone surrogate is named before the string is read, and the
     bounds are the string's own, so that a 422 speaks of characters ("at least 1 character")."""
-    check = BeforeValidator(lambda s: _utf8(s) if isinstance(s, str) else s)
+    check = BeforeValidator(lambda s: utf8_text(s) if isinstance(s, str) else s)
     return Annotated[str, StringConstraints(min_length=min_length, max_length=max_length), check]
 
 

@@ -247,7 +247,7 @@ def _model_and_tokenizer(config: TrainConfig, tokenizer: LookupTokenizer | None,
                 raise TrainConfigError(f"init_from {config.init_from} holds a {meta['model_preset']!r} model, but "
                                        f"model {config.model!r} was asked for; leave model unset to continue it")
             model.train()
-            tokenizer = tokenizer or (_tokenizer_from_spec(config.tokenizer) if config.tokenizer else own_tok)
+            tokenizer = tokenizer or (tokenizer_from_spec(config.tokenizer) if config.tokenizer else own_tok)
             check(tokenizer)
             rows = model.get_input_embeddings().num_embeddings
             if len(tokenizer) != rows:
@@ -260,7 +260,7 @@ def _model_and_tokenizer(config: TrainConfig, tokenizer: LookupTokenizer | None,
         from .start import add_lookup_embeddings, lookup_tokenizer, open_pretrained, pretrained_tokenizer
 
         if tokenizer is None and config.tokenizer:
-            tokenizer = _tokenizer_from_spec(config.tokenizer)
+            tokenizer = tokenizer_from_spec(config.tokenizer)
         elif tokenizer is None and (own := pretrained_tokenizer(config.init_from)) is not None:
             tokenizer = lookup_tokenizer(own)  # the model's own, with the lookup tokens
         if tokenizer is not None:
@@ -292,7 +292,7 @@ def _set_attention(model, attention: str) -> None:
         model.set_attn_implementation(attention)
 
 
-def _tokenizer_from_spec(spec: str) -> LookupTokenizer:
+def tokenizer_from_spec(spec: str) -> LookupTokenizer:
     from .start import StartError, is_local_spec, offline_smollm2
     from ..tokens import load_tokenizer
 
@@ -321,7 +321,7 @@ def _fresh_tokenizer(config: TrainConfig, documents, accelerator) -> LookupToken
 
     spec = config.tokenizer or "bpe:8192"
     if not spec.startswith("bpe:"):
-        return _tokenizer_from_spec(spec)
+        return tokenizer_from_spec(spec)
     if documents is None:
         raise TrainConfigError("a BPE tokenizer is trained on documents: give documents, not shards, or a tokenizer")
     tok_dir = Path(config.out_dir) / "tokenizer"

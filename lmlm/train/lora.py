@@ -41,7 +41,7 @@ def lora_targets(model) -> list[str]:
     return sorted(conv & {"c_attn", "c_proj", "c_fc"}) or sorted(names - {"lm_head"})
 
 
-def _layers(model) -> torch.nn.ModuleList:
+def decoder_layers(model) -> torch.nn.ModuleList:
     """The model's stack of transformer layers (LLaMA's ``model.layers``, GPT-2's ``transformer.h``)."""
     n = getattr(model.config, "num_hidden_layers", None) or getattr(model.config, "n_layer", None)
     for _, module in model.named_modules():
@@ -68,7 +68,7 @@ def add_lora(model, r: int = 32, alpha: int | None = None, dropout: float = 0.0,
         raise LoraError("LoRA needs peft: pip install peft (or 'lmlm[annotate-llm]')") from None
     if r <= 0:
         raise LoraError(f"LoRA rank must be positive, got {r}")
-    depth = len(_layers(model))
+    depth = len(decoder_layers(model))
     if not 0 <= freeze_layers < depth:
         raise LoraError(f"freeze_layers {freeze_layers}: the model has {depth} layers; at most {depth - 1} "
                         f"can be frozen")
@@ -89,7 +89,7 @@ def add_lora(model, r: int = 32, alpha: int | None = None, dropout: float = 0.0,
 def freeze_lower_layers(model, n: int) -> int:
     """Stop training the lowest ``n`` transformer layers of ``model`` (all their parameters); returns
     how many parameters were frozen. The embeddings and the layers above stay trainable."""
-    layers = _layers(model)
+    layers = decoder_layers(model)
     if not 0 <= n < len(layers):
         raise LoraError(f"freeze_layers {n}: the model has {len(layers)} layers; at most {len(layers) - 1} "
                         f"can be frozen")

@@ -12,7 +12,7 @@ from lmlm.corpus import Document
 from lmlm.evaluate.trex import read_trex
 from lmlm.lookup import Lookup, strip
 from lmlm.pipeline import RecipeError, load_recipe, recipe_names
-from lmlm.pipeline.annotation import (CHECK_MIN, Reference, _done, _finish, _infobox_passages, _seed_choice,
+from lmlm.pipeline.annotation import (CHECK_MIN, Reference, stage_done, finish_stage, _infobox_passages, _seed_choice,
                                      call_layer, merge_layers, passages_of, run_llm, split_passages, vet_layer)
 from lmlm.pipeline.recipe import LLMSpec
 from lmlm.pipeline.facts import ClozeFact, choose_edits, cloze_facts, write_trex
@@ -260,14 +260,14 @@ def test_short_documents_are_seeded_and_an_annotator_that_cannot_be_checked_is_n
     for stage, name in (("seed", "annotated.jsonl"), ("correct", "kept.jsonl")):
         (folder / stage).mkdir(parents=True)
         (folder / stage / name).write_text("".join(json.dumps(d) + "\n" for d in annotated))
-        _finish(folder / stage, {"documents": len(annotated)})
+        finish_stage(folder / stage, {"documents": len(annotated)})
     logs: list[str] = []
     layers, report = run_llm(folder, docs, None, LLMSpec(seed_passages=8, min_f1=0.2), device="cpu", seed=0,
                              progress=False, log=logs.append)
     assert len(annotated) < CHECK_MIN and "skipped" in report["distill"] and "skipped" in report["run"]
     assert layers["llm_distilled"] == {} and not (folder / "annotator" / "annotator.json").exists()
     assert sum(len(v) for v in layers["llm_seed"].values()) == 8 and any("too few" in m for m in logs)
-    assert _done(folder / "annotator")["skipped"] == report["distill"]["skipped"]  # a rerun finds it decided
+    assert stage_done(folder / "annotator")["skipped"] == report["distill"]["skipped"]  # a rerun finds it decided
 
 
 def test_a_users_corpus_splits_calls_and_edits_at_the_pipelines_joints(tmp_path):
@@ -305,7 +305,7 @@ def test_a_field_of_the_llm_path_may_change_until_the_step_that_reads_it_has_beg
     out = tmp_path / "P"
     _check_folder(load_recipe("wiki-cpu-scratch", corpus="dump.xml.bz2"), out, fresh=False, until="correct")
     for step in ("seed", "correct"):  # a run stopped by --until correct
-        _finish(out / "annotate" / "llm" / step, {})
+        finish_stage(out / "annotate" / "llm" / step, {})
     later = ["annotate.llm.distill_steps=50", "annotate.llm.min_f1=0.5", "annotate.llm.run_passages=9",
              'annotate.llm.keep="consistent"']
     _check_folder(load_recipe("wiki-cpu-scratch", later, corpus="dump.xml.bz2"), out, fresh=False, until="distill")
