@@ -212,13 +212,6 @@ def train_config(cfg: QuickstartConfig, mode: str, run: Path, kb: Path | None = 
 def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fresh: bool = False,
                **overrides) -> dict:
     """Run the whole story and return the report (also written to ``out/report.json``)."""
-    from .checkpoint import load_checkpoint
-    from .generate import LookupGenerator
-    from .kb import KnowledgeBase, Triple
-    from .report import write_quickstart_report
-    from .tokens import LookupTokenizer, load_tokenizer, train_bpe
-    from .worlds.bios import RELATIONS, BiosConfig, BiosWorld
-
     cfg = QuickstartConfig.from_name(preset, **overrides)
     out = Path(out)
     if fresh and out.exists():
@@ -228,197 +221,30 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     t_start = time.time()
     timings: dict[str, float] = {}
 
-    # 1. world -------------------------------------------------------------------------------
-    _stage("1. synthetic biography world")
     t = time.time()
-    if (out / "world" / "config.json").exists():
-        world = BiosWorld.load(out / "world")
-    else:
-        world = BiosWorld.generate(BiosConfig.from_name(cfg.world, seed=cfg.seed, **cfg.world_overrides))
-        world.save(out / "world")
-    console.print(world.stats())
-    tok_dir = out / "tokenizer"
-    if (tok_dir / "tokenizer.json").exists():
-        tok = load_tokenizer(tok_dir)
-    else:
-        tok = LookupTokenizer(train_bpe((d.plain for d in world.train_documents), vocab_size=cfg.vocab_size))
-        tok.save(tok_dir)
+    world, tok = _world_and_tokenizer(cfg, out)
     timings["world"] = time.time() - t
-
-    # 2. knowledge base ----------------------------------------------------------------------
-    _stage("2. knowledge base")
     t = time.time()
-    kb_dir = out / "kb"
-    if (kb_dir / "built.json").exists():
-        kb = KnowledgeBase.open(kb_dir)
-    else:
-        if kb_dir.exists():
-            shutil.rmtree(kb_dir)
-        kb = KnowledgeBase.create(kb_dir)
-        kb.add([Triple(e, r, v, source=s) for e, r, v, s in world.triples()], who="quickstart",
-               why="facts of the synthetic world at training time")
-        kb.add_aliases(world.aliases("train"), who="quickstart", why="other names of the people in the KB")
-        write_json(kb_dir / "built.json", {"version": kb.version, "triples": len(kb)})
-    console.print(f"{len(kb)} triples, version {kb.version}")
+    kb = _knowledge_base(world, out)
     timings["kb"] = time.time() - t
-
-    # 3. training ----------------------------------------------------------------------------
     t = time.time()
     train_stats = _train_models(cfg, world, tok, out)
     timings["train"] = time.time() - t
 
-    # 4. evaluation ----------------------------------------------------------------------------
     _stage("4. evaluate, edit the KB, forget, evaluate again")
     t = time.time()
-    lmlm_model, _, lmlm_meta = load_checkpoint(out / "train-lmlm" / "checkpoint")
-    std_model, _, std_meta = load_checkpoint(out / "train-standard" / "checkpoint")
-    # a fresh copy of the KB so re-running the evaluation starts from the trained-on facts
-    eval_kb_dir = out / "kb-eval"
-    if eval_kb_dir.exists():
-        shutil.rmtree(eval_kb_dir)
-    kb.close()
-    shutil.copytree(kb_dir, eval_kb_dir)
-    kb = KnowledgeBase.open(eval_kb_dir)
-    # the quickstart's decoding: entity-aware lookups and both biases (`lmlm generate --name-bias 10
-    # --copy-bias 5`): a small model otherwise slips to a name it was trained on ("James Girard" for Jackson
-    # Girard) or off the value it was given
-    lmlm = LookupGenerator(lmlm_model, tok, kb, copy_bias=COPY_BIAS, name_bias=NAME_BIAS)
-    plain = LookupGenerator(lmlm_model, tok, kb)  # the paper's plain decoding, entity-aware lookups
-    paper = LookupGenerator(lmlm_model, tok, kb, matching="key")  # plain decoding, the paper's single-key cosine
-    no_db = LookupGenerator(lmlm_model, tok, None, use_db=False)
-    standard = LookupGenerator(std_model, tok, None, use_db=False)
-
+    kb, dec, metas = _evaluation_setup(out, kb, tok)
     rng = random.Random(cfg.seed)
     forget = world.forget_set(cfg.forget_fraction, seed=cfg.seed)
-    forget_set = set(forget)
-    cloze = [c for c in world.cloze_set("train", seed=cfg.seed) if c.person not in forget_set]
-    if cfg.n_cloze is not None and len(cloze) > cfg.n_cloze:
-        cloze = rng.sample(cloze, cfg.n_cloze)
-    items = _cloze_items(world, cloze)
-    console.print(f"factual precision on {len(items)} cloze prompts")
-    fp = {"lmlm": _precision(lmlm, items, True, cfg, keep=cfg.n_samples, results=True),
-          "lmlm_paper": _precision(paper, items, True, cfg, results=True),
-          "lmlm_no_db": _precision(no_db, items, False, cfg, keep=2),
-          "standard": _precision(standard, items, False, cfg, keep=2)}
-    from .evaluate.cloze import wrong_entity
-    subjects = [c.person for c in cloze]
-    res, res_paper = fp["lmlm"].pop("results"), fp["lmlm_paper"].pop("results")
-    fp_plain = _precision(plain, items, True, cfg, results=True)
-    wrong = {"cloze": {**wrong_entity(res, subjects), "misses": _misses(res),
-                       "paper": {**wrong_entity(res_paper, subjects), "misses": _misses(res_paper)},
-                       "plain": {**wrong_entity(fp_plain["results"], subjects),
-                                 "misses": _misses(fp_plain["results"])}}}
-    # people who were never in the KB (the world's held-out people): any answer is someone else's
-    absent = [p.name for p in world.people_in("heldout")]
-    absent_items = _cloze_items(world, [world.cloze(p, r) for p in absent for r in world.person(p).facts])
-    absent_subjects = [p for p in absent for _ in world.person(p).facts]
-    wrong["absent"] = {}
-    absent_keys = {m: _kb_wrong_entity(kb, absent, RELATIONS, m) for m in ("entity", "key")}  # no decoding in it
-    for name, gen, matching in (("lmlm", lmlm, "entity"), ("paper", paper, "key"), ("plain", plain, "entity")):
-        res = _precision(gen, absent_items, True, cfg, results=True)["results"]
-        row = {**absent_keys[matching], "generated": wrong_entity(res, absent_subjects)}
-        if name == "lmlm":
-            row["misses"] = _misses(res)
-            wrong["absent"].update(row)
-        else:
-            wrong["absent"][name] = row
-    factual = {k: v["precision"] for k, v in fp.items()}
-    named = LookupGenerator(lmlm_model, tok, kb, name_bias=NAME_BIAS)
-    factual["lmlm_plain"] = fp_plain["precision"]
-    factual["lmlm_name_bias"], factual["name_bias"] = _precision(named, items, True, cfg)["precision"], NAME_BIAS
-    factual["lmlm_name_copy_bias"], factual["copy_bias"] = factual["lmlm"], COPY_BIAS  # the default decoding
-    factual["n"] = len(items)
-    factual["by_mentions"] = {b: {k: fp[k]["by_key"].get(b) for k in fp} for b in ("1", "2-4", "5+")}
-    factual["mention_counts"] = {b: sum(1 for it in items if it.key == b) for b in ("1", "2-4", "5+")}
-    # facts no training document states are in the KB only: no Standard model could learn them
-    stated = [world.stated(c.person, c.relation) for c in cloze]
-    hits = {k: v["hits"] for k, v in fp.items()}
-    factual["by_stated"] = stated_split(hits, stated)
-    factual["stated_counts"] = {"stated": sum(stated), "kb_only": len(stated) - sum(stated)}
-    factual["by_mentions_stated"] = {
-        b: {**stated_split({k: [h for h, it in zip(v, items) if it.key == b] for k, v in hits.items()},
-                           [s for s, it in zip(stated, items) if it.key == b])["stated"],
-            "kb_only_prompts": sum(1 for s, it in zip(stated, items) if it.key == b and not s)}
-        for b in ("1", "2-4", "5+")}
-
-    # added knowledge: people never in the text, only added to the KB now
-    added = world.people_in("added")
-    kb.add([Triple(e, r, v, source=s) for e, r, v, s in world.added_triples()], who="quickstart",
-           why="people added after training")
-
-    # perplexity on held-out documents, with a KB that holds the facts of every one of them
-    perplexity = heldout_perplexity(world, tok, lmlm_model, std_model, kb, cfg.n_heldout)
-
-    added_items = _cloze_items(world, [world.cloze(p.name, r) for p in added for r in p.facts])
-    kb.add_aliases(world.aliases("added"), who="quickstart", why="other names of the people added")
-    ak = _precision(lmlm, added_items, True, cfg, keep=2, results=True)
-    ak_res = ak.pop("results")
-    ak_paper = _precision(paper, added_items, True, cfg)
-    ak_copy = _precision(LookupGenerator(lmlm_model, tok, kb, copy_bias=COPY_BIAS), added_items, True, cfg)
-    ak_named = _precision(named, added_items, True, cfg)
-    ak_plain = _precision(plain, added_items, True, cfg)
-    ak_std = _precision(standard, added_items, False, cfg)
-    added_knowledge = {"lmlm": ak["precision"], "lmlm_paper": ak_paper["precision"], "lmlm_plain": ak_plain["precision"],
-                       "lmlm_copy_bias": ak_copy["precision"], "copy_bias": COPY_BIAS, "standard": ak_std["precision"],
-                       "lmlm_name_bias": ak_named["precision"], "lmlm_name_copy_bias": ak["precision"],
-                       "name_bias": NAME_BIAS,
-                       "n": len(added_items), "people": len(added), "misses": _misses(ak_res),
-                       "wrong_answers": _wrong_answers(added_items, ak["hits"], ak_res)}
-
-    # edits: change a value in the KB; the model should say the new one
-    edits = [e for e in world.edits(cfg.n_edits, seed=cfg.seed) if e.person not in forget_set]
-    for e in edits:
-        kb.edit(e.person, e.relation, e.new_value, who="quickstart", why="edit after training")
-    from .evaluate.cloze import ClozeItem
-    edit_items = [ClozeItem(world.cloze(e.person, e.relation).prompt, e.new_value, "edit") for e in edits]
-    ed = _precision(lmlm, edit_items, True, cfg, keep=2)
-    old_items = [ClozeItem(it.prompt, e.old_value, "old") for it, e in zip(edit_items, edits)
-                 if e.old_value != e.new_value]
-    ed_old = _precision(lmlm, old_items, True, cfg)
-    edits_report = {"lmlm": ed["precision"], "lmlm_old_value": ed_old["precision"], "n": len(edit_items)}
-
-    # unlearning: delete every fact of a forget set of people
-    edited = {(e.person, e.relation) for e in edits}
-    forget_items = _cloze_items(world, [world.cloze(p, r) for p in forget for r in world.person(p).facts])
-    retain_pool = [c for c in world.cloze_set("train", seed=cfg.seed + 1)
-                   if c.person not in forget_set and (c.person, c.relation) not in edited]
-    retain_items = _cloze_items(world, rng.sample(retain_pool, min(cfg.n_retain, len(retain_pool))))
-    f_before = _precision(lmlm, forget_items, True, cfg)["precision"]
-    r_before = _precision(lmlm, retain_items, True, cfg)["precision"]
-    r_before_paper = _precision(paper, retain_items, True, cfg)["precision"]
-    r_before_plain = _precision(plain, retain_items, True, cfg)["precision"]
-    t0 = time.perf_counter()
-    deleted = 0
-    for person in forget:
-        deleted += kb.delete(entity=person, who="quickstart", why="forget request")
-    forget_seconds = time.perf_counter() - t0
-    f_after_res = _precision(lmlm, forget_items, True, cfg, keep=2, results=True)
-    f_after_paper = _precision(paper, forget_items, True, cfg, results=True)
-    r_after = _precision(lmlm, retain_items, True, cfg)["precision"]
-    r_after_paper = _precision(paper, retain_items, True, cfg)["precision"]
-    f_after_plain = _precision(plain, forget_items, True, cfg, results=True)
-    r_after_plain = _precision(plain, retain_items, True, cfg)["precision"]
-    f_std = _precision(standard, forget_items, False, cfg)["precision"]
-    forget_subjects = [p for p in forget for _ in world.person(p).facts]
-    deleted_keys = _kb_wrong_entity(kb, forget, RELATIONS, "entity")  # the keys alone: the same for both decodings
-    wrong["deleted"] = {**deleted_keys,
-                        "generated": wrong_entity(f_after_res.pop("results"), forget_subjects),
-                        "paper": {**_kb_wrong_entity(kb, forget, RELATIONS, "key"),
-                                  "generated": wrong_entity(f_after_paper.pop("results"), forget_subjects)},
-                        "plain": {**deleted_keys, "generated": wrong_entity(f_after_plain.pop("results"), forget_subjects)}}
-    unlearning = {"forget_before": f_before, "forget_after": f_after_res["precision"], "retain_before": r_before,
-                  "retain_after": r_after, "forget_after_paper": f_after_paper["precision"],
-                  "retain_before_paper": r_before_paper, "retain_after_paper": r_after_paper,
-                  "forget_after_plain": f_after_plain["precision"], "retain_before_plain": r_before_plain,
-                  "retain_after_plain": r_after_plain,
-                  "seconds": forget_seconds, "people": len(forget),
-                  "facts_deleted": deleted, "forget_prompts": len(forget_items),
-                  "retain_prompts": len(retain_items), "standard_forget": f_std}
+    factual, wrong, samples = _evaluate_trained(cfg, world, dec, kb, set(forget), rng)
+    added_knowledge, perplexity = _evaluate_added(cfg, world, dec, kb, samples)
+    edits_report, edited = _evaluate_edits(cfg, world, dec, kb, set(forget), samples)
+    unlearning = _evaluate_forgetting(cfg, world, dec, kb, forget, edited, rng, wrong, samples)
     timings["evaluate"] = time.time() - t
     timings["total"] = time.time() - t_start
 
     models = {}
-    for mode, meta in (("lmlm", lmlm_meta), ("standard", std_meta)):
+    for mode, meta in zip(("lmlm", "standard"), metas):
         s = train_stats.get(mode) or meta.get("stats", {})
         models[mode] = {"preset": cfg.model, "parameters": s.get("parameters"),
                         "training_tokens": s.get("block_tokens", s.get("tokens")),
@@ -438,12 +264,215 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
         "perplexity": perplexity,
         "models": models,
         "timings_seconds": timings,
-        "samples": {"lmlm": fp["lmlm"]["samples"], "lmlm_no_db": fp["lmlm_no_db"]["samples"],
-                    "standard": fp["standard"]["samples"], "added": ak["samples"], "edits": ed["samples"],
-                    "forgotten": f_after_res["samples"]},
+        "samples": samples,
     }
+    from .report import write_quickstart_report
+
     write_json(out / "report.json", report)
     write_quickstart_report(report, out)
     kb.close()
     console.print(f"[bold green]done in {timings['total']:.0f} s[/]: {out / 'report.md'}")
     return report
+
+
+def _world_and_tokenizer(cfg: QuickstartConfig, out: Path):
+    """1. the biography world and the tokenizer trained on its stripped text (loaded when already there)."""
+    from .tokens import LookupTokenizer, load_tokenizer, train_bpe
+    from .worlds.bios import BiosConfig, BiosWorld
+
+    _stage("1. synthetic biography world")
+    if (out / "world" / "config.json").exists():
+        world = BiosWorld.load(out / "world")
+    else:
+        world = BiosWorld.generate(BiosConfig.from_name(cfg.world, seed=cfg.seed, **cfg.world_overrides))
+        world.save(out / "world")
+    console.print(world.stats())
+    tok_dir = out / "tokenizer"
+    if (tok_dir / "tokenizer.json").exists():
+        return world, load_tokenizer(tok_dir)
+    tok = LookupTokenizer(train_bpe((d.plain for d in world.train_documents), vocab_size=cfg.vocab_size))
+    tok.save(tok_dir)
+    return world, tok
+
+
+def _knowledge_base(world, out: Path):
+    """2. the KB of the world's facts at training time (opened when a finished one is there)."""
+    from .kb import KnowledgeBase, Triple
+
+    _stage("2. knowledge base")
+    kb_dir = out / "kb"
+    if (kb_dir / "built.json").exists():
+        kb = KnowledgeBase.open(kb_dir)
+    else:
+        if kb_dir.exists():
+            shutil.rmtree(kb_dir)
+        kb = KnowledgeBase.create(kb_dir)
+        kb.add([Triple(e, r, v, source=s) for e, r, v, s in world.triples()], who="quickstart",
+               why="facts of the synthetic world at training time")
+        kb.add_aliases(world.aliases("train"), who="quickstart", why="other names of the people in the KB")
+        write_json(kb_dir / "built.json", {"version": kb.version, "triples": len(kb)})
+    console.print(f"{len(kb)} triples, version {kb.version}")
+    return kb
+
+
+@dataclass
+class _Decoders:
+    """The decodings every evaluation compares, one model and KB each."""
+
+    lmlm: Any  # the default: entity-aware lookups, name and copy bias (`lmlm generate`'s defaults)
+    plain: Any  # the paper's plain decoding, entity-aware lookups
+    paper: Any  # plain decoding, the paper's single-key cosine match
+    no_db: Any  # the LMLM without its KB
+    standard: Any  # the Standard model
+
+
+def _evaluation_setup(out: Path, kb, tok):
+    """Both checkpoints loaded, a fresh copy of the KB (so that re-running the evaluation starts from the
+    trained-on facts) and the decoders over it."""
+    from .checkpoint import load_checkpoint
+    from .generate import LookupGenerator
+    from .kb import KnowledgeBase
+
+    lmlm_model, _, lmlm_meta = load_checkpoint(out / "train-lmlm" / "checkpoint")
+    std_model, _, std_meta = load_checkpoint(out / "train-standard" / "checkpoint")
+    eval_kb_dir = out / "kb-eval"
+    if eval_kb_dir.exists():
+        shutil.rmtree(eval_kb_dir)
+    kb.close()
+    shutil.copytree(out / "kb", eval_kb_dir)
+    kb = KnowledgeBase.open(eval_kb_dir)
+    # the default decoding: a small model otherwise slips to a name it was trained on ("James Girard" for
+    # Jackson Girard) or off the value it was given
+    dec = _Decoders(lmlm=LookupGenerator(lmlm_model, tok, kb, copy_bias=COPY_BIAS, name_bias=NAME_BIAS),
+                    plain=LookupGenerator(lmlm_model, tok, kb),
+                    paper=LookupGenerator(lmlm_model, tok, kb, matching="key"),
+                    no_db=LookupGenerator(lmlm_model, tok, None, use_db=False),
+                    standard=LookupGenerator(std_model, tok, None, use_db=False))
+    return kb, dec, (lmlm_meta, std_meta)
+
+
+def _evaluate_trained(cfg: QuickstartConfig, world, dec: _Decoders, kb, forget_set: set, rng):
+    """Factual precision on trained people, by mentions and by whether a document states the fact, and
+    the wrong-entity counts of those prompts and of people never in the KB."""
+    from .evaluate.cloze import wrong_entity
+    from .worlds.bios import RELATIONS
+
+    cloze = [c for c in world.cloze_set("train", seed=cfg.seed) if c.person not in forget_set]
+    if cfg.n_cloze is not None and len(cloze) > cfg.n_cloze:
+        cloze = rng.sample(cloze, cfg.n_cloze)
+    items = _cloze_items(world, cloze)
+    console.print(f"factual precision on {len(items)} cloze prompts")
+    fp = {"lmlm": _precision(dec.lmlm, items, True, cfg, keep=cfg.n_samples, results=True),
+          "lmlm_paper": _precision(dec.paper, items, True, cfg, results=True),
+          "lmlm_no_db": _precision(dec.no_db, items, False, cfg, keep=2),
+          "standard": _precision(dec.standard, items, False, cfg, keep=2)}
+    subjects = [c.person for c in cloze]
+    res, res_paper = fp["lmlm"].pop("results"), fp["lmlm_paper"].pop("results")
+    fp_plain = _precision(dec.plain, items, True, cfg, results=True)
+    wrong = {"cloze": {**wrong_entity(res, subjects), "misses": _misses(res),
+                       "paper": {**wrong_entity(res_paper, subjects), "misses": _misses(res_paper)},
+                       "plain": {**wrong_entity(fp_plain["results"], subjects),
+                                 "misses": _misses(fp_plain["results"])}}}
+    # people who were never in the KB (the world's held-out people): any answer is someone else's
+    absent = [p.name for p in world.people_in("heldout")]
+    absent_items = _cloze_items(world, [world.cloze(p, r) for p in absent for r in world.person(p).facts])
+    absent_subjects = [p for p in absent for _ in world.person(p).facts]
+    wrong["absent"] = {}
+    absent_keys = {m: _kb_wrong_entity(kb, absent, RELATIONS, m) for m in ("entity", "key")}  # no decoding in it
+    for name, gen, matching in (("lmlm", dec.lmlm, "entity"), ("paper", dec.paper, "key"), ("plain", dec.plain, "entity")):
+        res = _precision(gen, absent_items, True, cfg, results=True)["results"]
+        row = {**absent_keys[matching], "generated": wrong_entity(res, absent_subjects)}
+        if name == "lmlm":
+            row["misses"] = _misses(res)
+            wrong["absent"].update(row)
+        else:
+            wrong["absent"][name] = row
+    factual = {k: v["precision"] for k, v in fp.items()}
+    factual.update(lmlm_plain=fp_plain["precision"], name_bias=NAME_BIAS, copy_bias=COPY_BIAS, n=len(items))
+    factual["by_mentions"] = {b: {k: fp[k]["by_key"].get(b) for k in fp} for b in ("1", "2-4", "5+")}
+    factual["mention_counts"] = {b: sum(1 for it in items if it.key == b) for b in ("1", "2-4", "5+")}
+    # facts no training document states are in the KB only: no Standard model could learn them
+    stated = [world.stated(c.person, c.relation) for c in cloze]
+    hits = {k: v["hits"] for k, v in fp.items()}
+    factual["by_stated"] = stated_split(hits, stated)
+    factual["stated_counts"] = {"stated": sum(stated), "kb_only": len(stated) - sum(stated)}
+    factual["by_mentions_stated"] = {
+        b: {**stated_split({k: [h for h, it in zip(v, items) if it.key == b] for k, v in hits.items()},
+                           [s for s, it in zip(stated, items) if it.key == b])["stated"],
+            "kb_only_prompts": sum(1 for s, it in zip(stated, items) if it.key == b and not s)}
+        for b in ("1", "2-4", "5+")}
+    samples = {k: fp[k]["samples"] for k in ("lmlm", "lmlm_no_db", "standard")}
+    return factual, wrong, samples
+
+
+def _evaluate_added(cfg: QuickstartConfig, world, dec: _Decoders, kb, samples: dict):
+    """Added knowledge (people never in the text, only added to the KB now) and the held-out perplexity,
+    with a KB that holds the facts of every held-out document."""
+    from .kb import Triple
+
+    added = world.people_in("added")
+    kb.add([Triple(e, r, v, source=s) for e, r, v, s in world.added_triples()], who="quickstart",
+           why="people added after training")
+    perplexity = heldout_perplexity(world, dec.lmlm.tok, dec.lmlm.model, dec.standard.model, kb, cfg.n_heldout)
+    added_items = _cloze_items(world, [world.cloze(p.name, r) for p in added for r in p.facts])
+    kb.add_aliases(world.aliases("added"), who="quickstart", why="other names of the people added")
+    ak = _precision(dec.lmlm, added_items, True, cfg, keep=2, results=True)
+    ak_res = ak.pop("results")
+    samples["added"] = ak["samples"]
+    return {"lmlm": ak["precision"], "lmlm_paper": _precision(dec.paper, added_items, True, cfg)["precision"],
+            "lmlm_plain": _precision(dec.plain, added_items, True, cfg)["precision"],
+            "standard": _precision(dec.standard, added_items, False, cfg)["precision"],
+            "copy_bias": COPY_BIAS, "name_bias": NAME_BIAS, "n": len(added_items), "people": len(added),
+            "misses": _misses(ak_res), "wrong_answers": _wrong_answers(added_items, ak["hits"], ak_res)}, perplexity
+
+
+def _evaluate_edits(cfg: QuickstartConfig, world, dec: _Decoders, kb, forget_set: set, samples: dict):
+    """Values changed in the KB: the share of prompts that state the new one, and the old one."""
+    from .evaluate.cloze import ClozeItem
+
+    edits = [e for e in world.edits(cfg.n_edits, seed=cfg.seed) if e.person not in forget_set]
+    for e in edits:
+        kb.edit(e.person, e.relation, e.new_value, who="quickstart", why="edit after training")
+    edit_items = [ClozeItem(world.cloze(e.person, e.relation).prompt, e.new_value, "edit") for e in edits]
+    ed = _precision(dec.lmlm, edit_items, True, cfg, keep=2)
+    samples["edits"] = ed["samples"]
+    old_items = [ClozeItem(it.prompt, e.old_value, "old") for it, e in zip(edit_items, edits)
+                 if e.old_value != e.new_value]
+    report = {"lmlm": ed["precision"], "lmlm_old_value": _precision(dec.lmlm, old_items, True, cfg)["precision"],
+              "n": len(edit_items)}
+    return report, {(e.person, e.relation) for e in edits}
+
+
+def _evaluate_forgetting(cfg: QuickstartConfig, world, dec: _Decoders, kb, forget: list, edited: set, rng,
+                         wrong: dict, samples: dict) -> dict:
+    """Unlearning: every fact of a forget set of people deleted; their prompts and those of retained people
+    before and after, for each decoding, and the wrong-entity counts of the deleted people."""
+    from .evaluate.cloze import wrong_entity
+    from .worlds.bios import RELATIONS
+
+    forget_set = set(forget)
+    forget_items = _cloze_items(world, [world.cloze(p, r) for p in forget for r in world.person(p).facts])
+    retain_pool = [c for c in world.cloze_set("train", seed=cfg.seed + 1)
+                   if c.person not in forget_set and (c.person, c.relation) not in edited]
+    retain_items = _cloze_items(world, rng.sample(retain_pool, min(cfg.n_retain, len(retain_pool))))
+    before = {"forget_before": _precision(dec.lmlm, forget_items, True, cfg)["precision"]}
+    for name, gen in (("", dec.lmlm), ("_paper", dec.paper), ("_plain", dec.plain)):
+        before[f"retain_before{name}"] = _precision(gen, retain_items, True, cfg)["precision"]
+    t0 = time.perf_counter()
+    deleted = sum(kb.delete(entity=person, who="quickstart", why="forget request") for person in forget)
+    forget_seconds = time.perf_counter() - t0
+    after, generated = {}, {}
+    for name, gen in (("", dec.lmlm), ("_paper", dec.paper), ("_plain", dec.plain)):
+        f = _precision(gen, forget_items, True, cfg, keep=2 if not name else 0, results=True)
+        generated[name] = wrong_entity(f.pop("results"), [p for p in forget for _ in world.person(p).facts])
+        after[f"forget_after{name}"] = f["precision"]
+        after[f"retain_after{name}"] = _precision(gen, retain_items, True, cfg)["precision"]
+        if not name:
+            samples["forgotten"] = f["samples"]
+    deleted_keys = _kb_wrong_entity(kb, forget, RELATIONS, "entity")  # the keys alone: the same for both decodings
+    wrong["deleted"] = {**deleted_keys, "generated": generated[""],
+                        "paper": {**_kb_wrong_entity(kb, forget, RELATIONS, "key"), "generated": generated["_paper"]},
+                        "plain": {**deleted_keys, "generated": generated["_plain"]}}
+    return {**before, **after, "seconds": forget_seconds, "people": len(forget), "facts_deleted": deleted,
+            "forget_prompts": len(forget_items), "retain_prompts": len(retain_items),
+            "standard_forget": _precision(dec.standard, forget_items, False, cfg)["precision"]}

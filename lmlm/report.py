@@ -220,11 +220,10 @@ def _added_lines(ak: dict) -> list[str]:
                      f"answered (lookup misses by reason: {misses}), {wa['lookup_answered']} where the KB answered "
                      "and the text after the call did not state the value.")
     if ak.get("lmlm_plain") is not None:
-        lines.append(f"Decoded with both biases (the default above) the LMLM states {fmt_value(ak['lmlm'])} of them; "
-                     f"plain decoding {fmt_value(ak['lmlm_plain'])}, only `--copy-bias {ak['copy_bias']:g}` (the answered "
-                     f"value's next token favoured while the text states it) {fmt_value(ak.get('lmlm_copy_bias'))}, only "
-                     f"`--name-bias {ak['name_bias']:g}` (a query's entity kept on the KB names the text gives: a small "
-                     f"model slips to a name it was trained on, which the KB refuses) {fmt_value(ak.get('lmlm_name_bias'))}.")
+        lines.append(f"Decoded with both biases (the default above: `--name-bias {ak['name_bias']:g}` keeps a query's "
+                     f"entity on the KB names the text gives, `--copy-bias {ak['copy_bias']:g}` favours the answered "
+                     f"value's next token while the text states it) the LMLM states {fmt_value(ak['lmlm'])} of them; "
+                     f"the paper's plain decoding {fmt_value(ak['lmlm_plain'])}.")
     return lines
 
 
@@ -266,8 +265,7 @@ def write_quickstart_report(report: dict, out: str | Path) -> Path:
     if fp.get("lmlm_plain") is not None:
         lines += [f"The LMLM decodes with `lmlm generate --name-bias {fp['name_bias']:g} --copy-bias "
                   f"{fp['copy_bias']:g}` (a query's entity kept on the KB names the text gives; the answered value "
-                  f"favoured while the text states it). The paper's plain decoding: {fmt_value(fp['lmlm_plain'])}; "
-                  f"the name bias alone: {fmt_value(fp.get('lmlm_name_bias'))}.", ""]
+                  f"favoured while the text states it). The paper's plain decoding: {fmt_value(fp['lmlm_plain'])}.", ""]
     if "by_stated" in fp:
         bs = fp["by_stated"]
         lines += ["Facts stated in some training document vs facts only the KB holds (no training document states "
