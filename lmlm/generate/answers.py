@@ -19,6 +19,7 @@ Exercised by ``lmlm generate --fallback``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -139,11 +140,15 @@ class Answerer:
         """The text of the ids before a call: call markers and separators become spaces, and the
         entity and relation the model wrote into earlier calls are left out (a name the model only
         queried is not a name the text gave: a missed "Chad Peterson" call in a text about Chad Lee
-        must not ground the next one); the values the KB returned stay (they name the next hop)."""
+        must not ground the next one); the values the KB returned stay (they name the next hop). A name
+        the KB refused in an earlier call because the text had not named it stays unnamed when the
+        model writes it into the text afterwards ("born in ⟦Paul Marquez → unknown⟧ Port Paul Marquez.
+        He studied ⟦Paul Marquez · Major⟧" in a text about Paul Gates)."""
         tok = self.tok
+        ids = list(ids)
         stops = set(tok.call_ids) | {tok.eos_id, tok.doc_id}
         pieces, run, in_key = [], [], False
-        for t in list(ids) + [-1]:
+        for t in ids + [-1]:
             if t in stops or t == -1:
                 if run and not in_key:
                     pieces.append(tok.hf.decode(run, skip_special_tokens=False))
@@ -154,7 +159,29 @@ class Answerer:
                     in_key = False
             else:
                 run.append(t)
-        return " ".join(pieces)
+        text = " ".join(pieces)
+        for name in self._refused_names(ids):
+            text = re.sub(r"(?<!\w)" + re.escape(name) + r"(?!\w)", " ", text)
+        return text
+
+    def _refused_names(self, ids: list[int]) -> set[str]:
+        """The entities of earlier calls in ``ids`` that the KB refused as not named by the text before them."""
+        tok = self.tok
+        out = set()
+        for s, t in enumerate(ids):
+            if t != tok.start_id or tok.retrieve_id not in ids[s:]:
+                continue
+            r = ids.index(tok.retrieve_id, s)
+            body = ids[s + 1:r]
+            if tok.sep_id not in body:
+                continue
+            p = body.index(tok.sep_id)
+            ans = self.get((tuple(body[:p]), tuple(body[p + 1:])), call_context(ids, s, tok))
+            miss = ans.miss if ans is not None else None
+            if miss is not None and getattr(miss, "reason", None) == "no_entity" and not ans.context_free \
+                    and not getattr(miss, "deleted", False) and ans.entity.strip():
+                out.add(ans.entity.strip())
+        return out
 
     def lookup(self, queries: list[tuple[str, str]], contexts: list | None, **kwargs) -> list:
         """Matches, or misses that say why: ``kb.resolve_batch`` where the KB has it, else ``lookup_batch``."""

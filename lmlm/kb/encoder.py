@@ -32,9 +32,12 @@ DTYPES = ("auto", "float32", "bfloat16")
 
 def native_bf16() -> bool:
     """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), so bf16 matmuls pay off;
-    asked of torch's own CPU feature detection (the one its kernels dispatch on)."""
+    asked of torch's own CPU feature detection (the one its kernels dispatch on). Kernels held below
+    AVX-512 (``ATEN_CPU_CAPABILITY=avx2``) count as no bf16, whatever the chip has."""
     import torch
 
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AMX"):
+        return False
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 

@@ -107,3 +107,31 @@ def test_a_prompt_ends_at_a_calls_retrieve_not_inside_its_value(world, kb):
             gen.generate([prompt], max_new_tokens=4)
         with pytest.raises(ValueError, match="the prompt ends inside"):
             list(gen.stream(prompt, max_new_tokens=4))
+
+
+def test_a_name_refused_for_the_text_stays_refused_after_the_model_writes_it(world, cousins):
+    """In a text about someone not in the KB, a call naming Timothy Frazier is refused (the text never
+    names him); the model writing his name into the text afterwards does not make the next call his."""
+    tok = world.tok
+    answers = Answerer(tok, cousins)
+    call = [tok.start_id, *tok.encode_field("Timothy Frazier"), tok.sep_id, *tok.encode_field("Birth City"),
+            tok.retrieve_id]
+    first = [tok.doc_id, *tok.encode_text("Paul Gates was born in")]
+    key = _key(tok, "Timothy Frazier", "Birth City")
+
+    def ctx(ids):  # the context the generator sends with a call opened after ``ids``
+        return call_context([*ids, tok.start_id], len(ids), tok)
+
+    answers.resolve([key], [ctx(first)])
+    refused = answers.get(key, ctx(first))
+    assert refused.miss.reason == "no_entity" and refused.value == "unknown"
+    later = first + call + [*tok.encode_field("unknown"), tok.end_id, *tok.encode_text(" Port Timothy Frazier. He")]
+    assert "Timothy Frazier" not in answers.context_text(ctx(later))
+    answers.resolve([key], [ctx(later)])
+    assert answers.get(key, ctx(later)).miss.reason == "no_entity"
+    # a name the text itself gave stays named, whatever the model wrote between
+    named = [tok.doc_id, *tok.encode_text("Timothy Frazier was born in")]
+    answers.resolve([key], [ctx(named)])
+    assert answers.get(key, ctx(named)).value == "Denver"
+    again = named + call + [*tok.encode_field("Denver"), tok.end_id, *tok.encode_text(". He")]
+    assert "Timothy Frazier" in answers.context_text(ctx(again))
