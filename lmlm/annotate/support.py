@@ -106,13 +106,30 @@ def fits_kind(relation: str, value: str) -> bool:
 
 
 def relation_cues(relation: str) -> tuple[str, ...]:
-    """The words whose presence before a mention states ``relation``: its table entry and its own words."""
+    """The words whose presence before a mention states ``relation``: its table entry, else its own words
+    (not both: "city" alone does not state a largest city, "the city of [Birmingham]")."""
     key = " ".join(relation.lower().split())
-    own = tuple(w.rstrip("s")[:6] for w in re.findall(r"[a-z]+", key) if w not in _STOP and len(w) > 2)
-    return CUES.get(key, ()) + own
+    if key in CUES:
+        return CUES[key]
+    return tuple(w.rstrip("s")[:6] for w in re.findall(r"[a-z]+", key) if w not in _STOP and len(w) > 2)
+
+
+_CLAUSE_BREAK = re.compile(r"[,;:]\s")
 
 
 def stated_before(left: str, relation: str) -> bool:
-    """Whether ``left``, the sentence up to a value's mention, says what ``relation`` the value is."""
+    """Whether ``left``, the sentence up to a value's mention, says what ``relation`` the value is, in
+    the clause the mention stands in (after the last comma, semicolon or colon): "a Turkic language,
+    the early precursor of the [Azerbaijani]" does not state a language. A break right before the
+    mention sets it beside the words before it ("the current Lt. Governor, [Kay Ivey]")."""
     text = " ".join(left.lower().split())
-    return any(re.search(r"(?<![a-z])" + re.escape(cue), text) for cue in relation_cues(relation))
+    cues = relation_cues(relation)
+
+    def states(part: str) -> bool:
+        return any(re.search(r"(?<![a-z])" + re.escape(cue), part) for cue in cues)
+
+    breaks = [0] + [m.end() for m in _CLAUSE_BREAK.finditer(text + " ")]
+    clause = text[breaks[-1]:]
+    if clause.strip() or len(breaks) == 1:
+        return states(clause)
+    return states(text[breaks[-2]:breaks[-1]])  # an apposition: the clause before the break

@@ -179,7 +179,8 @@ _SENTENCE = re.compile(r"[.!?](?=\s+[A-Z0-9\"'(])|\n")
 
 def _sentence_start(text: str, pos: int) -> int:
     """Where the sentence holding ``pos`` begins (after the last sentence end or line break before it)."""
-    ends = [m.end() for m in _SENTENCE.finditer(text, max(0, pos - 600), pos)]
+    # the look-ahead reads the first letter of the sentence at ``pos``: search up to and including it
+    ends = [m.end() for m in _SENTENCE.finditer(text, max(0, pos - 600), pos + 1) if m.end() <= pos]
     return ends[-1] if ends else max(0, pos - 600)
 
 

@@ -110,6 +110,25 @@ def test_facts_not_of_their_relations_kind_stay_out_and_cues_read_the_words_befo
     assert stated_before("Huxley married", "Spouses") and stated_before("The premier has been", "Premier")
     assert not stated_before("Florida and the", "Lowest Point")
     assert not stated_before("also the Casbah of", "Capital")
+    # the cue stands in the mention's own clause, or right before a break that sets the value beside it
+    assert not stated_before("gradually replaced by a Turkic language, the early precursor of the", "Official Languages")
+    assert stated_before("and the current Lt. Governor, ", "Lieutenant Governor")
+    assert stated_before("in urban areas inequality is most evident in the capital, ", "Capital")
+    assert stated_before("Her novella was written during a break from her next major novel, ", "Notable Works")
+    # a relation the table knows is stated by its cues, not by a word of its name: "city" is any city
+    assert not stated_before("many rural people migrated to the city of", "Largest City")
+    assert stated_before("music was composed by", "Composer")  # no table entry: its own words
+
+
+def test_a_mention_opening_a_sentence_is_not_supported_by_the_sentence_before():
+    """'The nation is led by Ashraf Ghani as president. Abdullah Abdullah serves as chief executive': the mention's
+    own sentence has no words before it, so no call there (the sentence before states another fact)."""
+    box = "{{Infobox country\n| leader_name1 = Ashraf Ghani\n| leader_name2 = Abdullah Abdullah\n}}\n"
+    text = ("'''Afghanistan''' is a country. The nation is led by Ashraf Ghani as president. "
+            "Abdullah Abdullah serves as the chief executive.")
+    art = annotate_article(WikiPage("2", "Afghanistan", box + text))
+    calls = [(c.relation, c.value) for c in art["segments"] if isinstance(c, Lookup)]
+    assert ("Leader Name", "Ashraf Ghani") in calls and ("Leader Name", "Abdullah Abdullah") not in calls
 
 
 def test_dump_to_documents_triples_and_kb(tmp_path):
@@ -149,7 +168,7 @@ def test_bad_dumps_are_reported(tmp_path):
 def test_real_excerpt_yields_an_annotated_corpus(tmp_path):
     report = annotate_dump(REAL_DUMP, tmp_path / "wiki", limit=25, progress=False)
     assert report["articles"] == 25 and report["with_infobox"] >= 8
-    assert report["calls"] >= 40 and report["triples"] >= 200
+    assert report["calls"] >= 25 and report["triples"] >= 200
     for line in (tmp_path / "wiki" / "documents.jsonl").read_text().splitlines():
         d = json.loads(line)
         assert plain_text(parse(d["annotated"], form="dblookup", strict=True).segments)[0] == d["text"]
