@@ -17,7 +17,7 @@ import typer
 from ..checkpoint import checkpoint_mode
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a checkpoint: perplexity, T-REx, PopQA, NLU, "
-                       "FactScore, TOFU, offloading, RAG.")
+                       "FactScore, TOFU, forgetting, offloading, RAG.")
 
 MODEL = typer.Option(..., "--model", help="checkpoint folder (written by lmlm train / quickstart)")
 KB = typer.Option(None, "--kb", help="KB folder (default: the checkpoint's KB; ignored for Standard models)")
@@ -378,6 +378,84 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
     if per_item and not records:  # the metrics line holds numbers; each question's values go in the records
         records = [{"per_question": per_item}]  # (an unlearning run's records are its trajectory, which has them)
     _finish(TOFU, metrics, records, out, config, gen)
+
+
+@eval_app.command()
+def forgetting(model: Path = MODEL, kb: Path | None = KB, out: Path | None = OUT, batch_size: int = BATCH,
+               facts: Path | None = typer.Option(None, "--facts", help="facts to forget: JSON lines of entity, relation, "
+                                                 "value, prompt (or LAMA T-REx records); all of an entity's facts go"),
+               world: Path | None = typer.Option(None, "--world", help="instead of --facts and --unseen: a synthetic "
+                                                 "biography world (a quickstart's OUT/world), its forget set and held-out people"),
+               unseen: Path | None = typer.Option(None, "--unseen", help="facts of entities the models never read "
+                                                  "(same format): the guessing rate parametric leakage is compared with"),
+               standard: Path | None = typer.Option(None, "--standard", help="the Standard checkpoint, scored on --unseen"),
+               fraction: float = typer.Option(0.05, min=0.0, max=1.0, help="with --world: share of trained people forgotten"),
+               limit: int | None = typer.Option(None, "--limit", min=1, help="about this many facts (whole entities)"),
+               kinds: str = typer.Option(",".join(("name", "alias", "misspelling", "transliteration", "relation",
+                                                   "description")), help="adversarial kinds, separated by commas"),
+               name_bias: float = typer.Option(10.0, min=0.0, help="the LMLM's name bias (lmlm generate's default)"),
+               copy_bias: float = typer.Option(5.0, min=0.0, help="the LMLM's copy bias (lmlm generate's default)"),
+               max_new_tokens: int = typer.Option(24, min=1, help="tokens of text per answer"),
+               on_miss: str = typer.Option("text", help="a lookup the KB does not answer: text ('unknown', as lmlm "
+                                           "generate) or skip (no value: the model goes on from its weights)"),
+               seed: int = typer.Option(0, help="seed of the forget set and of --limit's choice")):
+    """Forgetting as the audit of LMLM forgetting measures it: FULL, DEL-ON and DEL-OFF of one model; parametric
+    leakage and retrieval-mediated residue per adversarial kind (on a copy of the KB)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from .forgetting import FORGETTING, KINDS, audit_forgetting, read_facts, sample_facts, world_sets
+
+    if (facts is None) == (world is None):
+        _fail("give the facts to forget: --facts FILE or --world DIR (one of them)")
+    if on_miss not in ("text", "skip"):
+        _fail(f"--on-miss must be text or skip, got {on_miss!r}")
+    chosen = [k.strip() for k in kinds.split(",") if k.strip()]
+    bad = [k for k in chosen if k not in KINDS]
+    if bad or not chosen:
+        _fail(f"--kinds takes {', '.join(KINDS)}; got {kinds!r}")
+    if world is not None:
+        from ..worlds.bios import BiosWorld
+
+        if not (world / "config.json").exists():
+            _fail(f"{world} is not a biography world folder (no config.json): give a quickstart's OUT/world")
+        forget, unseen_facts = world_sets(BiosWorld.load(world), fraction, seed)
+        if not forget:
+            _fail(f"--fraction {fraction} forgets no one")
+    else:
+        forget = _read(read_facts, facts)
+        unseen_facts = _read(read_facts, unseen) if unseen is not None else []
+    forget = sample_facts(forget, limit, seed)
+    if checkpoint_mode(model) == "standard":
+        _fail(f"{model} is a Standard checkpoint: the audit deletes facts from an LMLM's KB (give it as --standard)")
+    m, tok, _, gen, _ = _load(model, kb, instead=None)
+    source = Path(gen.kb.store.folder)
+    gen.kb.close()
+    scratch = Path(tempfile.mkdtemp(prefix="lmlm-forgetting-kb-"))  # the KB itself is left as it was
+    atexit.register(shutil.rmtree, scratch, True)
+    shutil.copytree(source, scratch / "kb")
+    from ..kb import KnowledgeBase
+
+    work = KnowledgeBase.open(scratch / "kb")
+    std = None
+    if standard is not None:
+        if checkpoint_mode(standard) != "standard":
+            _fail(f"--standard {standard} is a {checkpoint_mode(standard)} checkpoint")
+        sm, stok, _, _, _ = _load(standard, None, no_db=True, need_generator=False)
+        std = (sm, stok)
+    records: list = []
+    metrics = audit_forgetting(m, tok, work, forget, unseen=unseen_facts, standard=std,
+                               decoding={"name_bias": name_bias, "copy_bias": copy_bias}, max_new_tokens=max_new_tokens,
+                               batch_size=batch_size, kinds=chosen, records=records, on_miss=on_miss,
+                               log=lambda s: typer.echo(s, err=True))
+    by_kind = metrics.pop("forgetting_by_kind")
+    records.insert(0, {"by_kind": by_kind})
+    work.close()
+    _finish(FORGETTING, metrics, records, out, {"model": str(model), "kb": str(source), "facts": str(facts or world),
+                                                "unseen": str(unseen) if unseen else None, "kinds": chosen,
+                                                "name_bias": name_bias, "copy_bias": copy_bias, "on_miss": on_miss,
+                                                "by_kind": by_kind})
 
 
 @eval_app.command()
