@@ -10,7 +10,7 @@ from pathlib import Path
 from ..corpus import Document, read_documents
 from .recipe import Recipe
 
-__all__ = ["chunks", "fact_documents_of", "facts_split"]
+__all__ = ["chunks", "fact_documents_of", "facts_split", "corpus_relation_facts"]
 
 
 def chunks(docs: list[Document], max_chars: int) -> list[Document]:
@@ -50,7 +50,41 @@ def fact_documents_of(recipe: Recipe, out: Path, folder: Path, log=print) -> lis
          f"{len({e for e, _, _ in held})} entities no corpus text names held out ({spec.source})")
     if spec.documents and len(train) > spec.documents:
         train = sorted(random.Random(recipe.seed).sample(train, spec.documents), key=train.index)
-    return fact_documents(train, seed=recipe.seed, prefix="facts") if spec.train else []
+    docs = fact_documents(train, seed=recipe.seed, prefix="facts") if spec.train else []
+    if spec.corpus_relations:
+        own = corpus_relation_facts(out, spec.corpus_relations, recipe.seed)
+        log(f"facts: {len(own)} sentences from the training articles' infoboxes, "
+            f"{len({r for _, r, _ in own})} relations")
+        docs += fact_documents(own, seed=recipe.seed, prefix="infobox")
+    return docs
+
+
+def corpus_relation_facts(out: Path, n: int, seed: int = 0) -> list[tuple[str, str, str]]:
+    """At most ``n`` infobox facts of the corpus's training articles (``OUT/annotate/triples.jsonl``), of
+    their relation's kind and with a word in the value, taken in turn from every relation (seeded)."""
+    from ..annotate.support import fits_kind
+
+    path = out / "annotate" / "triples.jsonl"
+    if not path.exists():
+        return []
+    import json
+
+    train = {d.id for d in read_documents(out / "corpus" / "documents.jsonl") if d.split in (None, "train")}
+    by_relation: dict[str, list[tuple[str, str, str]]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        t = json.loads(line)
+        e, r, v = t["entity"], t["relation"], t["value"]
+        if t.get("source") in train and fits_kind(r, v) and sum(c.isalpha() for c in v) >= 2:
+            by_relation.setdefault(r, []).append((e, r, v))
+    rng = random.Random(seed)
+    for facts in by_relation.values():
+        rng.shuffle(facts)
+    taken: list[tuple[str, str, str]] = []
+    depth = 0
+    while len(taken) < n and any(len(f) > depth for f in by_relation.values()):
+        taken += [f[depth] for f in by_relation.values() if len(f) > depth][:n - len(taken)]
+        depth += 1
+    return taken
 
 
 def facts_split(recipe: Recipe, held: Path, folder: Path) -> int:

@@ -248,8 +248,8 @@ def _train_config(recipe: Recipe, out: Path, mode: str, tokenizer: Path | None, 
     return TrainConfig(
         mode=mode, model=None if spec.init_from else spec.model, model_overrides=spec.model_overrides,
         init_from=spec.init_from or None, tokenizer=str(tokenizer) if tokenizer else None,
-        data=str(out / "data" / "train.jsonl"), eval_data=str(out / "data" / "heldout.jsonl")
-        if (out / "data" / "heldout.jsonl").exists() else None, kb=str((out / "kb").resolve()),
+        data=str(out / "data" / "train.jsonl"), eval_data=str(out / "data" / "heldout-loss.jsonl")
+        if (out / "data" / "heldout-loss.jsonl").exists() else None, kb=str((out / "kb").resolve()),
         seq_len=spec.seq_len, batch_size=spec.batch_size, micro_batch_size=math.gcd(spec.batch_size, 16),
         max_steps=spec.max_steps, lr=spec.lr, warmup_steps=min(spec.warmup_steps, max(spec.max_steps // 5, 1)),
         precision=spec.precision, seed=recipe.seed, out_dir=str(out / f"train-{mode}"),
@@ -279,6 +279,9 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
         write_documents(folder / "train.jsonl", train_docs + facts)
         if held:
             write_documents(folder / "heldout.jsonl", held)
+            n = recipe.train.heldout_chunks
+            sample = sorted(random.Random(recipe.seed).sample(held, n), key=held.index) if 0 < n < len(held) else held
+            write_documents(folder / "heldout-loss.jsonl", sample)  # what the trainings' held-out loss reads
         tokenizer = None
         if not recipe.train.init_from and recipe.train.tokenizer.startswith("bpe:"):
             from ..tokens import LookupTokenizer, train_bpe

@@ -10,7 +10,7 @@ from lmlm.annotate.validate import place_facts
 from lmlm.cli import app
 from lmlm.corpus import Document
 from lmlm.evaluate.trex import read_trex
-from lmlm.lookup import Lookup, strip
+from lmlm.lookup import Lookup, Text, strip
 from lmlm.pipeline import RecipeError, load_recipe, recipe_names
 from lmlm.pipeline.annotation import (CHECK_MIN, Reference, stage_done, finish_stage, _infobox_passages, _seed_choice,
                                      call_layer, merge_layers, passages_of, run_llm, split_passages, vet_layer)
@@ -387,3 +387,24 @@ def test_a_kb_whose_creation_was_cut_short_is_made_again(tmp_path):
         db.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT)")
     assert run_pipeline(recipe, tmp_path / "P", progress=False, until="kb") is None
     assert json.loads((tmp_path / "P" / "kb" / "done.json").read_text())["triples"] == 2
+
+
+def test_corpus_relation_sentences_come_from_training_articles_only_one_relation_in_turn(tmp_path):
+    """The training articles' infobox facts, spread over their relations; a held-out article's never."""
+    from lmlm.corpus import write_documents
+    from lmlm.pipeline.data import corpus_relation_facts
+
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "annotate").mkdir()
+    write_documents(tmp_path / "corpus" / "documents.jsonl",
+                    [Document.from_segments("a", [Text("Alaska is a state.")], split="train"),
+                     Document.from_segments("b", [Text("Alabama is a state.")], split="heldout")])
+    rows = [("Alaska", "Capital", "Juneau", "a"), ("Alaska", "Largest City", "Anchorage", "a"),
+            ("Alaska", "Highest Point", "Denali", "a"), ("Alaska", "Population", "731,545", "a"),
+            ("Alaska", "Capital", "Juneau City", "a"), ("Alabama", "Capital", "Montgomery", "b")]
+    (tmp_path / "annotate" / "triples.jsonl").write_text("".join(
+        json.dumps({"entity": e, "relation": r, "value": v, "source": s, "position": None}) + "\n" for e, r, v, s in rows))
+    facts = corpus_relation_facts(tmp_path, 3)
+    assert len(facts) == 3 and {r for _, r, _ in facts} == {"Capital", "Largest City", "Highest Point"}
+    every = corpus_relation_facts(tmp_path, 100)
+    assert all(e == "Alaska" for e, _, _ in every) and len(every) == 4  # a number with no word in it is left out
