@@ -178,8 +178,12 @@ class Answerer:
             p = body.index(tok.sep_id)
             ans = self.get((tuple(body[:p]), tuple(body[p + 1:])), call_context(ids, s, tok))
             miss = ans.miss if ans is not None else None
-            if miss is not None and getattr(miss, "reason", None) == "no_entity" and not ans.context_free \
-                    and not getattr(miss, "deleted", False) and ans.entity.strip():
+            if miss is None or getattr(miss, "reason", None) != "no_entity" or getattr(miss, "deleted", False):
+                continue
+            # refused although the KB holds that very name: the text had named someone else (a name the KB
+            # does not hold at all, "no entity is named ...", is the text's own and stays)
+            name = " ".join(ans.entity.split()).casefold()
+            if name and any(" ".join(c[0].split()).casefold() == name for c in getattr(miss, "candidates", ())):
                 out.add(ans.entity.strip())
         return out
 

@@ -135,3 +135,12 @@ def test_a_name_refused_for_the_text_stays_refused_after_the_model_writes_it(wor
     assert answers.get(key, ctx(named)).value == "Denver"
     again = named + call + [*tok.encode_field("Denver"), tok.end_id, *tok.encode_text(". He")]
     assert "Timothy Frazier" in answers.context_text(ctx(again))
+    # a name the KB does not hold at all is the text's own: refused as a query, it still names the person
+    own = _key(tok, "Paul Gates", "Employer")
+    answers.resolve([own], [ctx(first)])
+    assert answers.get(own, ctx(first)).miss.reason == "no_entity"
+    own_call = [tok.start_id, *own[0], tok.sep_id, *own[1], tok.retrieve_id, *tok.encode_field("unknown"), tok.end_id]
+    after = first + own_call + [*tok.encode_text(" Jones")]
+    assert "Paul Gates" in answers.context_text(ctx(after))
+    answers.resolve([key], [ctx(after)])  # so another KB person's exact name is still refused after it
+    assert answers.get(key, ctx(after)).miss.reason == "no_entity"
