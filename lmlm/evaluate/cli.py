@@ -110,6 +110,23 @@ def _finish(protocol, metrics: dict, records: list, out: Path | None, config: di
     typer.echo(json.dumps({"metrics": clean, "out": str(path)}))
 
 
+def _scratch_kb(gen, prefix: str):
+    """A copy of ``gen``'s KB to change, removed when the command ends (the KB itself is left as it was);
+    ``gen``'s own handle is closed."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from ..kb import KnowledgeBase
+
+    source = Path(gen.kb.store.folder)
+    gen.kb.close()
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, scratch, True)
+    shutil.copytree(source, scratch / "kb")
+    return KnowledgeBase.open(scratch / "kb"), source
+
+
 @eval_app.command()
 def trex(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path | None = OUT,
          limit: int | None = LIMIT, batch_size: int = BATCH, no_db: bool = NO_DB,
@@ -316,9 +333,6 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
          eval_every: int = typer.Option(5, min=1, help="steps between trajectory points"),
          max_new_tokens: int = typer.Option(48, min=1, help="generated tokens per answer (ROUGE-L)")):
     """TOFU: ROUGE-L, probability, truth ratio, forget quality, model utility; optionally unlearn first."""
-    import atexit
-    import shutil
-    import tempfile
 
     from .tofu import read_tofu
     from .unlearn import METHODS, TOFU, UnlearnConfig, kb_unlearn, read_tofu_sets, tofu_summary
@@ -336,16 +350,10 @@ def tofu(model: Path = MODEL, kb: Path | None = KB, data: Path = DATA, out: Path
     deletion = None
     if unlearn == "kb":
         from ..generate import LookupGenerator
-        from ..kb import KnowledgeBase
 
         if not uses_db:
             _fail("--unlearn kb needs an LMLM and its KB")
-        source = Path(gen.kb.store.folder)
-        gen.kb.close()
-        scratch = Path(tempfile.mkdtemp(prefix="lmlm-tofu-kb-"))  # the KB itself is left as it was
-        atexit.register(shutil.rmtree, scratch, True)  # and the copy goes when the command ends
-        shutil.copytree(source, scratch / "kb")
-        gen = LookupGenerator(m, tok, KnowledgeBase.open(scratch / "kb"))
+        gen = LookupGenerator(m, tok, _scratch_kb(gen, "lmlm-tofu-kb-")[0])
         try:
             deletion = kb_unlearn(gen.kb, _read(read_tofu, data / f"{split}.json"), who="lmlm eval tofu")
         except ValueError as e:
@@ -401,9 +409,6 @@ def forgetting(model: Path = MODEL, kb: Path | None = KB, out: Path | None = OUT
                seed: int = typer.Option(0, help="seed of the forget set and of --limit's choice")):
     """Forgetting as the audit of LMLM forgetting measures it: FULL, DEL-ON and DEL-OFF of one model; parametric
     leakage and retrieval-mediated residue per adversarial kind (on a copy of the KB)."""
-    import atexit
-    import shutil
-    import tempfile
 
     from .forgetting import FORGETTING, KINDS, audit_forgetting, read_facts, sample_facts, world_sets
 
@@ -430,14 +435,7 @@ def forgetting(model: Path = MODEL, kb: Path | None = KB, out: Path | None = OUT
     if checkpoint_mode(model) == "standard":
         _fail(f"{model} is a Standard checkpoint: the audit deletes facts from an LMLM's KB (give it as --standard)")
     m, tok, _, gen, _ = _load(model, kb, instead=None)
-    source = Path(gen.kb.store.folder)
-    gen.kb.close()
-    scratch = Path(tempfile.mkdtemp(prefix="lmlm-forgetting-kb-"))  # the KB itself is left as it was
-    atexit.register(shutil.rmtree, scratch, True)
-    shutil.copytree(source, scratch / "kb")
-    from ..kb import KnowledgeBase
-
-    work = KnowledgeBase.open(scratch / "kb")
+    work, source = _scratch_kb(gen, "lmlm-forgetting-kb-")
     std = None
     if standard is not None:
         if checkpoint_mode(standard) != "standard":

@@ -29,7 +29,6 @@ them as JSON lines of ``entity``, ``relation``, ``value`` and ``prompt`` (or LAM
 
 from __future__ import annotations
 
-import json
 import random
 import unicodedata
 from collections.abc import Sequence
@@ -84,23 +83,20 @@ class Probe:
 def read_facts(path: str | Path) -> list[Fact]:
     """Facts from JSON lines: ``entity``, ``relation``, ``value``, ``prompt`` each, or LAMA T-REx records
     (``sub_label``, ``predicate_id``, ``obj_label`` and a masked sentence ending in ``[MASK]``)."""
+    from .base import read_json_records
+    from .trex import cloze_prompt, masked_sentences
+
     path = Path(path)
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+    for n, r in enumerate(read_json_records(path), 1):
         if not isinstance(r, dict):
             raise ValueError(f"{path}:{n}: expected an object, got {type(r).__name__}")
         if "sub_label" in r:
-            sentence = next((s for s in r.get("masked_sentences", []) if "[MASK]" in s), None)
-            if sentence is None:
-                raise ValueError(f"{path}:{n}: a T-REx record without [MASK] in its masked_sentences")
+            prompt = next((p for p in map(cloze_prompt, masked_sentences(r)) if p), None)
+            if prompt is None:
+                raise ValueError(f"{path}:{n}: a T-REx record without a sentence ending in [MASK]")
             r = {"entity": r["sub_label"], "relation": r.get("predicate_id", ""), "value": r.get("obj_label", ""),
-                 "prompt": sentence.split("[MASK]")[0].rstrip()}
+                 "prompt": prompt}
         missing = [k for k in ("entity", "relation", "value", "prompt") if not str(r.get(k) or "").strip()]
         if missing:
             raise ValueError(f"{path}:{n}: missing {', '.join(missing)}")

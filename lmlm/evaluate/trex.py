@@ -36,7 +36,7 @@ from .base import (Protocol, answer_budget, lookup_metrics, mean, normal_fields,
                    trace_dicts)
 from .cloze import match_first_content_words
 
-__all__ = ["MASK", "TREX", "TrexItem", "cloze_prompt", "read_trex", "score_trex", "trex_eval"]
+__all__ = ["MASK", "TREX", "TrexItem", "cloze_prompt", "masked_sentences", "read_trex", "score_trex", "trex_eval"]
 
 TREX = Protocol("trex", "trex_exact_match", paper="LMLM appendix B, T-REx (LAMA; Toolformer's left-to-right subset)")
 MASK = "[MASK]"
@@ -76,7 +76,8 @@ def cloze_prompt(sentence: str, left_to_right: bool = True) -> str | None:
     return head.rstrip()
 
 
-def _sentences(record: dict) -> list[str]:
+def masked_sentences(record: dict) -> list[str]:
+    """The masked sentences of a T-REx record, from any of the layouts LAMA's files use."""
     if isinstance(record.get("masked_sentences"), list):
         return [s for s in record["masked_sentences"] if isinstance(s, str)]
     if isinstance(record.get("masked_sentence"), str):
@@ -125,7 +126,7 @@ def read_trex(path: str | Path, *, left_to_right: bool = True, all_sentences: bo
                 raise ValueError(f"{file}:{n}: no 'obj_label' (is this a LAMA T-REx file?)")
             if not isinstance(rec["obj_label"], (str, int, float)) or isinstance(rec["obj_label"], bool):
                 raise ValueError(f"{file}:{n}: 'obj_label' is {rec['obj_label']!r}, not a label")
-            prompts = [p for p in (cloze_prompt(s, left_to_right) for s in _sentences(rec)) if p]
+            prompts = [p for p in (cloze_prompt(s, left_to_right) for s in masked_sentences(rec)) if p]
             counts["records"] += 1
             counts["unusable"] += not prompts
             for p in prompts if all_sentences else prompts[:1]:

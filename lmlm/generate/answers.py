@@ -166,6 +166,8 @@ class Answerer:
 
     def _refused_names(self, ids: list[int]) -> set[str]:
         """The entities of earlier calls in ``ids`` that the KB refused as not named by the text before them."""
+        from ..kb.keys import normalize_text
+
         tok = self.tok
         out = set()
         for s, t in enumerate(ids):
@@ -182,8 +184,8 @@ class Answerer:
                 continue
             # refused although the KB holds that very name: the text had named someone else (a name the KB
             # does not hold at all, "no entity is named ...", is the text's own and stays)
-            name = " ".join(ans.entity.split()).casefold()
-            if name and any(" ".join(c[0].split()).casefold() == name for c in getattr(miss, "candidates", ())):
+            name = normalize_text(ans.entity)
+            if name and any(normalize_text(c[0]) == name for c in getattr(miss, "candidates", ())):
                 out.add(ans.entity.strip())
         return out
 

@@ -63,19 +63,16 @@ def corpus_relation_facts(out: Path, n: int, seed: int = 0) -> list[tuple[str, s
     """At most ``n`` infobox facts of the corpus's training articles (``OUT/annotate/triples.jsonl``), of
     their relation's kind and with a word in the value, taken in turn from every relation (seeded)."""
     from ..annotate.support import fits_kind
+    from ..kb.formats import read
 
     path = out / "annotate" / "triples.jsonl"
     if not path.exists():
         return []
-    import json
-
     train = {d.id for d in read_documents(out / "corpus" / "documents.jsonl") if d.split in (None, "train")}
     by_relation: dict[str, list[tuple[str, str, str]]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        t = json.loads(line)
-        e, r, v = t["entity"], t["relation"], t["value"]
-        if t.get("source") in train and fits_kind(r, v) and sum(c.isalpha() for c in v) >= 2:
-            by_relation.setdefault(r, []).append((e, r, v))
+    for t in read(path)[0]:
+        if any(doc in train for doc, _ in t.sources) and fits_kind(t.relation, t.value) and sum(c.isalpha() for c in t.value) >= 2:
+            by_relation.setdefault(t.relation, []).append((t.entity, t.relation, t.value))
     rng = random.Random(seed)
     for facts in by_relation.values():
         rng.shuffle(facts)
