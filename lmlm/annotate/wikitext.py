@@ -206,6 +206,9 @@ def _expand_templates(code) -> None:
             pass
 
 
+_MEDIA_LINK = re.compile(r"\s*:?\s*(file|image|media|category)\s*:", re.I)
+
+
 def field_values(raw) -> list[str]:
     """Clean fact values from one infobox field's wikicode (several per field for lists)."""
     import mwparserfromhell as mw
@@ -227,6 +230,12 @@ def field_values(raw) -> list[str]:
             code.remove(c)
         except ValueError:
             pass
+    for link in code.filter_wikilinks(recursive=False):  # a file's options ("center", "250px") are no value
+        if _MEDIA_LINK.match(str(link.title)):
+            try:
+                code.remove(link)
+            except ValueError:
+                pass
     _expand_templates(code)
     text = code.strip_code(normalize=True, collapse=True)
     out = []

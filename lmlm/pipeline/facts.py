@@ -160,12 +160,12 @@ def _generators(models: dict[str, Path], kb_path: Path, base: str | None, constr
         m, tok, _ = load_checkpoint(models["lmlm"], device=device)
         kb = KnowledgeBase.open(kb_path)
         decoding = decoding or {}
-        copy = {k: v for k, v in decoding.items() if k != "name_bias"}  # the prefix tree alone keeps names on keys
         gens["lmlm"] = (LookupGenerator(m, tok, kb, on_miss="skip", **decoding), True)
         if free:
             gens["lmlm_free"] = (LookupGenerator(m, tok, kb, on_miss="skip", **decoding), False)
         if constrained:
-            gens["lmlm_constrained"] = (LookupGenerator(m, tok, kb, on_miss="skip", constrained=True, **copy), True)
+            # the entity kept on the text's names (name_bias), the relation on that entity's keys (the prefix tree)
+            gens["lmlm_constrained"] = (LookupGenerator(m, tok, kb, on_miss="skip", constrained=True, **decoding), True)
         gens["lmlm_no_kb"] = (LookupGenerator(m, tok, None, use_db=False), False)
     if "standard" in models:
         m, tok, _ = load_checkpoint(models["standard"], device=device)
@@ -185,8 +185,8 @@ def evaluate_models(folder: Path, cloze_files: dict[str, Path], models: dict[str
     """Score every model on every split's cloze file; ``{model: {split: metrics}}`` (results JSON per pair).
 
     ``free``: the LMLM also decodes without a lookup forced at the mask (``lmlm_free``); ``decoding``: the
-    LMLM's ``name_bias`` and ``copy_bias`` (:class:`lmlm.generate.LookupGenerator`; the constrained row takes
-    no name bias, its prefix tree keeps a query on the KB's keys)."""
+    LMLM's ``name_bias`` and ``copy_bias`` (:class:`lmlm.generate.LookupGenerator`), the constrained row's too:
+    its prefix tree keeps a query on the KB's keys, the name bias its entity on the names the text gives)."""
     from ..evaluate.base import write_results
     from ..evaluate.trex import TREX, read_trex, trex_eval
 
@@ -256,9 +256,16 @@ def _close(gens) -> None:
 
 def evaluate_edits(folder: Path, edits: list[dict[str, str]], lmlm: Path, kb_path: Path, device: str,
                    max_new_tokens: int, batch_size: int, decoding: dict | None = None,
-                   constrained: bool = False) -> dict[str, Any]:
-    """Change ``edits`` in a copy of the KB and ask the LMLM again; how often it states the new (and old) value
-    (``constrained``: its queries kept on the KB's keys, as the report's constrained row)."""
+                   constrained: bool = False, n: int | None = None) -> dict[str, Any]:
+    """Change ``edits`` in a copy of the KB and ask the LMLM again: how often it states the new value.
+
+    The editing field's protocol: an edit is scored on a fact the model stated before it (otherwise it
+    measures the model's retrieval, which the cloze table does, and not the edit). So every candidate in
+    ``edits`` is asked first; the first ``n`` whose answer states the old value are the scored edits
+    (``n``, ``new_value_after``, ``old_value_after``), and every candidate is edited and scored as well
+    (``candidates``, ``old_value_before``: the share stated before, ``new_value_after_all``). ``constrained``:
+    queries kept on the KB's keys, as the report's constrained row.
+    """
     from ..checkpoint import load_checkpoint
     from ..evaluate.base import outputs_of
     from ..evaluate.cloze import match_first_content_words
@@ -271,8 +278,7 @@ def evaluate_edits(folder: Path, edits: list[dict[str, str]], lmlm: Path, kb_pat
     shutil.copytree(kb_path, edited)
     m, tok, _ = load_checkpoint(lmlm, device=_device(device))
     kb = KnowledgeBase.open(edited)
-    decoding = {k: v for k, v in (decoding or {}).items() if not (constrained and k == "name_bias")}
-    gen = LookupGenerator(m, tok, kb, on_miss="skip", constrained=constrained, **decoding)
+    gen = LookupGenerator(m, tok, kb, on_miss="skip", constrained=constrained, **(decoding or {}))
     prompts = [fit_prompt(e["prompt"], gen, max_new_tokens) for e in edits]
 
     def ask() -> list[str]:
@@ -292,7 +298,13 @@ def evaluate_edits(folder: Path, edits: list[dict[str, str]], lmlm: Path, kb_pat
                         "lookups": [t.to_dict() if hasattr(t, "to_dict") else dict(vars(t)) for t in r.trace]})
     version = kb.version
     kb.close()
-    n = len(records)
-    rate = (lambda k: sum(r[k] for r in records) / n if n else float("nan"))
-    return {"n": n, "old_value_before": rate("old_before"), "new_value_after": rate("new_after"),
-            "old_value_after": rate("old_after"), "kb_version": version, "records": records}
+    known = [r for r in records if r["old_before"]][:len(records) if n is None else n]
+    for r in known:
+        r["scored"] = True
+
+    def rate(rs: list[dict], k: str) -> float:
+        return sum(r[k] for r in rs) / len(rs) if rs else float("nan")
+
+    return {"n": len(known), "new_value_after": rate(known, "new_after"), "old_value_after": rate(known, "old_after"),
+            "candidates": len(records), "old_value_before": rate(records, "old_before"),
+            "new_value_after_all": rate(records, "new_after"), "kb_version": version, "records": records}

@@ -210,7 +210,8 @@ class EvaluateSpec:
 
     Args:
         cloze_per_split: most cloze prompts per split (a seeded sample; 0: all).
-        edits: facts whose KB value is changed after training.
+        edits: facts whose KB value is changed after training and scored: the first the LMLM stated before
+            its edit, among five candidates for each (every candidate is edited and scored too).
         max_new_tokens, batch_size: greedy decoding of each prompt.
         constrained: also evaluate the LMLM with queries constrained to the KB's keys.
         base: also evaluate the untouched ``init_from`` model (with a pretrained start).

@@ -182,9 +182,11 @@ def _markdown(r: dict, out: Path) -> str:
     e = r.get("edits") or {}
     if e:
         lines += ["", "## Editing real facts in the KB", "",
-                  f"{e['n']} facts given another value of their relation in a copy of the KB: the LMLM states the "
-                  f"new value {fmt_value(e['new_value_after'])} of the time (the old one {fmt_value(e['old_value_after'])}; "
-                  f"before the edit it stated the old value {fmt_value(e['old_value_before'])})."]
+                  f"{e.get('candidates', e['n'])} facts given another value of their relation in a copy of the KB. "
+                  f"Of the {e['n']} the LMLM stated before the edit (the first ones), it states the new value "
+                  f"{fmt_value(e['new_value_after'])} of the time after it (the old one {fmt_value(e['old_value_after'])}). "
+                  f"Over all of them: the old value stated before {fmt_value(e['old_value_before'])}, the new one after "
+                  f"{fmt_value(e.get('new_value_after_all'))}."]
     lines += ["", "## Models", "", "| model | steps | tokens | final loss | held-out loss | seconds |",
               "|---|---|---|---|---|---|"]
     for m, s in r["models"].items():

@@ -344,11 +344,12 @@ def stage_evaluate(recipe: Recipe, out: Path) -> dict:
         perplexity = plain_perplexity(texts, models, base, recipe.device)
     edits = None
     if "lmlm" in models and spec.edits:
-        chosen = choose_edits([f for fs in facts.values() for f in fs], spec.edits, recipe.seed)
+        # candidates: five for each scored edit, of which the first the LMLM states before its edit are scored
+        chosen = choose_edits([f for fs in facts.values() for f in fs], 5 * spec.edits, recipe.seed)
         if chosen:
             _log(f"edits: {len(chosen)} real facts changed in a copy of the KB")
             edits = evaluate_edits(folder, chosen, models["lmlm"], out / "kb", recipe.device, spec.max_new_tokens,
-                                   spec.batch_size, decoding, spec.constrained)
+                                   spec.batch_size, decoding, spec.constrained, n=spec.edits)
             (folder / "edits.json").write_text(json.dumps(edits, indent=2, default=str) + "\n")
     cloze = {**{s: len(f) for s, f in facts.items()}, **({"facts": n_facts} if n_facts else {})}
     info = {"cloze": cloze, "table": table, "perplexity": perplexity,

@@ -29,6 +29,7 @@ ADA = """{{Infobox scientist
 * Mathematics}}
 | spouse      = [[William King-Noel, 1st Earl of Lovelace|William King]]<br />(m. 1835)
 | drives_on   = right
+| anthem      = ''[[Aruba Dushi Tera]]''<br/>{{small|''Aruba, Sweet Country''}}<br/>[[File:Aruba Dushi Tera.ogg|center]]
 }}
 '''Augusta Ada King''' ('''Ada Lovelace''') was an English mathematician born in [[London]] on 10 December 1815.
 She married William King in 1835 and wrote about the Analytical Engine.<ref>A source</ref> She worked on the right problems.
@@ -60,6 +61,8 @@ def test_infobox_fields_become_readable_triples():
     assert ("Death Date", "November 27, 1852") in facts
     assert ("Known For", "the Analytical Engine") in facts and ("Known For", "Mathematics") in facts
     assert ("Spouse", "William King") in facts
+    anthem = [v for r, v in box.facts if r == "Anthem"]  # a file link's options ("center") are no value
+    assert anthem[0] == "Aruba Dushi Tera" and "center" not in anthem
     assert not any(r in {"Image", "Caption", "Name"} for r, _ in box.facts)
     assert relation_name("term_start2") == "Term Start"
     # run-together keys are spelled as words (the encoder's vocabulary), abbreviations spelled out

@@ -231,8 +231,10 @@ def test_pipeline_wiki_cpu_reduced_then_resumed(tmp_path, shared_data):
     from lmlm.evaluate.trex import read_trex
     assert len(read_trex(tmp_path / "P" / "eval" / "cloze" / "heldout.jsonl")) == rows["lmlm"]["heldout"]["n"]
     edits = report["edits"]  # none when the excerpt's facts hold no relation with two values to swap
-    assert not edits or (edits["n"] >= 1 and 0.0 <= edits["new_value_after"] <= 1.0
+    assert not edits or (edits["candidates"] >= 1 and 0.0 <= edits["new_value_after_all"] <= 1.0
                          and edits["kb_version"] > report["kb"]["version"])  # the edits are versions of the KB copy
+    # the scored edits are the facts the LMLM stated before its edit, each one of the candidates
+    assert not edits or edits["n"] <= edits["candidates"] * edits["old_value_before"] + 1e-9
     # the dump's other names (infobox names, redirects) are the KB's aliases
     from lmlm.kb.keys import normalize_text
     rows = [json.loads(a) for a in (tmp_path / "P" / "corpus" / "wikipedia" / "aliases.jsonl").read_text().splitlines()]
