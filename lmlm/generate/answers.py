@@ -143,9 +143,19 @@ class Answerer:
         must not ground the next one); the values the KB returned stay (they name the next hop). A name
         the KB refused in an earlier call because the text had not named it stays unnamed when the
         model writes it into the text afterwards ("born in ⟦Paul Marquez → unknown⟧ Port Paul Marquez.
-        He studied ⟦Paul Marquez · Major⟧" in a text about Paul Gates)."""
-        tok = self.tok
+        He studied ⟦Paul Marquez · Major⟧" in a text about Paul Gates), and so does a KB name the model
+        writes after a refused call that shares a word with the refused name: the model renaming the
+        person it could not look up ("Melissa Donovan was born on ⟦Melissa Donovan → unknown⟧ April
+        Donovan, 1968. She graduated from ⟦April Donovan · University⟧")."""
         ids = list(ids)
+        text = self._plain_text(ids)
+        for name in self._refused_names(ids):
+            text = re.sub(r"(?<!\w)" + re.escape(name) + r"(?!\w)", " ", text)
+        return text
+
+    def _plain_text(self, ids: list[int]) -> str:
+        """The text of ``ids`` without the entity and relation of its calls (their values stay)."""
+        tok = self.tok
         stops = set(tok.call_ids) | {tok.eos_id, tok.doc_id}
         pieces, run, in_key = [], [], False
         for t in ids + [-1]:
@@ -159,13 +169,12 @@ class Answerer:
                     in_key = False
             else:
                 run.append(t)
-        text = " ".join(pieces)
-        for name in self._refused_names(ids):
-            text = re.sub(r"(?<!\w)" + re.escape(name) + r"(?!\w)", " ", text)
-        return text
+        return " ".join(pieces)
 
     def _refused_names(self, ids: list[int]) -> set[str]:
-        """The entities of earlier calls in ``ids`` that the KB refused as not named by the text before them."""
+        """The names the text before a call gives that earlier refused calls in ``ids`` keep unnamed:
+        the refused entity itself where the KB holds that very name, and any KB name first written after
+        the refusal that shares a word with it."""
         from ..kb.keys import normalize_text
 
         tok = self.tok
@@ -180,14 +189,28 @@ class Answerer:
             p = body.index(tok.sep_id)
             ans = self.get((tuple(body[:p]), tuple(body[p + 1:])), call_context(ids, s, tok))
             miss = ans.miss if ans is not None else None
-            if miss is None or getattr(miss, "reason", None) != "no_entity" or getattr(miss, "deleted", False):
+            if miss is None or getattr(miss, "reason", None) != "no_entity":
                 continue
+            name = normalize_text(ans.entity)
             # refused although the KB holds that very name: the text had named someone else (a name the KB
             # does not hold at all, "no entity is named ...", is the text's own and stays)
-            name = normalize_text(ans.entity)
-            if name and any(normalize_text(c[0]) == name for c in getattr(miss, "candidates", ())):
+            if name and not getattr(miss, "deleted", False) and any(
+                    normalize_text(c[0]) == name for c in getattr(miss, "candidates", ())):
                 out.add(ans.entity.strip())
+            out.update(self._renamed_after(ids, s, r, name))
         return out
+
+    def _renamed_after(self, ids: list[int], start: int, retrieve: int, refused: str) -> list[str]:
+        """KB names the text writes after the refused call at ``ids[start:retrieve]`` and not before it that
+        share a word (not an initial) with the refused name ``refused``, normalised."""
+        from ..kb.keys import normalize_text
+
+        words = {w for w in refused.split() if len(w) > 1}
+        if not words or not hasattr(self.kb, "names_in"):
+            return []
+        before = {normalize_text(n) for n in self.kb.names_in(self._plain_text(ids[:start]))}
+        return [n for n in self.kb.names_in(self._plain_text(ids[retrieve:]))
+                if normalize_text(n) not in before and words & set(normalize_text(n).split())]
 
     def lookup(self, queries: list[tuple[str, str]], contexts: list | None, **kwargs) -> list:
         """Matches, or misses that say why: ``kb.resolve_batch`` where the KB has it, else ``lookup_batch``."""

@@ -345,7 +345,8 @@ def stage_evaluate(recipe: Recipe, out: Path) -> dict:
     edits = None
     if "lmlm" in models and spec.edits:
         # candidates: five for each scored edit, of which the first the LMLM states before its edit are scored
-        chosen = choose_edits([f for fs in facts.values() for f in fs], 5 * spec.edits, recipe.seed)
+        pool = [f for fs in cloze_facts(docs, 0, recipe.seed).values() for f in fs]  # every fact, not the sample
+        chosen = choose_edits(pool, 5 * spec.edits, recipe.seed)
         if chosen:
             _log(f"edits: {len(chosen)} real facts changed in a copy of the KB")
             edits = evaluate_edits(folder, chosen, models["lmlm"], out / "kb", recipe.device, spec.max_new_tokens,

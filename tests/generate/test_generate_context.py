@@ -144,3 +144,36 @@ def test_a_name_refused_for_the_text_stays_refused_after_the_model_writes_it(wor
     assert "Paul Gates" in answers.context_text(ctx(after))
     answers.resolve([key], [ctx(after)])  # so another KB person's exact name is still refused after it
     assert answers.get(key, ctx(after)).miss.reason == "no_entity"
+
+
+def test_a_namesake_the_model_writes_after_a_refused_call_stays_unnamed(world, cousins):
+    """Jasmine Hale is not in the KB: her call is refused, and the model writing a KB name that shares a
+    word with hers ("Jasmine Mejia-Morris") into the text afterwards is it renaming her, so the next call
+    on that name is refused too; a name sharing no word with hers, or written before the refusal, stays."""
+    tok = world.tok
+    answers = Answerer(tok, cousins)
+
+    def ctx(ids):
+        return call_context([*ids, tok.start_id], len(ids), tok)
+
+    def call(entity, value):
+        return [tok.start_id, *tok.encode_field(entity), tok.sep_id, *tok.encode_field("Birth City"), tok.retrieve_id,
+                *tok.encode_field(value), tok.end_id]
+
+    first = [tok.doc_id, *tok.encode_text("Jasmine Hale was born in")]
+    hale, cousin, frazier = (_key(tok, e, "Birth City") for e in ("Jasmine Hale", "Jasmine Mejia-Morris",
+                                                                  "Timothy Frazier"))
+    answers.resolve([hale], [ctx(first)])
+    assert answers.get(hale, ctx(first)).miss.reason == "no_entity"
+    later = first + call("Jasmine Hale", "unknown") + [*tok.encode_text(" Lima. Jasmine Mejia-Morris studied in")]
+    assert "Jasmine Mejia-Morris" not in answers.context_text(ctx(later))
+    answers.resolve([cousin], [ctx(later)])
+    assert answers.get(cousin, ctx(later)).miss.reason == "no_entity"
+    # the same name in the text before the refused call is the text's own, and stays named
+    both = [tok.doc_id, *tok.encode_text("Jasmine Mejia-Morris met Jasmine Hale. Jasmine Hale was born in")]
+    again = both + call("Jasmine Hale", "unknown") + [*tok.encode_text(" Lima. Jasmine Mejia-Morris studied in")]
+    assert "Jasmine Mejia-Morris" in answers.context_text(ctx(again))
+    # a name that shares no word with the refused one is not taken for her
+    met = first + call("Jasmine Hale", "unknown") + [*tok.encode_text(" Lima. She met Timothy Frazier, born in")]
+    answers.resolve([frazier], [ctx(met)])
+    assert answers.get(frazier, ctx(met)).value == "Denver"
