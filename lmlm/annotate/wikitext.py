@@ -30,7 +30,7 @@ _DATE_TEMPLATES = {"birth date", "death date", "birth date and age", "death date
                    "film date", "release date", "bda", "dda", "birth year and age", "death year and age"}
 _LIST_TEMPLATES = {"plainlist", "plain list", "ubl", "unbulleted list", "hlist", "flatlist", "flat list",
                    "bulleted list", "collapsible list", "ublist", "bulletedlist", "startplainlist", "endplainlist"}
-_FIRST_ARG_TEMPLATES = {"marriage", "nowrap", "nobr", "small", "big", "native name", "nowrap begin",
+_FIRST_ARG_TEMPLATES = {"marriage", "nowrap", "nobr", "big", "native name", "nowrap begin",
                         "raise", "sup", "abbr", "nobold", "noitalic", "ill", "interlanguage link", "sort"}
 _RELATION_ALIASES = {"vicepresident": "Vice President", "restingplace": "Resting Place",
                      "serviceyears": "Service Years", "birthplace": "Birth Place", "deathplace": "Death Place",
@@ -174,7 +174,8 @@ def _format_date(args: list[str]) -> str | None:
 
 
 def _expand_templates(code) -> None:
-    """Replace value templates in place: dates become text, lists become lines, the rest goes."""
+    """Replace value templates in place: dates become text, lists become lines, the rest goes ({{small}}
+    too, as the <small> tag: a translation or a note beside the value, "Aruba, Sweet Country")."""
     for tpl in code.filter_templates(recursive=False):
         name = str(tpl.name).strip().lower().replace("_", " ")
         positional = [str(p.value).strip() for p in tpl.params if not p.showkey]
