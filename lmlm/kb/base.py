@@ -40,7 +40,8 @@ from .indexing import INDEX_FILENAME, PROGRESS_MIN, KeyIndexing
 from .keymap import MAP_LIMIT, MemoryMap, StoreMap
 from .keys import clean_field, normalize_text, normalize_value
 from .reader import MAX_SOURCES, KnowledgeBaseReader
-from .records import Triple, check_who, gc_paused, required
+from ..memory import gc_paused
+from .records import Triple, check_who, required
 from .resolve import MATCHINGS
 from .store import DB_FILENAME, NEW_DB, Best, KBNotFound, NotAKnowledgeBase, SQLiteStore
 from .store_deletes import forget_item as _forget_item

@@ -38,7 +38,8 @@ import numpy as np
 from .index_codes import RowCodec, add_rows, ivf_search, scan_codes
 from .index_file import (key_ids_layout, open_body, read_array, read_header, read_key_ids, write_array,
                          write_atomically, write_key_ids)
-from .index_rows import RowOf, Selection, no_hits, top_k_rows, allocations_from_os
+from ..memory import allocations_from_os
+from .index_rows import RowOf, Selection, no_hits, top_k_rows
 
 __all__ = ["AnnConfig", "VectorKeyIndex", "Selection", "read_header", "save_index", "load_index"]
 

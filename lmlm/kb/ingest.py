@@ -15,7 +15,8 @@ from pathlib import Path
 
 from . import formats
 from .indexing import PROGRESS_MIN
-from .records import check_who, gc_paused
+from ..memory import gc_paused
+from .records import check_who
 
 __all__ = ["add_file", "file_hashes", "fingerprint", "head_sha256"]
 

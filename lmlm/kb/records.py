@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, NamedTuple
 
@@ -14,7 +12,7 @@ from .keys import clean_field, is_plain, normalize_text
 _MARKERS = tuple(sorted({m for v in TOKEN_VOCABULARIES.values() for m in v.as_list()}))
 
 __all__ = ["Triple", "check_triple", "Match", "Miss", "TripleRecord", "VersionRecord", "Change", "DiffEntry", "as_triple",
-           "KBError", "NotAKnowledgeBase", "KBNotFound", "Best", "check_who", "required", "gc_paused"]
+           "KBError", "NotAKnowledgeBase", "KBNotFound", "Best", "check_who", "required"]
 
 
 @dataclass(frozen=True)
@@ -277,19 +275,6 @@ def group_records(rows: Iterable[tuple]) -> Iterator[TripleRecord]:
             srcs.append((r[7], r[8]))
     if rec is not None:
         yield TripleRecord(*rec, sources=tuple(srcs))
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside: a loop making 10^6 tuples (a write, a reader's map) would
-    otherwise trigger full collections that each walk every object alive, a third of its time."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def required(norm: str, name: str, raw: str) -> str:

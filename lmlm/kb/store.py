@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from .keys import normalize_text, normalize_value
-from .records import (Best, Change, KBError, KBNotFound, NotAKnowledgeBase, TripleRecord, VersionRecord, group_records,
-                      gc_paused)
+from ..memory import gc_paused
+from .records import Best, Change, KBError, KBNotFound, NotAKnowledgeBase, TripleRecord, VersionRecord, group_records
 from .schema import DB_FILENAME, FORMAT, KEY_IS, MIGRATIONS, NAMED, NO_POSITION, stored_position
 from .schema import NoChange as _NoChange, chunks as _chunks, marks as _marks
 from .store_aliases import StoredAliases
