@@ -20,10 +20,9 @@ from .formats import FORMATS, detect_format
 from .index import AnnConfig, VectorKeyIndex
 from .keys import key_text, normalize_key, normalize_text, normalize_value
 from .entities import ENTITY_MARGIN, ENTITY_THRESHOLD, EntityIndex
-from .records import Change, DiffEntry, Match, Miss, Triple, TripleRecord, VersionRecord
+from .records import AliasRow, Change, DiffEntry, Match, Miss, Triple, TripleRecord, VersionRecord
 from .resolve import MATCHINGS, RELATION_THRESHOLD
 from .store import DB_FILENAME, MIGRATIONS, KBError, KBNotFound, NotAKnowledgeBase, SQLiteStore
-from .store_aliases import AliasRow
 from .view import KnowledgeBaseView
 
 __all__ = [

@@ -41,15 +41,14 @@ from .keymap import MAP_LIMIT, MemoryMap, StoreMap
 from .keys import clean_field, normalize_text, normalize_value
 from .reader import MAX_SOURCES, KnowledgeBaseReader
 from ..memory import gc_paused
-from .records import Triple, check_who, required
+from .records import Triple, check_who, forget_item, required
 from .resolve import MATCHINGS
 from .store import DB_FILENAME, NEW_DB, Best, KBNotFound, NotAKnowledgeBase, SQLiteStore
-from .store_deletes import forget_item as _forget_item
 
 if TYPE_CHECKING:
     from .view import KnowledgeBaseView
 
-__all__ = ["KnowledgeBase", "INDEX_FILENAME", "MAX_SOURCES", "PROGRESS_MIN", "MATCHINGS"]
+__all__ = ["KnowledgeBase", "INDEX_FILENAME", "MAX_SOURCES", "PROGRESS_MIN", "MATCHINGS", "never_held_item"]
 
 
 class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
@@ -353,7 +352,7 @@ class KnowledgeBase(KnowledgeBaseReader, KeyIndexing):
         ids, keys, facts, sources, entities = [], [], [], [], []
         lists = {"id": ids, "key": keys, "fact": facts, "source": sources, "entity": entities}
         for n, item in enumerate(items):
-            kind, value = _forget_item(item, n)
+            kind, value = forget_item(item, n)
             lists[kind].append(value)
         with self._lock:
             known, gone = None, set()
@@ -482,6 +481,32 @@ def _index_folder(url: str, index_dir: str | Path | None) -> Path:
     folder = Path(index_dir) if index_dir is not None else index_cache_dir(url)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def never_held_item(kb, item) -> str | None:
+    """What forget item ``item`` names that no version of ``kb`` held, said for a user (None: it held it,
+    deleted or not): an unknown id or source, an entity (with the closest the KB holds), a key, or a value."""
+    kind, what = forget_item(item, 0)
+    if kind == "id":
+        tid = int(item if not isinstance(item, dict) else item.get("id", item.get("triple_id")))
+        return None if kb.store.get(tid) is not None else f"no triple with id {tid}"
+    if kind == "source":
+        return f"never held the source {what!r}" if kb.never_held(source=what) else None
+    fields = item if isinstance(item, dict) else dict(zip(("entity", "relation", "value"), item))
+    entity, relation, value = fields.get("entity"), fields.get("relation"), fields.get("value")
+    if kb.never_held(entity=entity):
+        found = kb.explain(entity, relation or "-")
+        cands = [found.entity] if found.entity else [c for c, _ in getattr(found, "candidates", ())][:3]
+        return f"never held the entity {entity!r}" + (f" (closest: {', '.join(map(repr, cands))})" if cands else "")
+    if relation is None:
+        return None
+    history = kb.history(entity, relation)
+    if not history:
+        return f"never held the key ({entity!r}, {relation!r})"
+    if value is not None and all(normalize_value(r.value) != normalize_value(str(value)) for r in history):
+        held = ", ".join(repr(r.value) for r in history[:3])
+        return f"never held ({entity!r}, {relation!r}) = {value!r} (it held {held})"
+    return None
 
 
 _required, _check_who = required, check_who  # the names the package used

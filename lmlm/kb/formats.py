@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .keys import clean_field, is_plain
-from .records import Triple, TripleRecord, as_triple, check_triple
-from .store import Fact
+from .records import Fact, Triple, TripleRecord, as_triple, check_triple
 
 __all__ = ["FORMATS", "detect_format", "read", "write", "count_items", "fact_of", "fact_from"]
 

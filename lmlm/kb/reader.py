@@ -19,10 +19,8 @@ import numpy as np
 
 from . import formats
 from .keys import KEY_SEP, clean_field, key_text, normalize_key, normalize_text
-from .records import Change, DiffEntry, Match, TripleRecord, VersionRecord
-from .store_aliases import AliasRow
+from .records import AliasRow, Best, Change, DiffEntry, Match, TripleRecord, VersionRecord
 from .resolve import EntityLookup
-from .store import Best
 
 __all__ = ["KnowledgeBaseReader", "MAX_SOURCES"]
 

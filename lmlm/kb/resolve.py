@@ -29,9 +29,7 @@ import numpy as np
 
 from .entities import EntityIndex, Resolved
 from .keys import KEY_SEP, normalize_text
-from .records import Match, Miss
-from .store import Best
-from .store_aliases import AliasRow
+from .records import AliasRow, Best, Match, Miss
 
 __all__ = ["MATCHINGS", "RELATION_THRESHOLD", "RELATION_MARGIN", "EntityLookup"]
 

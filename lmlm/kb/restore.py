@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .keys import normalize_text, normalize_value
-from .store import Fact
+from .records import Fact
 
 __all__ = ["Restored", "restore_version"]
 

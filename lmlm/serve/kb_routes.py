@@ -146,7 +146,7 @@ def router(state, require_token) -> APIRouter:
 
     def never_held(ids, entities, sources, relation=None) -> None:
         """KBError (a 404) naming the ids, entities, relation or sources the KB never held, in any version."""
-        from ..kb.store_deletes import never_held_item
+        from ..kb.base import never_held_item
 
         items = [*(ids or ()), *({"entity": e} for e in entities if e), *({"source": s} for s in sources if s)]
         missing = [why for item in items if (why := never_held_item(kb, item))]
