@@ -11,7 +11,7 @@ Examples:
     'London'
 """
 
-from .authors import read_authors_json
+from .formats import read_authors_json
 from .build import import_authors_json, open_authors_json
 from .base import INDEX_FILENAME, MAX_SOURCES, KnowledgeBase
 from .build import build

@@ -21,7 +21,7 @@ import json
 import shutil
 from pathlib import Path
 
-from .authors import AUTHORS_MARKER, scan_authors_json
+from .formats import AUTHORS_MARKER, scan_authors_json
 from .base import PROGRESS_MIN, KnowledgeBase
 from .ingest import add_file, file_hashes, fingerprint
 from .store import KBError

@@ -117,7 +117,7 @@ def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int 
     kb.last_import = {"source": str(source), "facts": done, "chunks": chunks,
                       "longest_lock_seconds": round(longest, 3)}
     if (format or formats.detect_format(source)) == "authors":  # the release's format skips bad triplets: count them
-        from .authors import scan_authors_json
+        from .formats import scan_authors_json
 
         kb.last_import["skipped"] = sum(scan_authors_json(source)) - done
     if source.is_file() and done:  # what this path held when whole, to tell a file grown by appends
