@@ -14,13 +14,15 @@ from itertools import islice
 from pathlib import Path
 
 from . import formats
-from .indexing import PROGRESS_MIN
 from ..memory import gc_paused
 from .records import check_who
 
-__all__ = ["add_file", "file_hashes", "fingerprint", "head_sha256"]
+__all__ = ["add_file", "file_hashes", "fingerprint", "head_sha256", "PROGRESS_MIN"]
 
 _BLOCK = 1 << 22
+
+
+PROGRESS_MIN = 5000  # show progress bars for writes or embeddings of at least this many items
 
 
 def fingerprint(path: str | Path) -> str:

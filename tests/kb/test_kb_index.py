@@ -438,7 +438,7 @@ def test_rising_key_ids_are_stored_as_a_bitmap_and_read_back_with_files_of_int32
 
 @pytest.mark.parametrize("chunk", [1, 3, 1 << 20])
 def test_sorted_minus_is_the_set_difference_of_two_ascending_id_arrays(chunk):
-    from lmlm.kb.indexing import sorted_minus
+    from lmlm.kb.knowledge_base import sorted_minus
 
     rng = np.random.default_rng(7)
     for _ in range(200):
