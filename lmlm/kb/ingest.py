@@ -76,7 +76,7 @@ def _grew(path: Path, before: dict) -> bool:
 def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int = 100_000,
              who: str = "lmlm", why: str = "build", progress: bool | None = None, batch_size: int = 1000,
              hashes: tuple[str, str | None] | None = None) -> int:
-    """Add the facts of ``source`` to ``kb`` (a :class:`~lmlm.kb.base.KnowledgeBase`) by chunks, resumably; returns how many facts the file holds.
+    """Add the facts of ``source`` to ``kb`` (a :class:`~lmlm.kb.KnowledgeBase`) by chunks, resumably; returns how many facts the file holds.
 
     Each chunk is one version whose transaction also records how far the file got (see the module),
     so running the same call again after a crash skips what is in and adds the rest, nothing twice.
