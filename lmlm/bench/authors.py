@@ -86,7 +86,7 @@ def write_authors_file(path: str | Path, n: int) -> Path:
 
 def run_authors_bench(n: int, out: Path, chunk_size: int = 100_000, progress: bool = True) -> dict:
     """Write (once) and import an ``n``-triplet authors' file under ``out``; returns the JSON-ready report."""
-    from ..kb.authors import scan_authors_json
+    from ..kb.formats import scan_authors_json
     from ..kb.build import import_authors_json
 
     src = out / f"authors-{n}.json"

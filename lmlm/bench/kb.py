@@ -68,7 +68,7 @@ from typing import Optional
 import numpy as np
 import typer
 
-from ..kb.index_rows import trim_heap
+from ..memory import trim_heap
 from ..report import write_json
 from . import bench_app, peak_rss_mb, percentile_ms, rss_mb
 from .kb_checks import (MAP_LIMITS, ann_config, batched_rates, check_other_process, draw_in_few_blocks, encode_rates,
@@ -246,7 +246,7 @@ class _KBBench:
             return lat, accepted, wrong
 
         t = time.perf_counter()
-        kb._entity_index()  # built once per process, like the key index
+        kb.resolver.entities(kb.keymap)  # built once per process, like the key index
         self.report["entity_index_build_s"] = round(time.perf_counter() - t, 2)
         truth: list[str] = []
         qs = self._queries(single, truth)

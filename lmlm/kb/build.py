@@ -21,9 +21,9 @@ import json
 import shutil
 from pathlib import Path
 
-from .authors import AUTHORS_MARKER, scan_authors_json
-from .base import PROGRESS_MIN, KnowledgeBase
-from .ingest import add_file, file_hashes, fingerprint
+from .formats import AUTHORS_MARKER, scan_authors_json
+from .ingest import PROGRESS_MIN, add_file, file_hashes, fingerprint
+from .knowledge_base import KnowledgeBase
 from .store import KBError
 from .encoder import Encoder
 from .index import AnnConfig

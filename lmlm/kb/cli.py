@@ -130,7 +130,7 @@ def kb_edit(path: Path, entity: str, relation: str, value: str, who: str = typer
 
 def _read_forget_set(path: Path) -> list[tuple[int, object]]:
     """``(line, item)`` of each item of a JSONL forget set; ValueError names a line that is no item."""
-    from .store_deletes import forget_item
+    from .records import forget_item
 
     items = []
     try:
@@ -174,7 +174,7 @@ def kb_delete(path: Path,
         if not forget.is_file():
             _fail(f"no forget set at {forget}")
         items = _kb_call(_read_forget_set, forget)
-        from .store_deletes import never_held_item
+        from .knowledge_base import never_held_item
 
         never = [f"{forget}:{line}: {why_not}" for line, item in items if (why_not := never_held_item(kb, item))]
         if never:  # a typo deletes nothing and says so; the set is applied whole or not at all
@@ -401,7 +401,7 @@ def kb_checkout(path: Path, version: int, out: Optional[Path] = typer.Option(Non
 def kb_restore(path: Path, version: int, who: str = typer.Option("lmlm"), why: str = typer.Option("")):
     """Make the active facts and aliases those of a past version, as new versions (history is kept;
     facts written back get new ids, with their counts and sources then); again after a crash: the rest."""
-    from .restore import restore_version
+    from .knowledge_base import restore_version
 
     kb = _open_kb(path)
     r = _kb_call(restore_version, kb, version, who=who, why=why)

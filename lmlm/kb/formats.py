@@ -12,8 +12,15 @@ and the authors' released database JSON.
   plain text. Writing makes one document per source (facts with none go to ``kb-unsourced``), one
   sentence per fact, so reading it back gives the same facts and documents (positions are those of
   the written text).
-* ``authors``: the authors' database JSON (``entities``, ``relationships``, ``return_values``,
-  ``triplets``), streamed by :mod:`lmlm.kb.authors`.
+* ``authors``: the authors' released database JSON, read only: one JSON object with four lists,
+  ``entities``, ``relationships``, ``return_values`` and ``triplets`` (each triplet an ``[entity,
+  relation, value]`` list; the first three lists only repeat what the triplets hold). Their fields
+  keep the backslash of quotes escaped during annotation (``Destiny\\'s Child``); it is removed here.
+  The paper's database holds 54.6M triplets, far more than one ``json.load`` can hold, so the file
+  is streamed (``ijson``): one pass checks the four lists and counts the triplets
+  (:func:`scan_authors_json`, for the progress bar), a second yields them (:func:`iter_authors_json`)
+  for :func:`lmlm.kb.build.add_file` to add by chunks (the KB side: :func:`lmlm.kb.build.import_authors_json`
+  and :func:`lmlm.kb.build.open_authors_json`; also ``lmlm generate --kb DATABASE.json``).
 * ``csv``: a CSV (``.csv``) or TSV (``.tsv``) file with a header row naming ``entity``, ``relation``,
   ``value`` and optionally ``source``, ``position`` and ``count``. Read only. A CSV file whose header
   has no ``entity`` but a ``text`` or ``annotated`` column is a corpus.
@@ -23,16 +30,19 @@ Exercised by ``lmlm kb import``, ``lmlm kb export`` and ``lmlm kb build``.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from .keys import clean_field, is_plain
-from .records import Triple, TripleRecord, as_triple, check_triple
-from .store import Fact
+from .records import Fact, Triple, TripleRecord, as_triple, check_triple
 
-__all__ = ["FORMATS", "detect_format", "read", "write", "count_items", "fact_of", "fact_from"]
+__all__ = ["FORMATS", "detect_format", "read", "write", "count_items", "fact_of", "fact_from", "read_aliases",
+           "UNSOURCED_DOC", "AUTHORS_FIELDS", "AUTHORS_MARKER", "read_authors_json", "iter_authors_json",
+           "scan_authors_json"]
 
 FORMATS = ("jsonl", "parquet", "corpus", "authors", "csv")  # the last two are read, never written
 UNSOURCED_DOC = "kb-unsourced"
@@ -162,8 +172,6 @@ def read(path: str | Path, format: str | None = None) -> tuple[Iterator[Fact], i
     """The facts of ``path`` (streamed, validated as they come) and how many there are when known."""
     path, format = _check(path, format, reading=True)
     if format == "authors":  # streamed: the paper's database is tens of GB
-        from .authors import iter_authors_json, scan_authors_json
-
         good, _ = scan_authors_json(path)
         return (fact_of(t) for t in iter_authors_json(path)), good
     reader = {"jsonl": _read_jsonl, "parquet": _read_parquet, "corpus": _read_corpus, "csv": _read_csv}[format]
@@ -356,3 +364,105 @@ def read_aliases(path: str | Path) -> list[tuple[str, str]]:
     if not out:
         raise ValueError(f"{path}: no aliases in it (one {{alias, entity}} per line)")
     return out
+
+
+# -- the authors' released database --------------------------------------------------------------------------
+
+AUTHORS_FIELDS = ("entities", "relationships", "return_values", "triplets")
+AUTHORS_MARKER = "authors_source.json"  # written into a KB folder built by lmlm.kb.build.open_authors_json
+_ESCAPED_QUOTE = re.compile(r"\\(['\"])")
+_SCALARS = frozenset({"string", "number", "boolean", "null"})
+_ITEM, _FIELD = "triplets.item", "triplets.item.item"
+
+
+def iter_authors_json(path: str | Path) -> Iterator[Triple]:
+    """The well-formed triplets of an authors' database file, streamed (malformed ones are skipped).
+
+    Does not check the file's other lists: :func:`scan_authors_json` does, in its own pass.
+    """
+    import ijson
+
+    path = Path(path)
+    with open(path, "rb") as f:
+        for item in ijson.items(f, _ITEM, use_float=True):
+            t = _triple(item, path.name)
+            if t is not None:
+                yield t
+
+
+def scan_authors_json(path: str | Path) -> tuple[int, int]:
+    """``(well-formed, malformed)`` triplet counts of an authors' database file, in one streamed pass.
+
+    Raises:
+        ValueError: the file is not JSON, or not an object holding the four lists.
+    """
+    path = Path(path)
+    stat = path.stat()
+    return _scan(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _scan(path: str, size: int, mtime_ns: int) -> tuple[int, int]:
+    """:func:`scan_authors_json` of one version of a file (cached: an import reads the counts twice)."""
+    import ijson
+
+    keys: set[str] = set()
+    good = bad = fields = 0
+    nested = False
+    with open(path, "rb") as f:
+        events = ijson.parse(f, use_float=True)
+        try:
+            first = next(events, None)
+            if first is None or first[1] != "start_map":
+                raise _not_authors(path)
+            for prefix, event, value in events:
+                if prefix == _FIELD:  # one field of a triplet
+                    if event in _SCALARS:
+                        fields += 1
+                    elif event in ("start_map", "start_array"):
+                        nested = True
+                elif prefix == _ITEM:
+                    if event == "start_array":
+                        fields, nested = 0, False
+                    elif event == "end_array":
+                        ok = fields == 3 and not nested
+                        good, bad = good + ok, bad + (not ok)
+                    elif event in _SCALARS or event == "start_map":  # a triplet that is not a list
+                        bad += 1
+                elif prefix == "" and event == "map_key":
+                    keys.add(value)
+        except ijson.JSONError as e:
+            raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if not keys.issuperset(AUTHORS_FIELDS):
+        raise _not_authors(path)
+    return good, bad
+
+
+def _not_authors(path: str) -> ValueError:
+    return ValueError(f"{path} is not an authors' database: a JSON object with {', '.join(AUTHORS_FIELDS)} "
+                      "lists is expected")
+
+
+def _triple(item, source: str) -> Triple | None:
+    """A triplet as a :class:`Triple`, or None when it is not three non-empty scalar fields."""
+    if not isinstance(item, list) or len(item) != 3 or any(isinstance(x, (list, dict)) for x in item):
+        return None
+    try:
+        e, r, v = (_unescape(str(x)).strip() for x in item)
+        return Triple(e, r, v, source=source)
+    except (ValueError, TypeError):
+        return None
+
+
+def _unescape(text: str) -> str:
+    return _ESCAPED_QUOTE.sub(r"\1", text) if "\\" in text else text
+
+
+def read_authors_json(path: str | Path) -> tuple[list[Triple], int]:
+    """The triples of an authors' database file, and how many triplets were skipped as malformed.
+
+    Holds every triple in memory: for large files use :func:`lmlm.kb.build.import_authors_json`, which streams.
+    """
+    good, bad = scan_authors_json(path)
+    triples = list(iter_authors_json(path))
+    return triples, bad + good - len(triples)

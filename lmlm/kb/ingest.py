@@ -14,12 +14,15 @@ from itertools import islice
 from pathlib import Path
 
 from . import formats
-from .indexing import PROGRESS_MIN
-from .records import check_who, gc_paused
+from ..memory import gc_paused
+from .records import check_who
 
-__all__ = ["add_file", "file_hashes", "fingerprint", "head_sha256"]
+__all__ = ["add_file", "file_hashes", "fingerprint", "head_sha256", "PROGRESS_MIN"]
 
 _BLOCK = 1 << 22
+
+
+PROGRESS_MIN = 5000  # show progress bars for writes or embeddings of at least this many items
 
 
 def fingerprint(path: str | Path) -> str:
@@ -73,7 +76,7 @@ def _grew(path: Path, before: dict) -> bool:
 def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int = 100_000,
              who: str = "lmlm", why: str = "build", progress: bool | None = None, batch_size: int = 1000,
              hashes: tuple[str, str | None] | None = None) -> int:
-    """Add the facts of ``source`` to ``kb`` (a :class:`~lmlm.kb.base.KnowledgeBase`) by chunks, resumably; returns how many facts the file holds.
+    """Add the facts of ``source`` to ``kb`` (a :class:`~lmlm.kb.KnowledgeBase`) by chunks, resumably; returns how many facts the file holds.
 
     Each chunk is one version whose transaction also records how far the file got (see the module),
     so running the same call again after a crash skips what is in and adds the rest, nothing twice.
@@ -116,7 +119,7 @@ def add_file(kb, source: str | Path, format: str | None = None, chunk_size: int 
     kb.last_import = {"source": str(source), "facts": done, "chunks": chunks,
                       "longest_lock_seconds": round(longest, 3)}
     if (format or formats.detect_format(source)) == "authors":  # the release's format skips bad triplets: count them
-        from .authors import scan_authors_json
+        from .formats import scan_authors_json
 
         kb.last_import["skipped"] = sum(scan_authors_json(source)) - done
     if source.is_file() and done:  # what this path held when whole, to tell a file grown by appends

@@ -1,4 +1,5 @@
-"""A reader's map of the store: normalised key -> its best active triple (:class:`Best`).
+"""A reader's map of the store: normalised key -> its best active triple (:class:`Best`), as of
+the map's ``version`` (with ``n_active``, the active triples then).
 
 Two kinds, one interface. :class:`MemoryMap` holds every active key in Python dicts (about 450
 bytes a key: at 10^6 keys 0.45 GB, read in about 5 s), so an exact lookup is a dict probe.
@@ -30,14 +31,20 @@ _MISSING = object()
 
 
 class MemoryMap:
-    """Every active key in memory: ``key_norm -> Best`` and ``key_id -> key_norm``."""
+    """Every active key in memory: ``key_norm -> Best`` and ``key_id -> key_norm``.
+
+    Args:
+        rows: the best triple of every active key at ``version``.
+        version (int, default 0): the store version the map reflects.
+    """
 
     in_memory = True
 
-    def __init__(self, rows: Iterable[Best] = ()):
+    def __init__(self, rows: Iterable[Best] = (), version: int = 0):
         self._best: dict[str, Best] = {}
         self._norm: dict[int, str] = {}
-        self.take_in(None, rows)
+        self.version, self.n_active = version, 0  # n_active: active triples (a key may hold several)
+        self.take_in(None, rows, version)
 
     def get(self, key_norm: str) -> Best | None:
         return self._best.get(key_norm)
@@ -70,8 +77,8 @@ class MemoryMap:
             en, rn = b.key_norm.split(KEY_SEP, 1)
             yield en, rn, b.entity
 
-    def take_in(self, keys: Sequence[int] | None, rows: Iterable[Best]) -> tuple[list[str], int]:
-        """Replace the keys ``keys`` (None: all) by ``rows``; returns (key_norms removed, change in active triples)."""
+    def take_in(self, keys: Sequence[int] | None, rows: Iterable[Best], version: int) -> list[str]:
+        """Replace the keys ``keys`` (None: all) by ``rows``, the map then at ``version``; returns the key_norms removed."""
         removed, delta = [], 0
         if keys is None:
             delta -= sum(b.n_active for b in self._best.values())
@@ -87,13 +94,17 @@ class MemoryMap:
             best[b.key_norm] = b
             norm[b.key_id] = b.key_norm
             delta += b.n_active
-        return removed, delta
+        self.n_active += delta
+        self.version = version
+        return removed
 
-    def drop(self, key_norms: Iterable[str]) -> list[int]:
-        """Take out keys whose values were all deleted; returns their key ids."""
+    def drop(self, key_norms: Iterable[str], version: int) -> list[int]:
+        """Take out keys whose one value ``version`` deleted (and nothing else); returns their key ids."""
         out = [self._best.pop(kn).key_id for kn in key_norms]
         for kid in out:
             del self._norm[kid]
+        self.n_active -= len(out)  # each held one value
+        self.version = version
         return out
 
 
@@ -105,8 +116,8 @@ class StoreMap:
 
     in_memory = False
 
-    def __init__(self, store, version: int):
-        self.store, self.version = store, version
+    def __init__(self, store, version: int, n_active: int = 0):
+        self.store, self.version, self.n_active = store, version, n_active
         self._cache: dict[str, Best | None] = {}
 
     def get(self, key_norm: str) -> Best | None:
@@ -143,6 +154,6 @@ class StoreMap:
     def names(self) -> Iterator[tuple[str, str, str]]:
         return self.store.active_key_names(self.version)
 
-    def move_to(self, version: int) -> None:
-        self.version = version
+    def move_to(self, version: int, n_active: int) -> None:
+        self.version, self.n_active = version, n_active
         self._cache.clear()

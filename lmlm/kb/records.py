@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass
+import numbers
 from typing import Iterable, Iterator, NamedTuple
 
 from ..lookup import TOKEN_VOCABULARIES
-from .keys import clean_field, is_plain, normalize_text
+from .keys import KEY_SEP, clean_field, is_plain, normalize_text, normalize_value
 
 # the lookup tokens of every vocabulary: a name or value holding one could never be written inside a call
 _MARKERS = tuple(sorted({m for v in TOKEN_VOCABULARIES.values() for m in v.as_list()}))
 
 __all__ = ["Triple", "check_triple", "Match", "Miss", "TripleRecord", "VersionRecord", "Change", "DiffEntry", "as_triple",
-           "KBError", "NotAKnowledgeBase", "KBNotFound", "Best", "check_who", "required", "gc_paused"]
+           "KBError", "NotAKnowledgeBase", "KBNotFound", "Best", "Fact", "AliasRow", "check_who", "required", "forget_item"]
 
 
 @dataclass(frozen=True)
@@ -265,6 +264,27 @@ class Best(NamedTuple):
 
 
 
+class Fact(NamedTuple):
+    """A fact to write: seen ``count`` more times, in ``sources`` ((doc_id, position) pairs)."""
+
+    entity: str
+    relation: str
+    value: str
+    count: int = 1
+    sources: tuple[tuple[str, int | None], ...] = ()
+
+
+
+
+class AliasRow(NamedTuple):
+    """One alias: another name ``alias`` of ``entity``, both as written and normalised."""
+
+    alias: str
+    alias_norm: str
+    entity: str
+    entity_norm: str
+
+
 def group_records(rows: Iterable[tuple]) -> Iterator[TripleRecord]:
     """Rows (id, entity, relation, value, count, created, deleted, doc_id, position), ordered by id -> records."""
     rec, srcs = None, []
@@ -277,19 +297,6 @@ def group_records(rows: Iterable[tuple]) -> Iterator[TripleRecord]:
             srcs.append((r[7], r[8]))
     if rec is not None:
         yield TripleRecord(*rec, sources=tuple(srcs))
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside: a loop making 10^6 tuples (a write, a reader's map) would
-    otherwise trigger full collections that each walk every object alive, a third of its time."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def required(norm: str, name: str, raw: str) -> str:
@@ -308,3 +315,32 @@ def check_who(who: str, why: str) -> tuple[str, str]:
     if not isinstance(who, str) or not clean_field(who, "who"):
         raise ValueError(f"who must be a non-empty string, got {who!r}")
     return clean_field(who, "who"), clean_field(why, "why")
+
+
+def forget_item(item, n: int) -> tuple[str, object]:
+    """Classify item ``n`` of a forget set as ('id', int), ('key', key_norm), ('fact', (key_norm,
+    value_norm)), ('source', doc_id) or ('entity', entity_norm)."""
+    if type(item) is tuple and len(item) == 3 and type(item[0]) is type(item[1]) is type(item[2]) is str:
+        en, rn = normalize_text(item[0]), normalize_text(item[1])  # the common case: a fact, three strings
+        if en and rn:
+            return "fact", (en + KEY_SEP + rn, normalize_value(item[2]))
+    elif isinstance(item, numbers.Integral) and not isinstance(item, bool):
+        return "id", int(item)
+    if isinstance(item, dict):
+        if "id" in item or "triple_id" in item:
+            return "id", int(item.get("id", item.get("triple_id")))
+        if "source" in item:
+            return "source", clean_field(str(item["source"]), "source")  # as an add stores it
+        if set(item) & {"entity", "relation", "value"} == {"entity"} and isinstance(item["entity"], str):
+            return "entity", required(normalize_text(item["entity"]), "entity", item["entity"])
+        item = tuple(item[f] for f in ("entity", "relation", "value") if f in item)
+    elif isinstance(item, Triple):
+        item = (item.entity, item.relation, item.value)
+    if isinstance(item, (tuple, list)) and len(item) in (2, 3) and all(isinstance(x, str) for x in item):
+        en, rn = normalize_text(item[0]), normalize_text(item[1])
+        if not en or not rn:
+            raise ValueError(f"forget item {n}: empty entity or relation in {item!r}")
+        kn = en + KEY_SEP + rn
+        return ("key", kn) if len(item) == 2 else ("fact", (kn, normalize_value(item[2])))
+    raise ValueError(f"forget item {n} is not a triple id, (entity, relation[, value]), Triple or dict "
+                     f"with id, source, entity or entity+relation: {item!r}")

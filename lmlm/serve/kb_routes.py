@@ -146,7 +146,7 @@ def router(state, require_token) -> APIRouter:
 
     def never_held(ids, entities, sources, relation=None) -> None:
         """KBError (a 404) naming the ids, entities, relation or sources the KB never held, in any version."""
-        from ..kb.store_deletes import never_held_item
+        from ..kb.knowledge_base import never_held_item
 
         items = [*(ids or ()), *({"entity": e} for e in entities if e), *({"source": s} for s in sources if s)]
         missing = [why for item in items if (why := never_held_item(kb, item))]
@@ -168,7 +168,7 @@ def router(state, require_token) -> APIRouter:
               "past version (as new versions; history is kept)", dependencies=writes["dependencies"],
               responses={**writes["responses"], 404: {"description": "no such version"}})
     async def restore(body: R.RestoreRequest):
-        from ..kb.restore import restore_version
+        from ..kb.knowledge_base import restore_version
 
         def run():
             r = restore_version(kb, body.version, who=body.who, why=body.why)

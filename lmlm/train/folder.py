@@ -43,7 +43,7 @@ _RESUMABLE_FIELDS = {"resume", "max_seconds", "stop_step", "eval_every", "save_e
 def check_out_dir(out_dir: str | Path) -> None:
     """Refuse a run folder that holds token shards, a model or a knowledge base (a run would write into it)."""
     from ..data.shards import MANIFEST
-    from ..kb.schema import DB_FILENAME
+    from ..kb.store import DB_FILENAME
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():

@@ -164,7 +164,7 @@ def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: Look
 
 def check_kb(kb: str | None) -> None:
     """Refuse a ``kb`` that is neither a KB folder, an authors' JSON database nor a URL (generation opens it)."""
-    from ..kb.schema import DB_FILENAME
+    from ..kb.store import DB_FILENAME
 
     if kb is None or "://" in kb:
         return

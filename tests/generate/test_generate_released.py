@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from lmlm.cli import app
 from lmlm.generate import LookupGenerator
 from lmlm.generate.loading import load_model, open_kb
-from lmlm.kb.authors import read_authors_json
+from lmlm.kb.formats import read_authors_json
 from lmlm.kb.build import open_authors_json
 from lmlm.lookup import RELEASED_TOKENS, Lookup, render_lookup
 from lmlm.tokens import train_bpe

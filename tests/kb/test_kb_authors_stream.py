@@ -9,7 +9,7 @@ import pytest
 from kb_kill import kill_after_versions
 
 from lmlm.bench.authors import write_authors_file
-from lmlm.kb.authors import iter_authors_json, scan_authors_json
+from lmlm.kb.formats import iter_authors_json, scan_authors_json
 from lmlm.kb.build import open_authors_json
 
 N, CHUNK = 6000, 500

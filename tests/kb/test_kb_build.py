@@ -103,7 +103,7 @@ def test_build_never_merges_another_file_silently(tmp_path, encoder):
 
 
 def test_a_catch_up_embedding_is_saved_by_the_lookup_that_made_it(tmp_path, encoder):
-    from lmlm.kb.indexing import INDEX_FILENAME
+    from lmlm.kb.knowledge_base import INDEX_FILENAME
 
     kb = build(tmp_path / "kb", _triples_file(tmp_path / "t.jsonl", 400), embed=False, encoder=encoder)
     assert not (tmp_path / "kb" / INDEX_FILENAME).exists()  # as a killed import leaves it: no vectors yet
@@ -111,7 +111,7 @@ def test_a_catch_up_embedding_is_saved_by_the_lookup_that_made_it(tmp_path, enco
     assert (tmp_path / "kb" / INDEX_FILENAME).exists()  # ...and saves them, with no close() to rely on
     again = KnowledgeBase.open(tmp_path / "kb", encoder=encoder)
     again.key_index()
-    assert again._unsaved == 0 and len(again.key_index()) == 400  # the next process embeds nothing
+    assert again.index.unsaved == 0 and len(again.key_index()) == 400  # the next process embeds nothing
     again.close()
     kb.close()
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lmlm.kb.index import AnnConfig, VectorKeyIndex, load_index, read_header, save_index
-from lmlm.kb.index_codes import RowCodec, add_rows, block_lists, ivf_search, scan_codes
+from lmlm.kb.index import RowCodec, add_rows, block_lists, ivf_search, scan_codes
 
 SMALL = AnnConfig(flat_max=200, ivf_min=1000, rescore=32)
 
@@ -293,7 +293,7 @@ def test_add_rows_never_writes_past_a_list(tmp_path):
     script = tmp_path / "adds.py"
     script.write_text(
         "import faiss, numpy as np\n"
-        "from lmlm.kb.index_codes import add_rows\n"
+        "from lmlm.kb.index import add_rows\n"
         "v = np.random.default_rng(0).normal(size=(40960, 32)).astype(np.float32)\n"
         "ours, theirs = (faiss.index_factory(32, 'IVF1,PQ8x4fs', faiss.METRIC_INNER_PRODUCT) for _ in range(2))\n"
         "ours.train(v[:2000]); theirs.train(v[:2000])\n"
@@ -438,7 +438,7 @@ def test_rising_key_ids_are_stored_as_a_bitmap_and_read_back_with_files_of_int32
 
 @pytest.mark.parametrize("chunk", [1, 3, 1 << 20])
 def test_sorted_minus_is_the_set_difference_of_two_ascending_id_arrays(chunk):
-    from lmlm.kb.indexing import sorted_minus
+    from lmlm.kb.knowledge_base import sorted_minus
 
     rng = np.random.default_rng(7)
     for _ in range(200):

@@ -71,7 +71,7 @@ def test_a_map_read_from_the_store_follows_another_writer(tmp_path, encoder):
     spouse = reader.lookup("Ada Lovelace", "Spouse", fuzzy=False)  # a tie of support: the later triple
     assert (spouse.value, spouse.support, spouse.alternatives) == ("Lord Byron", 2, 1)
     assert len(reader) == len(writer) == writer.store.n_active() == 7
-    assert isinstance(reader._map, StoreMap) and reader.version == writer.version
+    assert isinstance(reader.keymap, StoreMap) and reader.version == writer.version
     writer.delete(entity="Ada Lovelace")
     assert reader.lookup("Ada Lovelace", "Spouse") is None and len(reader) == 4
     reader.close()
@@ -119,7 +119,7 @@ def test_a_search_passes_over_hits_that_are_not_active_for_the_next_nearest(tmp_
         queries = [("Ada Lovelace", "birthplace"), ("Grace Hoper", "employed by")]
         before = kb.lookup_batch(queries, threshold=0.0, matching="key")
         assert [(m.relation, m.value) for m in before] == [("Birth City", "London"), ("Employer", "US Navy")]
-        key_id = kb._map.get("ada lovelace\tbirth city").key_id
+        key_id = kb.keymap.get("ada lovelace\tbirth city").key_id
         kb.forget([("Ada Lovelace", "Birth City")])
         assert kb.key_index().restore([key_id]) == []  # its vector is live in the index again
         after = kb.lookup_batch(queries, threshold=0.0, matching="key")
