@@ -214,24 +214,28 @@ class Rome(_Editor):
         n_prefixes (int, default 10): prefixes the model writes (half 5, half 10 tokens) behind which the
             edit prompt is read too, for the averaged key and the v* search (ROME: 20).
         seed (int, default 0): the prefixes' sampling.
+        ridge (float, default 1e-6): added to ``C``'s diagonal, times its mean: a second moment estimated from
+            fewer tokens than ROME's 100,000 is ill-conditioned, and its inverse then sends the update
+            along directions the subject's key barely has.
     """
 
     name = "rome"
 
     def __init__(self, model, tok, texts: Sequence[str], layer: int | None = None, steps: int = 20, lr: float = 0.5,
                  kl_factor: float = 0.0625, weight_decay: float = 0.5, clamp: float = 4.0, max_tokens: int = 100_000,
-                 n_prefixes: int = 10, seed: int = 0):
+                 n_prefixes: int = 10, seed: int = 0, ridge: float = 1e-6):
         super().__init__(model, tok, rome_layer(model) if layer is None else layer)
         if not texts:
             raise ValueError("ROME needs a sample of text for the keys' second moment")
         self.steps, self.lr, self.kl_factor, self.weight_decay, self.clamp = steps, lr, kl_factor, weight_decay, clamp
+        self.ridge = ridge
         self.inv_cov = torch.linalg.inv(self.second_moment(texts, max_tokens))
         self.prefixes = self._prefixes(n_prefixes, seed)
 
     @torch.no_grad()
     def second_moment(self, texts: Sequence[str], max_tokens: int) -> torch.Tensor:
         """``E[k k^T]`` over the projection's inputs at every token of ``texts`` (up to ``max_tokens``),
-        ``(in, in)`` in float64, with a ridge of 1e-6 of its mean diagonal so it inverts."""
+        ``(in, in)`` in float64, plus ``ridge`` times its mean diagonal so it inverts."""
         context = int(getattr(self.model.config, "max_position_embeddings", 0) or getattr(self.model.config, "n_positions", 256))
         cap, total, n = _Capture(self.module), None, 0
         try:
@@ -246,7 +250,7 @@ class Rome(_Editor):
         finally:
             cap.close()
         c = total / n
-        return c + 1e-6 * c.diagonal().mean() * torch.eye(c.shape[0], dtype=c.dtype, device=c.device)
+        return c + self.ridge * c.diagonal().mean() * torch.eye(c.shape[0], dtype=c.dtype, device=c.device)
 
     @torch.no_grad()
     def _prefixes(self, n: int, seed: int) -> list[str]:
