@@ -17,7 +17,7 @@ import typer
 from ..checkpoint import checkpoint_mode
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a checkpoint: perplexity, T-REx, PopQA, NLU, "
-                       "FactScore, TOFU, forgetting, offloading, RAG.")
+                       "FactScore, TOFU, forgetting, editing, offloading, RAG.")
 
 MODEL = typer.Option(..., "--model", help="checkpoint folder (written by lmlm train / quickstart)")
 KB = typer.Option(None, "--kb", help="KB folder (default: the checkpoint's KB; ignored for Standard models)")
@@ -572,3 +572,130 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
     primary = {"trex": "trex_exact_match", "popqa": "popqa_accuracy", "factscore": "factscore_score_no_penalty"}[task]
     _finish(replace(RAG, primary=f"rag_{primary}"), metrics, records, out,
             {"model": str(model), "corpus": str(corpus), "task": task, "k": k, "words": words})
+
+
+EDIT_METHODS = ("lmlm", "ft-l", "rome")
+
+
+def _edit_set(data: Path | None, world: Path | None, from_kb: Path | None, fmt: str, n: int, seed: int,
+              write: Path | None):
+    """The rewrites: read from ``--data``, or written from ``--world``'s facts or a KB's (``--from-kb``)
+    in ``--format`` (saved to ``--write``). Returns ``(cases, world or None)``."""
+    from .editing import counterfact_records, kb_facts, read_edit_set, world_facts, write_records, zsre_records
+
+    if sum(x is not None for x in (data, world, from_kb)) != 1:
+        _fail("give the rewrites: --data FILE (CounterFact or zsRE), --world DIR or --from-kb KB (one of them)")
+    if fmt not in ("counterfact", "zsre"):
+        _fail(f"--format must be counterfact or zsre, got {fmt!r}")
+    if data is not None:
+        return _read(read_edit_set, data), None
+    w = None
+    if world is not None:
+        from ..worlds.bios import BiosWorld
+
+        if not (world / "config.json").exists():
+            _fail(f"{world} is not a biography world folder (no config.json): give a quickstart's OUT/world")
+        w = BiosWorld.load(world)
+        facts = world_facts(w)
+    else:
+        from ..kb import KBError, KnowledgeBase
+
+        try:
+            kb = KnowledgeBase.open(from_kb)
+            facts = kb_facts(kb)
+            kb.close()
+        except (KBError, OSError) as e:
+            _fail(str(e))
+    make = counterfact_records if fmt == "counterfact" else zsre_records
+    try:
+        records = make(facts, n, world=w, seed=seed)
+    except ValueError as e:
+        _fail(str(e))
+    path = write_records(write or Path(f"editing-{fmt}.json"), records)
+    typer.echo(f"{len(records)} {fmt} rewrites of {len(facts)} facts written to {path}", err=True)
+    return _read(read_edit_set, path), w
+
+
+def _rome_texts(texts: Path | None, world) -> list[str]:
+    """The text ROME's key second moment is estimated from: ``--texts`` documents, else the world's training ones."""
+    from ..lookup import strip
+
+    if texts is not None:
+        return [strip(d.segments) for d in _read(_documents, texts)]
+    if world is not None:
+        return [d.plain for d in world.train_documents]
+    _fail("--method rome estimates its keys' second moment from text: pass --texts (a document file) or --world")
+
+
+@eval_app.command()
+def editing(model: Path = MODEL, kb: Path | None = KB, out: Path | None = OUT, batch_size: int = BATCH,
+            data: Path | None = typer.Option(None, "--data", help="a CounterFact (counterfact.json) or zsRE "
+                                             "(zsre_mend_eval.json) file"),
+            world: Path | None = typer.Option(None, "--world", help="instead of --data: write the set from a biography "
+                                              "world's facts and phrasings (a quickstart's OUT/world)"),
+            from_kb: Path | None = typer.Option(None, "--from-kb", help="instead of --data: write the set from this "
+                                                "KB's facts (generic phrasings 'The <relation> of <entity> is')"),
+            fmt: str = typer.Option("counterfact", "--format", help="the written set's format: counterfact or zsre"),
+            write: Path | None = typer.Option(None, "--write", help="where the written set goes "
+                                              "(default: editing-<format>.json)"),
+            method: str = typer.Option("lmlm", help="lmlm (KB edits of an LMLM, on a copy of its KB), ft-l or rome "
+                                       "(weight edits, on a Standard model: an LMLM is scored with lookups banned)"),
+            edits: str = typer.Option("1,100,1000", help="sequential edit counts, each from the same start"),
+            sample: int = typer.Option(1000, min=1, help="edited facts scored per count at most (seeded)"),
+            fluency_n: int = typer.Option(50, min=0, help="generation prompts for the fluency (n-gram entropy)"),
+            fluency_tokens: int = typer.Option(100, min=1, help="tokens per fluency text (ROME: 100)"),
+            layer: int | None = typer.Option(None, help="the edited MLP layer (ft-l: 0; rome: 17/48 of the depth)"),
+            norm: float = typer.Option(5e-4, help="ft-l: L-infinity bound on each weight's change (ROME's FT-L: 5e-4)"),
+            texts: Path | None = typer.Option(None, "--texts", help="rome: documents for the keys' second moment "
+                                              "(default: the --world's training documents)"),
+            name_bias: float = typer.Option(10.0, min=0.0, help="the LMLM's name bias (lmlm generate's default)"),
+            copy_bias: float = typer.Option(5.0, min=0.0, help="the LMLM's copy bias (lmlm generate's default)"),
+            seed: int = typer.Option(0, help="seed of the written set, the scored sample and the fluency texts")):
+    """Knowledge editing as CounterFact/zsRE score it (efficacy, paraphrase, neighbourhood, fluency), sequential
+    edits; an LMLM's through its lookups (forced at the answer; the object scored after the call)."""
+    from .editing import EDITING, KBEditor, WeightEditor, parse_counts, run_editing
+
+    if method not in EDIT_METHODS:
+        _fail(f"--method must be one of {', '.join(EDIT_METHODS)}, got {method!r}")
+    try:
+        counts = parse_counts(edits)
+    except ValueError as e:
+        _fail(str(e))
+    cases, w = _edit_set(data, world, from_kb, fmt, counts[-1], seed, write)
+    if counts[-1] > len(cases):
+        _fail(f"--edits {counts[-1]}: {data or write} holds {len(cases)} rewrites")
+    mode = checkpoint_mode(model)
+    if method == "lmlm":
+        if mode == "standard":
+            _fail(f"{model} is a Standard checkpoint: --method lmlm edits an LMLM's KB (ft-l or rome edit weights)")
+        if any(c.relation is None for c in cases[:counts[-1]]):
+            _fail("these zsRE records name no relation: an LMLM's edit is a KB key (subject, relation); write the "
+                  "set with --world or --from-kb, which add it")
+        from ..generate import LookupGenerator
+
+        m, tok, _, gen, _ = _load(model, kb, instead=None)
+        source = Path(gen.kb.store.folder)
+        gen.kb.close()
+        editor = KBEditor(source, lambda k: LookupGenerator(m, tok, k, name_bias=name_bias, copy_bias=copy_bias))
+        config_kb = str(source)
+    else:
+        from .weight_editing import FineTuneL, Rome
+
+        m, tok, _, gen, _ = _load(model, None, no_db=True)
+        try:
+            edit = FineTuneL(m, tok, layer=0 if layer is None else layer, norm=norm) if method == "ft-l" else \
+                Rome(m, tok, _rome_texts(texts, w), layer=layer, seed=seed)
+        except ValueError as e:
+            _fail(str(e))
+        editor, config_kb = WeightEditor(edit, gen), None
+    records: list = []
+    try:
+        metrics = run_editing(editor, cases, counts, sample=sample, fluency_n=fluency_n, fluency_tokens=fluency_tokens,
+                              seed=seed, log=lambda s: typer.echo(s, err=True), records=records)
+    except ValueError as e:
+        _fail(str(e))
+    _finish(EDITING, metrics, records, out, {
+        "model": str(model), "mode": mode, "method": method, "data": str(data or write or Path(f"editing-{fmt}.json")),
+        "edits": counts, "sample": sample, "fluency_n": fluency_n, "fluency_tokens": fluency_tokens, "kb": config_kb,
+        "layer": getattr(getattr(editor, "method", None), "layer", None), "seed": seed,
+        "name_bias": name_bias, "copy_bias": copy_bias})

@@ -173,6 +173,21 @@ class BiosWorld:
         text, positions = plain_text(fill(COMPILED[(relation,)][0], p, named=True))
         return ClozePrompt(text[:positions[0]].rstrip(), p.facts[relation], p.name, relation)
 
+    def phrasings(self, person: str, relation: str) -> list[str]:
+        """Every prompt of the relation's own templates that names the person and ends right before the
+        value, the :meth:`cloze` prompt first (``"Ada Lind was born in"``, ``"Ada Lind's hometown is"`` ...):
+        an edit prompt and its paraphrases."""
+        if relation not in CLOZE_TEMPLATES:
+            raise ValueError(f"relation must be one of {RELATIONS}, got {relation!r}")
+        p = self.person(person)
+        out = []
+        for parts in COMPILED[(relation,)]:
+            text, positions = plain_text(fill(parts, p, named=True))
+            prompt = text[:positions[0]].rstrip()
+            if p.name in prompt:
+                out.append(prompt)
+        return list(dict.fromkeys(out))
+
     def cloze_set(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[ClozePrompt]:
         """Cloze prompts over the (person, relation) pairs of ``split``; ``n`` samples that many."""
         pairs = [(p.name, rel) for p in self.people_in(split) for rel in RELATIONS]
