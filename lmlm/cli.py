@@ -49,7 +49,7 @@ def _assemble() -> None:
 
 @app.command()
 def quickstart(out: Path = typer.Option(Path("runs/quickstart"), help="output folder"),
-               preset: str = typer.Option("default", help="'default' (5 to 19 min on 2 CPU cores, by their bf16 and AVX) or 'smoke'"),
+               preset: str = typer.Option("default", help="'default' (4 to 19 min on 2 CPU cores, by their bf16 and AVX) or 'smoke'"),
                fresh: bool = typer.Option(False, help="start over instead of resuming in OUT"),
                seed: int = typer.Option(0, help="seed of the world, the shuffles and the models")):
     """Generate a world, build its KB, train LMLM and Standard, evaluate, edit, forget, report."""
