@@ -254,29 +254,58 @@ def _close(gens) -> None:
             gen.kb.close()
 
 
-def evaluate_edits(folder: Path, edits: list[dict[str, str]], lmlm: Path, kb_path: Path, device: str,
+def evaluate_edits(folder: Path, pools: list[tuple[list[dict[str, str]], Path]], lmlm: Path, device: str,
                    max_new_tokens: int, batch_size: int, decoding: dict | None = None,
                    constrained: bool = False, n: int | None = None) -> dict[str, Any]:
-    """Change ``edits`` in a copy of the KB and ask the LMLM again: how often it states the new value.
+    """Change the facts of each pool in a copy of its KB and ask the LMLM again: how often it states the new value.
 
-    The editing field's protocol: an edit is scored on a fact the model stated before it (otherwise it
-    measures the model's retrieval, which the cloze table does, and not the edit). So every candidate in
-    ``edits`` is asked first; the first ``n`` whose answer states the old value are the scored edits
-    (``n``, ``new_value_after``, ``old_value_after``), and every candidate is edited and scored as well
-    (``candidates``, ``old_value_before``: the share stated before, ``new_value_after_all``). ``constrained``:
-    queries kept on the KB's keys, as the report's constrained row.
+    ``pools``: ``(edits, kb_path)`` pairs, in the order they are drawn from (the corpus's own facts first,
+    then facts of a KB of their own). The editing field's protocol: an edit is scored on a fact the model
+    stated before it (otherwise it measures the model's retrieval, which the cloze table does, and not the
+    edit). So every candidate is asked first; the first ``n`` whose answer states the old value are the
+    scored edits (``n``, ``new_value_after``, ``old_value_after``; a later pool is asked only while fewer
+    than ``n`` are found), and every candidate asked is edited and scored as well (``candidates``,
+    ``old_value_before``: the share stated before, ``new_value_after_all``). ``constrained``: queries kept
+    on the KB's keys, as the report's constrained row.
     """
     from ..checkpoint import load_checkpoint
+
+    model = load_checkpoint(lmlm, device=_device(device))
+    records, versions = [], []
+    for i, (edits, kb_path) in enumerate(pools):
+        if n is not None and sum(r["old_before"] for r in records) >= n:
+            break
+        got, version = _edit_pool(folder / ("kb-edited" if i == 0 else f"kb-edited-{i}"), edits, model, kb_path,
+                                  max_new_tokens, batch_size, decoding, constrained)
+        records += [{**r, "kb": kb_path.name} for r in got]
+        versions.append(version)
+    known = [r for r in records if r["old_before"]][:len(records) if n is None else n]
+    for r in known:
+        r["scored"] = True
+
+    def rate(rs: list[dict], k: str) -> float:
+        return sum(r[k] for r in rs) / len(rs) if rs else float("nan")
+
+    return {"n": len(known), "new_value_after": rate(known, "new_after"), "old_value_after": rate(known, "old_after"),
+            "candidates": len(records), "old_value_before": rate(records, "old_before"),
+            "new_value_after_all": rate(records, "new_after"), "kb_version": versions[0] if versions else None,
+            "kb_versions": versions, "scored_by_kb": {k: sum(r["kb"] == k for r in known) for k in
+                                                      dict.fromkeys(r["kb"] for r in records)}, "records": records}
+
+
+def _edit_pool(edited: Path, edits: list[dict[str, str]], model: tuple, kb_path: Path, max_new_tokens: int,
+               batch_size: int, decoding: dict | None, constrained: bool) -> tuple[list[dict], int]:
+    """``edits`` made in a copy of ``kb_path`` at ``edited``, each prompt asked before and after: the records
+    and the edited KB's version."""
     from ..evaluate.base import outputs_of
     from ..evaluate.cloze import match_first_content_words
     from ..generate import LookupGenerator
     from ..kb import KnowledgeBase
 
-    edited = folder / "kb-edited"
     if edited.exists():
         shutil.rmtree(edited)
     shutil.copytree(kb_path, edited)
-    m, tok, _ = load_checkpoint(lmlm, device=_device(device))
+    m, tok, _ = model
     kb = KnowledgeBase.open(edited)
     gen = LookupGenerator(m, tok, kb, on_miss="skip", constrained=constrained, **(decoding or {}))
     prompts = [fit_prompt(e["prompt"], gen, max_new_tokens) for e in edits]
@@ -298,13 +327,4 @@ def evaluate_edits(folder: Path, edits: list[dict[str, str]], lmlm: Path, kb_pat
                         "lookups": [t.to_dict() if hasattr(t, "to_dict") else dict(vars(t)) for t in r.trace]})
     version = kb.version
     kb.close()
-    known = [r for r in records if r["old_before"]][:len(records) if n is None else n]
-    for r in known:
-        r["scored"] = True
-
-    def rate(rs: list[dict], k: str) -> float:
-        return sum(r[k] for r in rs) / len(rs) if rs else float("nan")
-
-    return {"n": len(known), "new_value_after": rate(known, "new_after"), "old_value_after": rate(known, "old_after"),
-            "candidates": len(records), "old_value_before": rate(records, "old_before"),
-            "new_value_after_all": rate(records, "new_after"), "kb_version": version, "records": records}
+    return records, version

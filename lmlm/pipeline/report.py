@@ -187,6 +187,9 @@ def _markdown(r: dict, out: Path) -> str:
                   f"{fmt_value(e['new_value_after'])} of the time after it (the old one {fmt_value(e['old_value_after'])}). "
                   f"Over all of them: the old value stated before {fmt_value(e['old_value_before'])}, the new one after "
                   f"{fmt_value(e.get('new_value_after_all'))}."]
+        by_kb = e.get("scored_by_kb") or {}
+        if len(by_kb) > 1:  # the corpus's facts first, then those of the KB of entities no text names
+            lines[-1] += " The scored edits by KB: " + ", ".join(f"`{k}` {v}" for k, v in by_kb.items()) + "."
     lines += ["", "## Models", "", "| model | steps | tokens | final loss | held-out loss | seconds |",
               "|---|---|---|---|---|---|"]
     for m, s in r["models"].items():

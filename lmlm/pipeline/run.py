@@ -313,7 +313,8 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
 # -- 5. evaluation -----------------------------------------------------------------------------------------
 
 def stage_evaluate(recipe: Recipe, out: Path) -> dict:
-    from .facts import choose_edits, cloze_facts, evaluate_edits, evaluate_models, plain_perplexity, write_trex
+    from ..evaluate.trex import read_trex
+    from .facts import ClozeFact, choose_edits, cloze_facts, evaluate_edits, evaluate_models, plain_perplexity, write_trex
 
     folder = out / "eval"
     if (info := stage_done(folder)) is not None:
@@ -344,12 +345,18 @@ def stage_evaluate(recipe: Recipe, out: Path) -> dict:
         perplexity = plain_perplexity(texts, models, base, recipe.device)
     edits = None
     if "lmlm" in models and spec.edits:
-        # candidates: five for each scored edit, of which the first the LMLM states before its edit are scored
-        pool = [f for fs in cloze_facts(docs, 0, recipe.seed).values() for f in fs]  # every fact, not the sample
-        chosen = choose_edits(pool, 5 * spec.edits, recipe.seed)
-        if chosen:
-            _log(f"edits: {len(chosen)} real facts changed in a copy of the KB")
-            edits = evaluate_edits(folder, chosen, models["lmlm"], out / "kb", recipe.device, spec.max_new_tokens,
+        # candidates: five for each scored edit, of which the first the LMLM states before its edit are scored;
+        # the corpus's facts first (every one, not the cloze sample), then those of the entities no text names
+        pool = [f for fs in cloze_facts(docs, 0, recipe.seed).values() for f in fs]
+        pools = [(choose_edits(pool, 5 * spec.edits, recipe.seed), out / "kb")]
+        if n_facts:
+            more = [ClozeFact(t.subject, t.relation, t.gold, t.prompt, "facts", "facts", 0)
+                    for t in read_trex(folder / "cloze" / "facts.jsonl")]
+            pools.append((choose_edits(more, 5 * spec.edits, recipe.seed), folder / "kb-facts"))
+        pools = [(chosen, kb) for chosen, kb in pools if chosen]
+        if pools:
+            _log(f"edits: real facts changed in a copy of the KB, {spec.edits} of those the LMLM states scored")
+            edits = evaluate_edits(folder, pools, models["lmlm"], recipe.device, spec.max_new_tokens,
                                    spec.batch_size, decoding, spec.constrained, n=spec.edits)
             (folder / "edits.json").write_text(json.dumps(edits, indent=2, default=str) + "\n")
     cloze = {**{s: len(f) for s, f in facts.items()}, **({"facts": n_facts} if n_facts else {})}
