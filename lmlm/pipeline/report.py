@@ -179,17 +179,7 @@ def _markdown(r: dict, out: Path) -> str:
                   "continued model keeps):", "", "| model | perplexity | tokens |", "|---|---|---|"]
         lines += [f"| {MODEL_NAMES.get(m, m)} | {fmt_value(v.get('perplexity'))} | {v.get('org_tokens')} |"
                   for m, v in ppl.items()]
-    e = r.get("edits") or {}
-    if e:
-        lines += ["", "## Editing real facts in the KB", "",
-                  f"{e.get('candidates', e['n'])} facts given another value of their relation in a copy of the KB. "
-                  f"Of the {e['n']} the LMLM stated before the edit (the first ones), it states the new value "
-                  f"{fmt_value(e['new_value_after'])} of the time after it (the old one {fmt_value(e['old_value_after'])}). "
-                  f"Over all of them: the old value stated before {fmt_value(e['old_value_before'])}, the new one after "
-                  f"{fmt_value(e.get('new_value_after_all'))}."]
-        by_kb = e.get("scored_by_kb") or {}
-        if len(by_kb) > 1:  # the corpus's facts first, then those of the KB of entities no text names
-            lines[-1] += " The scored edits by KB: " + ", ".join(f"`{k}` {v}" for k, v in by_kb.items()) + "."
+    lines += _edits_section(r.get("edits") or {})
     lines += ["", "## Models", "", "| model | steps | tokens | final loss | held-out loss | seconds |",
               "|---|---|---|---|---|---|"]
     for m, s in r["models"].items():
@@ -212,6 +202,22 @@ def _markdown(r: dict, out: Path) -> str:
             f"{x['started']} on {x['ran_on']}" + (f" until {x['until']}" if x.get("until") else "")
             for x in r["runs"]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _edits_section(e: dict) -> list[str]:
+    """The report's lines on the edits of real facts (none without edits)."""
+    if not e:
+        return []
+    lines = ["", "## Editing real facts in the KB", "",
+             f"{e.get('candidates', e['n'])} facts given another value of their relation in a copy of the KB. "
+             f"Of the {e['n']} the LMLM stated before the edit (the first ones), it states the new value "
+             f"{fmt_value(e['new_value_after'])} of the time after it (the old one {fmt_value(e['old_value_after'])}). "
+             f"Over all of them: the old value stated before {fmt_value(e['old_value_before'])}, the new one after "
+             f"{fmt_value(e.get('new_value_after_all'))}."]
+    by_kb = e.get("scored_by_kb") or {}
+    if len(by_kb) > 1:  # the corpus's facts first, then those of the KB of entities no text names
+        lines[-1] += " The scored edits by KB: " + ", ".join(f"`{k}` {v}" for k, v in by_kb.items()) + "."
+    return lines
 
 
 def _run_sentence(llm: dict) -> str:
