@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 from urllib.parse import parse_qsl, urlsplit
 
+from ..errors import LmlmError
+
 __all__ = ["Backend", "BackendError", "ResponseCache", "CachedBackend", "OpenAIBackend", "HFBackend",
            "VLLMBackend", "register_backend", "get_backend", "backend_schemes", "default_cache_path"]
 
@@ -48,7 +50,7 @@ Messages = list[dict[str, str]]
 _RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
 
-class BackendError(RuntimeError):
+class BackendError(LmlmError, RuntimeError):
     """A backend could not be created or did not answer (after its retries)."""
 
 

@@ -25,6 +25,7 @@ import zlib
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..errors import LmlmError
 from ..corpus import Document
 from ..lookup import Lookup, Text
 
@@ -45,7 +46,7 @@ PHRASINGS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-class FactsError(ValueError):
+class FactsError(LmlmError, ValueError):
     """A fact source that is missing or cannot be read."""
 
 

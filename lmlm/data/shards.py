@@ -36,6 +36,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from ..errors import LmlmError
 from ..corpus import CorpusError, iter_located
 from ..tokens import IGNORE_INDEX, ORG, ROLE_NAMES, VALUE, LookupTokenizer
 
@@ -45,7 +46,7 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 
 
-class ShardError(ValueError):
+class ShardError(LmlmError, ValueError):
     """Shards that cannot be written or read as asked; the message names the folder and the problem."""
 
 

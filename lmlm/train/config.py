@@ -10,10 +10,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..errors import LmlmError
+
 __all__ = ["TrainConfig", "TrainConfigError", "CONFIG_FIELDS_HELP", "TRAIN_PRESETS"]
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(LmlmError, ValueError):
     """A training recipe that cannot run; the message names the field and the value."""
 
 

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..errors import LmlmError
 from ..lookup import PAPER_TOKENS
 from ..tokens import LookupTokenizer
 
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
 
 
-class StartError(ValueError):
+class StartError(LmlmError, ValueError):
     """A starting model that cannot be opened; the message names it and says why."""
 
 
