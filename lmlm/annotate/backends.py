@@ -328,8 +328,9 @@ def load_causal_lm(spec: str, device: str | None = None, dtype: str | None = Non
     else:
         tok = AutoTokenizer.from_pretrained(spec)
         model = AutoModelForCausalLM.from_pretrained(spec, **kwargs)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return model.to(device).eval(), tok
+    from ..device import default_device
+
+    return model.to(default_device(device)).eval(), tok
 
 
 @register_backend("hf")

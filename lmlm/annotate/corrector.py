@@ -27,10 +27,11 @@ import numpy as np
 from scipy.stats import rankdata
 
 from ..corpus import Document, write_documents
+from ..device import default_device
 from ..lookup import Lookup, Segment, plain_text
 from ..scoring import token_logprobs
 from ..tokens import ENTITY, RELATION, labels_from_roles
-from .lm import FitConfig, add_lora, cpu_threads, default_device, fit, load_base, new_model, pack_examples
+from .lm import FitConfig, add_lora, cpu_threads, fit, load_base, new_model, pack_examples
 from .validate import calls_with_offsets, insert_calls
 
 __all__ = ["CorrectorConfig", "CallScore", "Correction", "train_corrector", "score_calls", "correct", "plot_losses"]

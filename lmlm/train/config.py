@@ -40,7 +40,7 @@ class TrainConfig:
         kb: the knowledge base the corpus was annotated against, recorded in the checkpoint.
         init_from: weights to start from: an lmlm checkpoint folder, a Hugging Face model folder, a
             hub name (a local copy first) or a ``.gguf`` file. A pretrained model gets the four
-            lookup tokens added to its tokenizer and embeddings (see :mod:`lmlm.train.start`).
+            lookup tokens added to its tokenizer and embeddings (see :mod:`lmlm.pretrained`).
         seq_len: tokens per packed block (at most the model's context length); ``None``: 256 or the
             model's context length if shorter.
         batch_size: global batch in sequences per optimizer step (all processes together).
