@@ -8,7 +8,7 @@ module imports nothing from lmlm.
 
 from __future__ import annotations
 
-__all__ = ["LmlmError", "MissingExtra", "need"]
+__all__ = ["LmlmError", "MissingExtra", "need", "require"]
 
 
 class LmlmError(Exception):
@@ -34,3 +34,17 @@ def need(module: str, extra: str, what: str):
         if e.name is not None and e.name != module and not module.startswith(f"{e.name}."):
             raise  # the module is there, but something it imports is broken: not a missing extra
         raise MissingExtra(f"{what} needs {module.split('.')[0]}: pip install 'lmlm[{extra}]'") from e
+
+
+def require(extra: str, modules: tuple[str, ...], what: str) -> None:
+    """Before a long command starts: raise :class:`MissingExtra` for the first of ``modules`` not installed,
+    naming ``pip install 'lmlm[extra]'`` (looked up, not imported)."""
+    import importlib.util
+
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent that is missing, or a module set aside (None in sys.modules)
+            found = False
+        if not found:
+            raise MissingExtra(f"{what} needs {module}: pip install 'lmlm[{extra}]'")

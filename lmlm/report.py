@@ -39,9 +39,10 @@ def render_generation(text: str) -> str:
 
 
 def plt_module():
-    import matplotlib
+    """matplotlib's pyplot drawing to files (the ``plots`` extra; a missing one is named)."""
+    from .errors import need
 
-    matplotlib.use("Agg")
+    need("matplotlib", "plots", "the report's figures").use("Agg")
     import matplotlib.pyplot as plt
 
     return plt

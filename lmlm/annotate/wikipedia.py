@@ -102,9 +102,10 @@ def annotate_article(page: WikiPage, all_mentions: bool = False) -> dict:
     relation is (:func:`~lmlm.annotate.support.stated_before`) gets no call (``unsupported``),
     unless ``all_mentions``.
     """
+    from ..errors import need
     from .support import fits_kind, stated_before
 
-    import mwparserfromhell as mw
+    mw = need("mwparserfromhell", "wikipedia", "reading Wikipedia markup")
 
     doc_id = f"enwiki-{page.page_id}"
     box = parse_infobox(page.wikitext)

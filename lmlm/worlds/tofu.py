@@ -207,9 +207,9 @@ def _draw_unique(draw, n: int, what: str) -> list[str]:
 
 
 def _pools(config: TofuConfig, rng: random.Random) -> dict[str, list[str]]:
-    from faker import Faker
+    from ..errors import need
 
-    fake = Faker("en_US")
+    fake = need("faker", "worlds", "synthetic worlds").Faker("en_US")
     fake.seed_instance(f"tofu:{config.seed}:pools")
     return {
         "Birth Place": _draw_unique(fake.city, config.n_cities, "cities"),
