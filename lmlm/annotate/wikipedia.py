@@ -25,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..corpus import Document, write_documents
+from ..errors import need
 from ..lookup import Lookup, Text, plain_text, render
 from .passages import split_passages
 from .wikitext import (MONTHS, Infobox, WikiPage, article_text, field_values, iter_pages, parse_infobox,
@@ -102,7 +103,6 @@ def annotate_article(page: WikiPage, all_mentions: bool = False) -> dict:
     relation is (:func:`~lmlm.annotate.support.stated_before`) gets no call (``unsupported``),
     unless ``all_mentions``.
     """
-    from ..errors import need
     from .support import fits_kind, stated_before
 
     mw = need("mwparserfromhell", "wikipedia", "reading Wikipedia markup")

@@ -25,8 +25,8 @@ import zlib
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ..errors import LmlmError
 from ..corpus import Document
+from ..errors import LmlmError
 from ..lookup import Lookup, Text
 
 __all__ = ["SOURCES", "FactsError", "country_facts", "read_facts", "split_by_entity", "fact_documents",
