@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .errors import LmlmError
 from .lookup import PAPER_TOKENS, TOKEN_VOCABULARIES, LookupTokens
 from .tokens import LookupTokenizer
 
@@ -22,7 +23,7 @@ __all__ = ["META_FILE", "save_checkpoint", "open_model", "kb_of", "load_checkpoi
            "checkpoint_mode", "is_local_spec", "ModelOpenError"]
 
 
-class ModelOpenError(ValueError):
+class ModelOpenError(LmlmError, ValueError):
     """A model that cannot be opened; the message names it and says why."""
 
 

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from .cli_errors import fail as _fail, out_folder
+from .errors import LmlmError, require
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -57,6 +58,7 @@ def quickstart(out: Path = typer.Option(Path("runs/quickstart"), help="output fo
 
     if preset not in QUICKSTART_PRESETS:
         _fail(f"unknown preset {preset!r}; known: {', '.join(QUICKSTART_PRESETS)}")
+    require("quickstart", ("faker", "matplotlib"), "lmlm quickstart")
     out_folder(out)
     report = run(out, preset=preset, fresh=fresh, seed=seed)
     fp, u = report["factual_precision"], report["unlearning"]
@@ -84,6 +86,7 @@ def reproduce(out: Path = typer.Option(Path("runs/reproduce"), help="output fold
 
     if preset not in REPRODUCE_PRESETS:
         _fail(f"unknown preset {preset!r}; known: {', '.join(REPRODUCE_PRESETS)}")
+    require("reproduce", ("faker", "matplotlib", "bm25s", "rouge_score", "scipy"), "lmlm reproduce")
     out_folder(out)
     if nlu_data is not None:  # read now: not after the hours of stages before the one that scores it
         from .evaluate.nlu import read_bigbench_mc
@@ -183,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except exit_ as e:
         return e.exit_code
+    except LmlmError as e:  # raised outside a command's own error path: the same one line
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     except abort:  # Ctrl-C (Click turns KeyboardInterrupt into Abort)
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -1,4 +1,6 @@
-"""One error path for every command: bad input prints one line, ``error: <what>: <where>``, and exits 2."""
+"""One error path for every command: bad input prints one line, ``error: <what>: <where>``, and exits 2.
+
+Bad input is an :class:`~lmlm.errors.LmlmError` (every lmlm error derives from it) or a path the OS refused."""
 
 from __future__ import annotations
 
@@ -9,19 +11,13 @@ from typing import Iterator, NoReturn
 
 import typer
 
+from .errors import LmlmError
+
 __all__ = ["fail", "user_errors", "check_device", "out_folder", "USER_ERRORS"]
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
-    from .checkpoint import ModelOpenError
-    from .corpus import CorpusError
-    from .lookup import LookupSyntaxError
-    from .data.shards import ShardError
-    from .train.config import TrainConfigError
-    from .train.start import StartError
-
-    return (ModelOpenError, TrainConfigError, CorpusError, StartError, ShardError, LookupSyntaxError, FileNotFoundError,
-            IsADirectoryError, NotADirectoryError, PermissionError)
+    return (LmlmError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 USER_ERRORS = _user_error_types

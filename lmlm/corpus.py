@@ -41,6 +41,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from .errors import LmlmError
 from .lookup import Lookup, Segment, parse, render, strip
 
 __all__ = ["Document", "CorpusError", "iter_documents", "iter_located", "read_documents", "write_documents", "corpus_stats",
@@ -51,7 +52,7 @@ FIELDS = ("id", "annotated", "text", "source", "split")
 _TEXT_KEYS = ("text", "plain")  # older files name the plain text "plain"
 
 
-class CorpusError(ValueError):
+class CorpusError(LmlmError, ValueError):
     """A document file that cannot be read as documents; the message names file, line and field."""
 
 

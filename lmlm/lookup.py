@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Literal, Union
 
+from .errors import LmlmError
+
 __all__ = [
     "LookupTokens",
     "PAPER_TOKENS",
@@ -128,7 +130,7 @@ class LookupProblem:
         return f"at character {self.position}: {self.reason}: {self.text!r}"
 
 
-class LookupSyntaxError(ValueError):
+class LookupSyntaxError(LmlmError, ValueError):
     """Raised by ``parse(..., strict=True)`` on the first malformed call."""
 
     def __init__(self, problem: LookupProblem, source: str | None = None):

@@ -22,7 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
-from .report import write_json
+from .jsonio import write_json
 
 __all__ = ["QuickstartConfig", "QUICKSTART_PRESETS", "quickstart", "train_config", "heldout_perplexity",
            "stated_split"]

@@ -10,17 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .jsonio import write_json  # re-exported: lmlm.report.write_json is public
+
 __all__ = ["write_json", "write_quickstart_report", "render_generation", "plot_training_curves", "wrong_entity_lines"]
-
-
-def write_json(path: Path, obj) -> None:
-    """Write ``obj`` as JSON atomically: the file holds the whole of it or its previous content (a
-    stage's result exists only once the stage is complete; a killed run keeps its last report)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str, allow_nan=True) + "\n")
-    tmp.replace(path)
 
 
 def fmt_value(x: Any, digits: int = 3) -> str:
@@ -47,9 +39,10 @@ def render_generation(text: str) -> str:
 
 
 def plt_module():
-    import matplotlib
+    """matplotlib's pyplot drawing to files (the ``plots`` extra; a missing one is named)."""
+    from .errors import need
 
-    matplotlib.use("Agg")
+    need("matplotlib", "plots", "the report's figures").use("Agg")
     import matplotlib.pyplot as plt
 
     return plt

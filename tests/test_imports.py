@@ -99,6 +99,31 @@ def test_no_import_circle_in_the_package():
     assert circles(graph) == []
 
 
+GROUND_FLOOR = ("lmlm.errors", "lmlm.device", "lmlm.jsonio", "lmlm.memory", "lmlm.pretrained")
+BARE = ("lmlm.errors", "lmlm.device", "lmlm.jsonio", "lmlm.memory")  # these import nothing from lmlm at all
+
+
+def below(graph: dict[str, set[str]], name: str) -> set[str]:
+    """Every package module ``name`` imports, directly or through others."""
+    seen, todo = set(), [name]
+    while todo:
+        for m in graph[todo.pop()] - seen:
+            seen.add(m)
+            todo.append(m)
+    return seen
+
+
+def test_the_ground_floor_imports_nothing_above_it():
+    graph = import_graph()
+    packages = {m for m, path in ((_module_name(p), p) for p in PACKAGE.rglob("__init__.py")) if m != "lmlm"}
+    for name in GROUND_FLOOR:
+        up = sorted(m for m in below(graph, name) if any(m == p or m.startswith(p + ".") for p in packages))
+        assert up == [], f"{name} imports from lmlm's subpackages: {up}"
+    for name in BARE:
+        assert graph[name] == set(), f"{name} imports {sorted(graph[name])}"
+    assert below(graph, "lmlm.cli_errors") == {"lmlm.errors"}  # the CLI's error path: one type, no domain
+
+
 def underscore_imports() -> list[str]:
     """``module: name`` for each ``from <package module> import _name`` in the package."""
     modules = set(import_graph())

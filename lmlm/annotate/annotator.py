@@ -204,7 +204,8 @@ class Annotator:
         from transformers import AutoModelForCausalLM
 
         from ..tokens import load_tokenizer
-        from .lm import default_device, load_base
+        from ..device import default_device
+        from .lm import load_base
 
         folder = Path(folder)
         if not (folder / ANNOTATOR_FILE).is_file():

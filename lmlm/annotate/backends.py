@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 from urllib.parse import parse_qsl, urlsplit
 
+from ..errors import LmlmError
+
 __all__ = ["Backend", "BackendError", "ResponseCache", "CachedBackend", "OpenAIBackend", "HFBackend",
            "VLLMBackend", "register_backend", "get_backend", "backend_schemes", "default_cache_path"]
 
@@ -48,7 +50,7 @@ Messages = list[dict[str, str]]
 _RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
 
-class BackendError(RuntimeError):
+class BackendError(LmlmError, RuntimeError):
     """A backend could not be created or did not answer (after its retries)."""
 
 
@@ -326,8 +328,9 @@ def load_causal_lm(spec: str, device: str | None = None, dtype: str | None = Non
     else:
         tok = AutoTokenizer.from_pretrained(spec)
         model = AutoModelForCausalLM.from_pretrained(spec, **kwargs)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return model.to(device).eval(), tok
+    from ..device import default_device
+
+    return model.to(default_device(device)).eval(), tok
 
 
 @register_backend("hf")

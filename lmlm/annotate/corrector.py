@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-from scipy.stats import rankdata
 
 from ..corpus import Document, write_documents
+from ..device import default_device
 from ..lookup import Lookup, Segment, plain_text
 from ..scoring import token_logprobs
 from ..tokens import ENTITY, RELATION, labels_from_roles
-from .lm import FitConfig, add_lora, cpu_threads, default_device, fit, load_base, new_model, pack_examples
+from .lm import FitConfig, add_lora, cpu_threads, fit, load_base, new_model, pack_examples
 from .validate import calls_with_offsets, insert_calls
 
 __all__ = ["CorrectorConfig", "CallScore", "Correction", "train_corrector", "score_calls", "correct", "plot_losses"]
@@ -179,8 +179,15 @@ def score_calls(model, tok, documents: Sequence[Sequence[Segment]], seq_len: int
 
 
 def _ranks(values: Sequence[float]) -> list[float]:
-    """Each value's share of values below it (0 = lowest, near 1 = highest; ties in order of appearance)."""
-    return ((rankdata(values, method="ordinal") - 1) / max(len(values), 1)).tolist()
+    """Each value's share of values below it (0 = lowest, near 1 = highest; ties in order of appearance).
+
+    ``scipy.stats.rankdata(values, method="ordinal")``, less one, over the count (a NaN makes every rank NaN)."""
+    a = np.asarray(values, dtype=float)
+    if np.isnan(a).any():
+        return [float("nan")] * len(a)
+    ranks = np.empty(len(a))
+    ranks[np.argsort(a, kind="stable")] = np.arange(len(a))
+    return (ranks / max(len(a), 1)).tolist()
 
 
 def _assign_scores(scores: list[CallScore], how: str) -> None:
@@ -286,10 +293,9 @@ def plot_losses(scores: Sequence[CallScore], threshold: float, path: str | Path,
                 labels: Sequence[str | None] | None = None) -> Path:
     """Histograms of entity and relation surprisal, dropped calls stacked apart (or, with ``labels``,
     one per score, stacked by label)."""
-    import matplotlib
+    from ..report import plt_module
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plt_module()
 
     if labels is None:
         labels = ["dropped" if s.dropped else "kept" for s in scores]

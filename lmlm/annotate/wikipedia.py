@@ -25,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..corpus import Document, write_documents
+from ..errors import need
 from ..lookup import Lookup, Text, plain_text, render
 from .passages import split_passages
 from .wikitext import (MONTHS, Infobox, WikiPage, article_text, field_values, iter_pages, parse_infobox,
@@ -104,7 +105,7 @@ def annotate_article(page: WikiPage, all_mentions: bool = False) -> dict:
     """
     from .support import fits_kind, stated_before
 
-    import mwparserfromhell as mw
+    mw = need("mwparserfromhell", "wikipedia", "reading Wikipedia markup")
 
     doc_id = f"enwiki-{page.page_id}"
     box = parse_infobox(page.wikitext)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from ..errors import need
+
 __all__ = ["WikiPage", "Infobox", "iter_pages", "parse_infobox", "article_text", "relation_name", "field_values", "MONTHS"]
 
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
@@ -212,7 +214,7 @@ _MEDIA_LINK = re.compile(r"\s*:?\s*(file|image|media|category)\s*:", re.I)
 
 def field_values(raw) -> list[str]:
     """Clean fact values from one infobox field's wikicode (several per field for lists)."""
-    import mwparserfromhell as mw
+    mw = need("mwparserfromhell", "wikipedia", "reading Wikipedia markup")
 
     code = mw.parse(str(raw))
     for tag in code.filter_tags(recursive=True):
@@ -251,7 +253,7 @@ def field_values(raw) -> list[str]:
 
 def parse_infobox(wikitext: str) -> Infobox | None:
     """The article's first infobox (``{{Infobox ...}}`` or a ``...box`` template with named fields)."""
-    import mwparserfromhell as mw
+    mw = need("mwparserfromhell", "wikipedia", "reading Wikipedia markup")
 
     code = mw.parse(wikitext)
     for tpl in code.filter_templates(recursive=True):
@@ -275,7 +277,7 @@ def parse_infobox(wikitext: str) -> Infobox | None:
 
 def article_text(wikitext: str) -> str:
     """The article's readable text: templates, references, files, tables and categories removed."""
-    import mwparserfromhell as mw
+    mw = need("mwparserfromhell", "wikipedia", "reading Wikipedia markup")
 
     code = mw.parse(wikitext)
     for node in list(code.filter_templates(recursive=False)) + list(code.filter_comments(recursive=False)):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -126,6 +125,7 @@ def bench_authors(triples: int = typer.Option(1_000_000, help="triplets in the g
                   progress: bool = typer.Option(True, help="progress bar")):
     """Import an N-triplet file in the authors' format by streaming: triplets/s and peak memory."""
     if triples < 10:
-        print(f"error: at least 10 triplets needed, got {triples}: --triples", file=sys.stderr)
-        raise typer.Exit(2)
+        from ..cli_errors import fail
+
+        fail(f"at least 10 triplets needed, got {triples}: --triples")
     print(json.dumps(run_authors_bench(triples, out, chunk_size=chunk_size, progress=progress)))

@@ -44,7 +44,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, NoReturn, Optional
 
 import typer
 
@@ -246,9 +246,8 @@ def bench_generate(model: Optional[Path] = typer.Option(None, help="checkpoint (
         if model is None:
             model, kb = build_bench_model(cache, log=log)
         from ..cli_errors import user_errors
-        from ..kb import KBError
 
-        with user_errors(KBError):  # a checkpoint or KB that is not there: one line
+        with user_errors():  # a checkpoint or KB that is not there: one line
             report = run_generate_bench(model, kb, new_tokens=new_tokens, n_single=n_single, n_check=n_check,
                                         check_tokens=check_tokens, repeats=repeats or 5, threads=threads,
                                         device=device, log=log)
@@ -313,6 +312,8 @@ def _paper(quick: bool, tokenizer: list[str], wiki: Optional[Path], models: str,
         _fail(str(e), str(wiki))
 
 
-def _fail(what: str, where: str) -> None:
-    print(f"error: {what}: {where}", file=sys.stderr)
-    raise typer.Exit(2)
+def _fail(what: str, where: str) -> NoReturn:
+    """``error: what: where`` on one line, exit code 2 (:func:`lmlm.cli_errors.fail`)."""
+    from ..cli_errors import fail
+
+    fail(f"{what}: {where}")

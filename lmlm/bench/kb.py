@@ -69,7 +69,7 @@ import numpy as np
 import typer
 
 from ..memory import trim_heap
-from ..report import write_json
+from ..jsonio import write_json
 from . import bench_app, peak_rss_mb, percentile_ms, rss_mb
 from .kb_checks import (MAP_LIMITS, ann_config, batched_rates, check_other_process, draw_in_few_blocks, encode_rates,
                         folder_bytes, pick_threads)

@@ -69,13 +69,11 @@ def _hf_trainer(init_from: str, data: str, seq_len: int, mb: int, steps: int, wa
     from ..tokens import labels_from_roles
     from ..train.data import encode_documents
     from ..train.lora import add_lora, trainable_parameters
-    from ..train.start import add_lookup_embeddings, lookup_tokenizer, open_pretrained
+    from ..pretrained import start_pretrained
 
     if threads:
         torch.set_num_threads(threads)
-    model, hf_tok, _ = open_pretrained(init_from)
-    tok = lookup_tokenizer(hf_tok)
-    add_lookup_embeddings(model, tok)
+    model, tok, _ = start_pretrained(init_from)
     model = add_lora(model, lora, new_token_ids=tok.call_ids)
     enc = [e for e in encode_documents(read_documents(data), tok, "lmlm") if len(e) <= seq_len]
     examples = [{"input_ids": e.input_ids, "labels": labels_from_roles(e.input_ids, e.roles, tok.end_id)}
@@ -120,7 +118,7 @@ def run_continue_bench(init_from: str, data: str, *, seq_len: int = 96, micro_ba
     from ..corpus import read_documents
     from ..train.config import TrainConfigError
     from ..train.lora import decoder_layers
-    from ..train.start import open_pretrained
+    from ..pretrained import open_pretrained
 
     unknown = [r for r in recipes if r not in RECIPES]
     if unknown:

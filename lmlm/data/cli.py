@@ -120,9 +120,9 @@ def facts(source: str = typer.Argument(..., help="a fact source (countryinfo) or
     """
     from ..cli_errors import user_errors
     from ..corpus import CorpusError, iter_documents, write_documents
-    from .facts import FactsError, cloze_records, fact_documents, read_facts, split_by_entity, write_jsonl
+    from .facts import cloze_records, fact_documents, read_facts, split_by_entity, write_jsonl
 
-    with user_errors(FactsError):
+    with user_errors():
         for option, path in (("--out", out), ("--held-out-triples", held_out_triples), ("--cloze", cloze)):
             if path is not None and path.suffix.lower() != ".jsonl":
                 raise CorpusError(f"{option} {path}: give a .jsonl file")

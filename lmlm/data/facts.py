@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..corpus import Document
+from ..errors import LmlmError
 from ..lookup import Lookup, Text
 
 __all__ = ["SOURCES", "FactsError", "country_facts", "read_facts", "split_by_entity", "fact_documents",
@@ -45,7 +46,7 @@ PHRASINGS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-class FactsError(ValueError):
+class FactsError(LmlmError, ValueError):
     """A fact source that is missing or cannot be read."""
 
 
@@ -134,8 +135,6 @@ def cloze_records(facts: Iterable[tuple[str, str, str]], split: str = "facts") -
 
 def write_jsonl(path: Path, rows: Iterable[dict | tuple[str, str, str]]) -> None:
     """``rows`` as JSON lines (a fact as ``{"entity", "relation", "value"}``: ``lmlm kb build``'s triples)."""
-    import json
+    from ..jsonio import write_jsonl as write
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r if isinstance(r, dict) else dict(zip(("entity", "relation", "value"), r)),
-                                       ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    write(path, (r if isinstance(r, dict) else dict(zip(("entity", "relation", "value"), r)) for r in rows))

@@ -37,6 +37,8 @@ import numpy as np
 import torch
 
 from ..corpus import CorpusError, iter_located
+from ..errors import LmlmError
+from ..jsonio import write_json
 from ..tokens import IGNORE_INDEX, ORG, ROLE_NAMES, VALUE, LookupTokenizer
 
 __all__ = ["prepare_shards", "ShardBlocks", "read_manifest", "is_shards", "tokenizer_hash", "MANIFEST", "ShardError"]
@@ -45,7 +47,7 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 
 
-class ShardError(ValueError):
+class ShardError(LmlmError, ValueError):
     """Shards that cannot be written or read as asked; the message names the folder and the problem."""
 
 
@@ -65,12 +67,6 @@ def tokenizer_hash(tokenizer: LookupTokenizer) -> str:
     h = hashlib.sha256(tokenizer.hf.backend_tokenizer.to_str().encode())
     h.update(json.dumps(tokenizer.tokens.as_list()).encode())
     return h.hexdigest()[:16]
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
 
 
 # -- workers -------------------------------------------------------------------------------------------
@@ -167,7 +163,7 @@ class _ShardWriter:
                 last["skipped_malformed"] = last.get("skipped_malformed", 0) + self.skipped
                 self.skipped = 0
                 _totals(self.manifest)
-                _write_json(self.folder / MANIFEST, self.manifest)
+                write_json(self.folder / MANIFEST, self.manifest, indent=1)
             return
         np.save(self.folder / f"{self.name}.docs.npy", np.asarray(self.starts, dtype=np.int64))
         for suffix in ("ids", "roles"):
@@ -179,7 +175,7 @@ class _ShardWriter:
                             "skipped_malformed": self.skipped})
         self.skipped = 0
         _totals(m)
-        _write_json(self.folder / MANIFEST, m)
+        write_json(self.folder / MANIFEST, m, indent=1)
 
     def roll(self) -> None:
         self.close()
@@ -272,7 +268,7 @@ def prepare_shards(corpus: str | Path, tokenizer: LookupTokenizer, out: str | Pa
     manifest["complete"] = True
     manifest["seconds"] = manifest.get("seconds", 0.0) + time.perf_counter() - t0
     manifest["tokens_per_second_last_run"] = (manifest["tokens"] - tokens_before) / max(time.perf_counter() - t0, 1e-9)
-    _write_json(out / MANIFEST, manifest)
+    write_json(out / MANIFEST, manifest, indent=1)
     return manifest
 
 
@@ -324,7 +320,7 @@ def _start_or_resume(out: Path, source: dict, tokenizer: LookupTokenizer, thash:
          "doc_id": tokenizer.doc_id, "eos_id": tokenizer.eos_id, "end_id": tokenizer.end_id,
          "shards": [], "documents": 0, "tokens": 0, "lookup_calls": 0, "end_tokens": 0,
          "role_counts": {name: 0 for name in ROLE_NAMES}, "complete": False}
-    _write_json(out / MANIFEST, m)
+    write_json(out / MANIFEST, m, indent=1)
     return m
 
 

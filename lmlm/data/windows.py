@@ -82,9 +82,9 @@ def swap_entity(window: Sequence[Segment], name: str) -> list[Segment]:
 
 def fake_names(seed: int = 0) -> Iterator[str]:
     """An endless stream of made-up proper names: people, places, organisations and works, mixed."""
-    from faker import Faker
+    from ..errors import need
 
-    fake = Faker(["en_US", "en_GB", "de_DE", "fr_FR", "es_ES", "it_IT"])
+    fake = need("faker", "worlds", "made-up names").Faker(["en_US", "en_GB", "de_DE", "fr_FR", "es_ES", "it_IT"])
     fake.seed_instance(seed)
     kinds = (fake.name, fake.city, fake.company)
     rng = random.Random(seed)

@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from ..checkpoint import checkpoint_mode
+from ..cli_errors import fail as _fail
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate a checkpoint: perplexity, T-REx, PopQA, NLU, "
                        "FactScore, TOFU, forgetting, editing, offloading, RAG.")
@@ -44,11 +45,6 @@ OUT = typer.Option(None, "--out", help="results JSON (default: eval-<protocol>.j
 LIMIT = typer.Option(None, "--limit", min=1, help="evaluate the first N items only")
 BATCH = typer.Option(16, "--batch-size", min=1, help="rows per batch")
 NO_DB = typer.Option(False, "--no-db", help="ablation: no database, lookup tokens banned")
-
-
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
 
 
 def _read(reader, *args, **kwargs):

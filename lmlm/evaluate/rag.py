@@ -74,7 +74,9 @@ class BM25Retriever:
     """
 
     def __init__(self, passages: Sequence[str], stopwords: str | None = "en"):
-        import bm25s
+        from ..errors import need
+
+        bm25s = need("bm25s", "rag", "the BM25 RAG baseline")
 
         if not passages:
             raise ValueError("BM25Retriever needs at least one passage")

@@ -116,7 +116,9 @@ def _strings(x, path, k: int, name: str) -> tuple[str, ...]:
 
 @functools.cache
 def _rouge_l(use_stemmer: bool):
-    from rouge_score import rouge_scorer
+    from ..errors import need
+
+    rouge_scorer = need("rouge_score.rouge_scorer", "tofu", "TOFU's ROUGE-L")
 
     return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=use_stemmer)
 
@@ -169,7 +171,9 @@ def truth_ratio_score(ratios: Sequence[float], forget: bool = False) -> float:
 def ks_2samp(a: Sequence[float], b: Sequence[float], method: str = "auto") -> tuple[float, float]:
     """Two-sided two-sample KS test, ``(statistic D, p-value)``: :func:`scipy.stats.ks_2samp`, as TOFU
     computes forget quality (``method``: ``"auto"``, ``"exact"`` or ``"asymp"``)."""
-    from scipy import stats
+    from ..errors import need
+
+    stats = need("scipy.stats", "tofu", "TOFU's KS test")
 
     if len(a) == 0 or len(b) == 0:
         raise ValueError("ks_2samp needs two non-empty samples")

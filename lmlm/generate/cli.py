@@ -64,8 +64,8 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
 
     from ..checkpoint import kb_of
     from ..generate.loading import load_model, open_kb
-    from ..annotate.lm import default_device
     from ..cli_errors import check_device
+    from ..device import default_device
     from ..kb import KBError
     from ..lookup import Lookup
 

@@ -1,4 +1,6 @@
-"""The re-encode-everything loop of the authors' code, kept as a baseline for ``lmlm bench generate``.
+"""The baseline ``lmlm bench generate --preset paper`` measures the engine against: the re-encode-everything
+loop of the authors' code. Not a decoding path to use (:class:`LookupGenerator` is); kept to be timed
+(``reencode_b1``) and as the reference the engine's greedy outputs must match token for token.
 
 One prompt at a time: call ``model.generate`` until ``<|db_retrieve|>``, look the query up, append
 the value and ``<|db_end|>``, and call ``generate`` again on the whole sequence. Nothing is kept
@@ -11,7 +13,7 @@ does: decode to text, append the value as text, and tokenize the whole text agai
 a model's non-canonical token split (``" s" "um"`` for ``" sum"``) comes back merged, and text right
 after a special token gains the tokenizer's prefix space, so the next call sees other ids.
 
-Exercised by ``lmlm bench generate``.
+Exercised by ``lmlm bench generate --preset paper`` and ``tests/generate/test_generate_adversarial.py``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from ..cli_errors import fail as _fail
+from ..jsonio import write_jsonl
 from .formats import UNSOURCED_DOC
 
 app = typer.Typer(no_args_is_help=True, help="Build, query and edit a knowledge base.")
@@ -425,10 +426,7 @@ def kb_export(path: Path, out: Path, format: Optional[str] = typer.Option(
     rows = kb.aliases()  # at --at, the aliases active then
     if rows:
         side = out.with_name(out.name.split(".")[0] + ".aliases.jsonl")
-        tmp = side.with_name(side.name + ".tmp")
-        tmp.write_text("".join(json.dumps({"alias": r.alias, "entity": r.entity}, ensure_ascii=False) + "\n"
-                               for r in rows), encoding="utf-8")
-        tmp.replace(side)
+        write_jsonl(side, ({"alias": r.alias, "entity": r.entity} for r in rows))
         console.print(f"{len(rows)} aliases written to {side} (lmlm kb build KB --triples {out} --aliases {side})",
                       highlight=False)
 

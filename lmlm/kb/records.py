@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numbers
 from typing import Iterable, Iterator, NamedTuple
 
+from ..errors import LmlmError
 from ..lookup import TOKEN_VOCABULARIES
 from .keys import KEY_SEP, clean_field, is_plain, normalize_text, normalize_value
 
@@ -221,7 +222,7 @@ class DiffEntry:
 
 # -- errors, and what the stores return ---------------------------------------------------------
 
-class KBError(Exception):
+class KBError(LmlmError):
     """A knowledge base cannot do what was asked (wrong schema, missing fact, ...)."""
 
 

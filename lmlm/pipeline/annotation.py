@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from ..annotate.passages import split_passages
 from ..corpus import Document, iter_documents, read_documents, write_documents
+from ..jsonio import write_json
 from ..lookup import Lookup
 from .recipe import LLMSpec, RecipeError
 
@@ -158,10 +159,7 @@ def stage_done(folder: Path) -> dict | None:
 
 
 def finish_stage(folder: Path, info: dict) -> dict:
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / "done.json.tmp"
-    tmp.write_text(json.dumps(info, indent=2, default=str) + "\n")
-    tmp.replace(folder / "done.json")
+    write_json(folder / "done.json", info)
     return info
 
 

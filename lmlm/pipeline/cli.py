@@ -43,14 +43,14 @@ def pipeline_command(
     -> validate -> correct -> distill -> run; or the corpus's own calls), KB, LMLM and Standard training,
     cloze precision on real facts per split, edits of real facts in the KB, report.
     """
-    from ..annotate.backends import BackendError
     from ..cli_errors import fail, out_folder, user_errors
-    from ..kb import KBError
-    from .recipe import RecipeError, load_recipe
+    from ..errors import require
+    from .recipe import load_recipe
     from .run import run_pipeline
 
     out_folder(out)
-    with user_errors(RecipeError, KBError, BackendError):
+    with user_errors():
+        require("pipeline", ("matplotlib",), "lmlm pipeline")
         spec = load_recipe(recipe, set_ or (), corpus=str(corpus) if corpus else None,
                            device=device.value if device else None)
         if not spec.corpus.path:

@@ -131,20 +131,16 @@ def choose_edits(facts: list[ClozeFact], n: int, seed: int = 0) -> list[dict[str
 # -- evaluation -------------------------------------------------------------------------------------
 
 def _device(name: str) -> str:
-    import torch
+    from ..device import default_device
 
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
+    return default_device(None if name == "auto" else name)
 
 
 def _open_base(base: str, device: str):
     """The untouched pretrained model with rows for the four lookup tokens (never written: its own outputs)."""
-    from ..train.start import add_lookup_embeddings, lookup_tokenizer, open_pretrained
+    from ..pretrained import start_pretrained
 
-    m, hf_tok, _ = open_pretrained(base)
-    tok = lookup_tokenizer(hf_tok)
-    add_lookup_embeddings(m, tok)
+    m, tok, _ = start_pretrained(base)
     return m.to(device).eval(), tok
 
 

@@ -16,6 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..errors import LmlmError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -26,7 +28,7 @@ __all__ = ["Recipe", "RecipeError", "load_recipe", "recipe_names", "METHODS"]
 METHODS = ("infobox", "llm", "given")
 
 
-class RecipeError(ValueError):
+class RecipeError(LmlmError, ValueError):
     """A recipe that cannot run; the message names the field and the value."""
 
 

@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from ..jsonio import write_json
 from ..report import fmt_value, plt_module, plot_training_curves, render_generation
 from .annotation import METHOD_NAMES
 from .recipe import Recipe
@@ -110,9 +111,7 @@ def write_pipeline_report(recipe: Recipe, out: Path, corpus: dict, annotation: d
         "runs": _runs(out),
     }
     report["figures"] = _figures(out, report)
-    tmp = out / "report.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    tmp.replace(out / "report.json")
+    write_json(out / "report.json", report)
     (out / "report.md").write_text(_markdown(report, out), encoding="utf-8")
     return report
 

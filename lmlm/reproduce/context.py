@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from rich.console import Console
 
-from ..report import write_json
+from ..jsonio import read_json, write_json
 from .config import ReproduceConfig
 
 __all__ = ["Run", "console", "write_json", "read_json"]
 
 console = Console(stderr=True)
-
-
-def read_json(path: Path):
-    return json.loads(path.read_text())
 
 
 @dataclass

@@ -86,7 +86,9 @@ def protocols(run: Run, gen, trex_gen, inp: dict, force: bool) -> dict:
 
 def above_chance(correct: int, n: int, n_choices: int) -> dict:
     """One-sided binomial test of ``correct`` of ``n`` against guessing among ``n_choices`` (scipy)."""
-    from scipy.stats import binomtest
+    from ..errors import need
+
+    binomtest = need("scipy.stats", "tofu", "the binomial test against chance").binomtest
 
     p = binomtest(correct, n, 1 / n_choices, alternative="greater").pvalue if n else float("nan")
     return {"correct": correct, "n": n, "chance": 1 / n_choices, "p_value": float(p)}

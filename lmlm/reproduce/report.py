@@ -18,12 +18,9 @@ __all__ = ["write_reproduction_report"]
 
 
 def _plt():
-    import matplotlib
+    from ..report import plt_module
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return plt_module()
 
 
 def _num(x) -> float:

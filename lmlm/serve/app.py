@@ -57,8 +57,8 @@ class ServeState:
                  matching: str | None = None, constrained: bool = False, max_lookups: int = 16):
         import torch
 
-        from ..annotate.lm import default_device
         from ..checkpoint import load_checkpoint
+        from ..device import default_device
         from ..generate import LookupGenerator
 
         self.limits = limits or ServeLimits()

@@ -83,7 +83,6 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
     import socket
 
     from ..cli_errors import user_errors
-    from ..kb import KBError
 
     try:  # a port taken, or a host that is no address here, before the model is loaded
         with socket.create_server((host, port)):
@@ -91,7 +90,7 @@ def serve_command(model: Optional[Path] = typer.Option(None, help="checkpoint fo
     except OSError as e:
         _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
     threads = threads or max(1, (os.cpu_count() or 2) - 1)  # a core for the HTTP side
-    with user_errors(KBError, ValueError):  # a model or KB that does not open: one line, nothing said to be served
+    with user_errors(ValueError):  # a model or KB that does not open: one line, nothing said to be served
         app = create_app(model, kb, token=None if read_only else token, limits=limits, device=device,
                          threshold=threshold, threads=threads, copy_bias=copy_bias, name_bias=name_bias,
                          matching=matching, constrained=constrained, max_lookups=max_lookups)

@@ -20,6 +20,7 @@ from typing import Callable
 
 from transformers.generation.streamers import BaseStreamer
 
+from ..errors import LmlmError
 from ..generate.base import batch_order
 from ..generate.stream import TokenEvents
 from ..generate.trace import open_call
@@ -50,7 +51,7 @@ class GenParams:
         return astuple(self) + ((next(_seeded),) if self.seed is not None else ())
 
 
-class PromptTooLong(ValueError):
+class PromptTooLong(LmlmError, ValueError):
     """A prompt has more tokens than the limit, or leaves no room for ``max_new_tokens``."""
 
 

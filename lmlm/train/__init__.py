@@ -7,8 +7,8 @@ the database, never to memorise its answers.
 
 * :mod:`lmlm.train.config`: :class:`TrainConfig`, the recipe, checked field by field;
 * :mod:`lmlm.train.data`: documents to blocks (:func:`pack`), :class:`Batches`;
-* :mod:`lmlm.train.inputs` and :mod:`lmlm.train.start`: the data, tokenizer and starting model
-  (a preset, a checkpoint, or a pretrained LM grown by the lookup tokens);
+* :mod:`lmlm.train.inputs`: the data, tokenizer and starting model (a preset, a checkpoint, or a
+  pretrained LM grown by the lookup tokens, :mod:`lmlm.pretrained`);
 * :mod:`lmlm.train.loop`: :func:`train`, the loop on Accelerate;
 * :mod:`lmlm.train.speed`: FLOPs per token and MFU;
 * :mod:`lmlm.train.cli`: ``lmlm train`` / ``python -m lmlm.train``.

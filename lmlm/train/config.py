@@ -10,10 +10,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..errors import LmlmError
+
 __all__ = ["TrainConfig", "TrainConfigError", "CONFIG_FIELDS_HELP", "TRAIN_PRESETS"]
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(LmlmError, ValueError):
     """A training recipe that cannot run; the message names the field and the value."""
 
 
@@ -38,7 +40,7 @@ class TrainConfig:
         kb: the knowledge base the corpus was annotated against, recorded in the checkpoint.
         init_from: weights to start from: an lmlm checkpoint folder, a Hugging Face model folder, a
             hub name (a local copy first) or a ``.gguf`` file. A pretrained model gets the four
-            lookup tokens added to its tokenizer and embeddings (see :mod:`lmlm.train.start`).
+            lookup tokens added to its tokenizer and embeddings (see :mod:`lmlm.pretrained`).
         seq_len: tokens per packed block (at most the model's context length); ``None``: 256 or the
             model's context length if shorter.
         batch_size: global batch in sequences per optimizer step (all processes together).

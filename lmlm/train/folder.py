@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..report import write_json
+from ..jsonio import write_json
 from .config import TrainConfig, TrainConfigError
 
 __all__ = ["LOG_FILE", "CONFIG_FILE", "SUMMARY_FILE", "STATE_DIR", "CHECKPOINT_DIR", "TOKENIZER_DIR",

@@ -3,7 +3,7 @@
 The tokenizer comes, in this order, from the caller, the shards (their manifest names it), the
 ``init_from`` model, ``config.tokenizer``, or a byte-level BPE trained on the stripped documents
 (saved in ``out_dir/tokenizer`` so a resumed run reuses it). The model is a fresh preset, an lmlm
-checkpoint, or a pretrained causal LM grown by the four lookup tokens (:mod:`lmlm.train.start`).
+checkpoint, or a pretrained causal LM grown by the four lookup tokens (:mod:`lmlm.pretrained`).
 """
 
 from __future__ import annotations
@@ -257,22 +257,20 @@ def _model_and_tokenizer(config: TrainConfig, tokenizer: LookupTokenizer | None,
                     "preset": meta.get("model_preset"), "hf": _hf_summary(model)}
             _set_attention(model, config.attention)
             return model, tokenizer, info
-        from .start import add_lookup_embeddings, lookup_tokenizer, open_pretrained, pretrained_tokenizer
+        from ..pretrained import lookup_tokenizer, pretrained_tokenizer, start_pretrained
 
         if tokenizer is None and config.tokenizer:
             tokenizer = tokenizer_from_spec(config.tokenizer)
         elif tokenizer is None and (own := pretrained_tokenizer(config.init_from)) is not None:
             tokenizer = lookup_tokenizer(own)  # the model's own, with the lookup tokens
-        if tokenizer is not None:
+        given = tokenizer is not None
+        if given:
             check(tokenizer)
-        model, hf_tok, opened = open_pretrained(config.init_from, attention=config.attention,
-                                                with_tokenizer=tokenizer is None)
-        if tokenizer is None:  # a GGUF file's, read with the model
-            tokenizer = lookup_tokenizer(hf_tok)
+        model, tokenizer, opened = start_pretrained(config.init_from, tokenizer, attention=config.attention)
+        if not given:  # a GGUF file's, read with the model
             check(tokenizer)
-        added = add_lookup_embeddings(model, tokenizer)
         model.train()
-        return model, tokenizer, {"init_from": {**opened, "rows_added": added}, "hf": _hf_summary(model)}
+        return model, tokenizer, {"init_from": opened, "hf": _hf_summary(model)}
     name = config.model or DEFAULT_PRESET
     try:
         model_config = ModelConfig.from_name(name, **config.model_overrides)
@@ -293,14 +291,14 @@ def _set_attention(model, attention: str) -> None:
 
 
 def tokenizer_from_spec(spec: str) -> LookupTokenizer:
-    from .start import StartError, is_local_spec, offline_smollm2
+    from ..pretrained import StartError, is_local_spec, offline_smollm2
     from ..tokens import load_tokenizer
 
     if spec.endswith(".gguf") or spec.lower() in ("smollm2", "smollm2-135m", "smollm2-135m-instruct",
                                                    "huggingfacetb/smollm2-135m-instruct"):
         from transformers import AutoTokenizer
 
-        from .start import lookup_tokenizer
+        from ..pretrained import lookup_tokenizer
 
         path = Path(spec) if spec.endswith(".gguf") else offline_smollm2()
         if path is None or not path.exists():

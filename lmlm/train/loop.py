@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..report import write_json
+from ..jsonio import write_json
 from ..scoring import target_logprobs
 from ..tokens import IGNORE_INDEX, ROLE_NAMES, LookupTokenizer
 from .config import TrainConfig, TrainConfigError
@@ -418,7 +418,7 @@ def resolve_precision(precision: str, cpu: bool) -> str:
         return precision
     if not cpu:
         return "bf16" if torch.cuda.is_bf16_supported() else "no"
-    from ..kb.encoder import native_bf16
+    from ..device import native_bf16
 
     return "bf16" if native_bf16() else "no"
 

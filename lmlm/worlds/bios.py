@@ -38,9 +38,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Iterable
 
 from .. import corpus
+from ..jsonio import write_jsonl
 from ..lookup import plain_text
 from .bios_draw import (BIOS_PRESETS, BiosConfig, ClozePrompt, Document, Edit, Person, WorldFact, make_documents,
                         make_people, make_pools, random_date, rng_for)
@@ -54,12 +54,6 @@ __all__ = [
 
 # ---------------------------------------------------------------------------------------------
 # the world
-
-def _write_jsonl(path: Path, rows: Iterable[dict]) -> None:
-    with path.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-
 
 def _read_jsonl(path: Path) -> list[dict]:
     with path.open(encoding="utf-8") as f:
@@ -252,15 +246,15 @@ class BiosWorld:
         folder.mkdir(parents=True, exist_ok=True)
         corpus.write_documents(folder / "documents.jsonl",
                                (d.to_document() for d in self.train_documents + self.heldout_documents))
-        _write_jsonl(folder / "people.jsonl", (dataclasses.asdict(p) for p in self.people))
-        _write_jsonl(folder / "triples.jsonl", [
+        write_jsonl(folder / "people.jsonl", (dataclasses.asdict(p) for p in self.people))
+        write_jsonl(folder / "triples.jsonl", [
             {**dict(zip(WorldFact._fields, t)), "split": split}
             for split, rows in (("train", self.triples()), ("added", self.added_triples())) for t in rows])
         (folder / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
         (folder / "pools.json").write_text(json.dumps(self.pools, ensure_ascii=False, indent=1) + "\n",
                                            encoding="utf-8")
         (folder / "stats.json").write_text(json.dumps(self.stats(), indent=2) + "\n")
-        _write_jsonl(folder / "aliases.jsonl", [{"alias": a, "entity": e, "split": split}
+        write_jsonl(folder / "aliases.jsonl", [{"alias": a, "entity": e, "split": split}
                                                 for split in ("train", "added") for a, e in self.aliases(split)])
         return folder
 

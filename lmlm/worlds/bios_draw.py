@@ -204,9 +204,9 @@ def rng_for(config: BiosConfig, stream: str) -> random.Random:
 
 
 def _faker(config: BiosConfig, stream: str, locale: str = "en_US"):
-    from faker import Faker
+    from ..errors import need
 
-    fake = Faker(locale)
+    fake = need("faker", "worlds", "synthetic worlds").Faker(locale)
     fake.seed_instance(f"bios:{config.seed}:{stream}:{locale}")
     return fake
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..corpus import Document, write_documents
+from ..jsonio import write_json, write_jsonl
 from ..lookup import Lookup, Segment, Text, parse, render, strip
 
 __all__ = ["TOFU_RELATIONS", "FORGET_PERCENTS", "TofuConfig", "Author", "QA", "TofuWorld", "qa_document"]
@@ -206,9 +207,9 @@ def _draw_unique(draw, n: int, what: str) -> list[str]:
 
 
 def _pools(config: TofuConfig, rng: random.Random) -> dict[str, list[str]]:
-    from faker import Faker
+    from ..errors import need
 
-    fake = Faker("en_US")
+    fake = need("faker", "worlds", "synthetic worlds").Faker("en_US")
     fake.seed_instance(f"tofu:{config.seed}:pools")
     return {
         "Birth Place": _draw_unique(fake.city, config.n_cities, "cities"),
@@ -326,12 +327,12 @@ class TofuWorld:
             files[f"forget{pct:02d}.json"] = files[f"forget{pct:02d}_perturbed.json"] = self.split_qa(f"forget{pct:02d}")
             files[f"retain{100 - pct}.json"] = self.split_qa(f"retain{100 - pct}")
         for name, rows in files.items():
-            _write_json(folder / name, [q.to_json() for q in rows])
+            write_json(folder / name, [q.to_json() for q in rows], indent=1, ensure_ascii=False)
         write_documents(folder / "documents.jsonl", (Document.from_segments(f"tofu-{i:06d}", d, source=WORLD_SOURCE)
                                                      for i, d in enumerate(self.documents("full"))))
-        _write_jsonl(folder / "triples.jsonl", ({"entity": e, "relation": r, "value": v} for e, r, v in self.triples()))
-        _write_jsonl(folder / "authors.jsonl", (dataclasses.asdict(a) for a in self.authors))
-        _write_jsonl(folder / "aliases.jsonl", ({"alias": a, "entity": e} for a, e in self.aliases()))
+        write_jsonl(folder / "triples.jsonl", ({"entity": e, "relation": r, "value": v} for e, r, v in self.triples()))
+        write_jsonl(folder / "authors.jsonl", (dataclasses.asdict(a) for a in self.authors))
+        write_jsonl(folder / "aliases.jsonl", ({"alias": a, "entity": e} for a, e in self.aliases()))
         (folder / "world.json").write_text(json.dumps({
             "config": dataclasses.asdict(self.config), "world_statements": self.world_statements,
             "stats": self.stats()}, indent=2) + "\n")
@@ -380,11 +381,3 @@ def _real_qa(people: list[tuple[str, dict[str, str]]], rng: random.Random, n_per
     return out
 
 
-def _write_json(path: Path, rows: list[dict]) -> None:
-    path.write_text(json.dumps(rows, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-
-
-def _write_jsonl(path: Path, rows: Iterable[dict]) -> None:
-    with path.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -4,7 +4,7 @@ import bisect
 import json
 import statistics
 
-from lmlm.annotate.corrector import CallScore, CorrectorConfig, _call_spans, _drop_highest, _windows, correct
+from lmlm.annotate.corrector import CallScore, CorrectorConfig, _call_spans, _drop_highest, _ranks, _windows, correct
 from lmlm.annotate.corrupt import corrupt_documents, filter_scores
 from lmlm.annotate.lm import FitConfig
 from lmlm.annotate.validate import validate
@@ -76,3 +76,18 @@ def test_the_drop_share_is_exact_even_when_scores_tie():
     assert [s.dropped for s in scores] == [True, True, False, False, False]  # the most surprising two
     assert cut == 0.9
     assert not any(s.dropped for s in scores if _drop_highest(scores, 0.0) == float("inf"))
+
+
+def test_ranks_are_scipys_ordinal_ranks():
+    import math
+    import random
+
+    from scipy.stats import rankdata
+
+    rng = random.Random(0)
+    for n in (0, 1, 2, 7, 50):
+        values = [rng.choice((0.5, 1.0, 2.0, rng.random())) for _ in range(n)]  # ties among them
+        want = ((rankdata(values, method="ordinal") - 1) / max(n, 1)).tolist()
+        assert _ranks(values) == want
+    assert all(math.isnan(r) for r in _ranks([1.0, float("nan"), 0.5]))
+    assert all(math.isnan(r) for r in ((rankdata([1.0, float("nan"), 0.5], method="ordinal") - 1) / 3).tolist())

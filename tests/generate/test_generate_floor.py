@@ -1,11 +1,11 @@
-"""The memory floor under a decode step (``lmlm.bench.floor``), on the paper's architectures at tiny sizes."""
+"""The memory floor under a decode step (in ``lmlm.bench.generate_paper``), on the paper's architectures at tiny sizes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lmlm.bench.floor import decode_floor, kv_bytes_per_token, stream_rate, weight_bytes_per_step
+from lmlm.bench.generate_paper import decode_floor, kv_bytes_per_token, stream_rate, weight_bytes_per_step
 from lmlm.models import ModelConfig, build_model
 
 VOCAB = 300

