@@ -205,9 +205,9 @@ class LookupLogitsProcessor(LogitsProcessor):
             mask = ban[torch.tensor(states, device=scores.device)]  # (B, vocab)
         scores = scores + bias if self.logit_bias is not None else scores.clone()  # ours to edit from here
         scores.masked_fill_(mask, NEG_INF)  # every row's bans at once; the rest is each row's own
-        T = input_ids.shape[1]
+        T, boosting = input_ids.shape[1], self.copy_bias or self.name_bias
         for b, (row, step) in enumerate(zip(self._rows.rows, steps)):
-            if step.forced is not None or step.allowed is not None or row.boosts():
+            if step.forced is not None or step.allowed is not None or (boosting and row.boosts()):
                 row.edit(scores[b], step, T, lambda p, b=b: input_ids[b, p:].tolist())
         return scores
 
@@ -231,24 +231,30 @@ class LookupLogitsProcessor(LogitsProcessor):
         if self.constraint is not None:
             self.constraint.refresh()
         window = 2 * self.max_field_tokens
-        asking = []  # rows just past <|db_retrieve|>, their value not read yet
+        steps: list[Step | None] = []
+        asking = []  # rows just past <|db_retrieve|>, their value not read yet: planned once answered
         for b, row in enumerate(track.rows):
-            if row.kind == 3 and row.value is None and not self.query_only:
+            kind = row.kind
+            if kind == 3 and row.value is None and not self.query_only:
                 asking.append(b)
-            elif row.kind == 4:
+                steps.append(None)
+                continue
+            if kind == 4:
                 if row.missed is None and row.last == T - 1 and row.calls < self.max_lookups:
                     row.missed = self._missed(input_ids, b, row.last)
                 if self.copy_bias and row.copy is None and T - 1 - row.last <= window:
                     row.copy = self._answered_value(input_ids, b, row.last)
-            elif row.kind == 1 and self.name_bias and row.names is None:
+            elif kind == 1 and self.name_bias and row.names is None:
                 row.names = self.answers.names_before(input_ids[b].tolist(), row.last)
+            elif kind == 3 and row.value is not None:
+                self._tails[b] = list(row.value[T - row.last:])  # the value's rest and <|db_end|>
+            steps.append(row.plan(T, lambda p, b=b: input_ids[b, p:].tolist()))
         if asking:
             self._answer(input_ids, asking, track)
-        steps = []
-        for b, row in enumerate(track.rows):
-            steps.append(row.plan(T, lambda p, b=b: input_ids[b, p:].tolist()))
-            if row.kind == 3 and row.value is not None:
-                self._tails[b] = list(row.value[T - row.last:])  # the value's rest and <|db_end|>
+            for b in asking:
+                row = track.rows[b]
+                self._tails[b] = list(row.value[T - row.last:])
+                steps[b] = row.plan(T, lambda p, b=b: input_ids[b, p:].tolist())
         return steps
 
     def _missed(self, input_ids: torch.LongTensor, b: int, end: int) -> bool:

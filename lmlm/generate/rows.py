@@ -122,6 +122,9 @@ class Step(NamedTuple):
     allowed: torch.Tensor | None = None
 
 
+_PLAIN = [Step(state) for state in range(NO_DB + 1)]  # the steps that force and restrict nothing
+
+
 @dataclass
 class RowState:
     """One row's call state, read off its ids, and how it edits that row's logits.
@@ -129,8 +132,8 @@ class RowState:
     Positions are indices into the row's ids (prompt included). :meth:`see` takes each marker as the
     row grows; :meth:`plan` gives the step's :class:`Step`, and :meth:`edit` applies it to the row's
     logits after the markers' bias and the state's bans (:meth:`mask`, or the same done to a whole
-    batch at once). The fields after ``origin`` are what the row's owner knows about its last call
-    (``None``: not known yet); :meth:`see` forgets them when a new marker comes.
+    batch at once). ``value``, ``missed``, ``copy`` and ``names`` are what the row's owner knows about
+    its last call (``None``: not known yet); :meth:`see` forgets them when a new marker comes.
 
     Args:
         grammar: the settings and tables the row shares with the others.
@@ -179,39 +182,34 @@ class RowState:
             if k:
                 self.see(k, offset + j)
 
-    def state(self, length: int) -> int:
-        """The row's state with ``length`` ids: which row of the ban table applies."""
-        g = self.grammar
-        if not g.use_db:
-            return NO_DB
-        state = field_state(self.kind, self.last, length, self.calls, g.max_lookups)
-        if state == OUTSIDE and self.kind == 4 and self.last == length - 1 and self.missed:
-            state = OUTSIDE_FULL  # after a lookup that found nothing the text goes on: no call at once
-        return state
-
     def plan(self, length: int, ids_from: IdsFrom) -> Step:
-        """The step of a row of ``length`` ids: a call due at a ``force_at`` offset opened, the value
+        """The step of a row of ``length`` ids: its state (after a lookup the KB found nothing for, no
+        call at once: the text goes on first), a call due at a ``force_at`` offset opened, the value
         (when known) forced after ``<|db_retrieve|>``, a query kept in the prefix tree, an over-long
         field closed. ``ids_from(p)``: the row's ids from position ``p`` on."""
-        g, kind, state = self.grammar, self.kind, self.state(length)
-        if state == NO_DB:
-            return Step(state)
-        if kind in (0, 4):
+        g, kind = self.grammar, self.kind
+        if not g.use_db:
+            return _PLAIN[NO_DB]
+        if kind == 0 or kind == 4:
+            state = field_state(kind, self.last, length, self.calls, g.max_lookups)
+            if state == OUTSIDE and kind == 4 and self.missed and self.last == length - 1:
+                state = OUTSIDE_FULL
             if self.force_at and call_due(self.force_at, length, self.origin, self.start):
                 return Step(state, g.call_ids[0])
-            return Step(state)
+            return _PLAIN[state]
         if kind == 3:
             if self.value is None:
-                return Step(state)
+                return _PLAIN[VALUE]
             k = length - 1 - self.last
-            return Step(state, self.value[k] if k < len(self.value) else g.call_ids[3])
+            return Step(VALUE, self.value[k] if k < len(self.value) else g.call_ids[3])
+        state = field_state(kind, self.last, length, self.calls, g.max_lookups)
         if g.trie is not None and self.start >= 0:
             ids = g.trie.next_tokens(ids_from(self.start + 1))
             if ids is not None:  # the tree ends every path, so no field needs cutting
                 return Step(state, None, ids)
         if length - 1 - self.last >= g.max_field_tokens:
             return Step(state, g.call_ids[kind])  # sep after the entity, retrieve after the relation
-        return Step(state)
+        return _PLAIN[state]
 
     def boosts(self) -> bool:
         """Whether :meth:`edit` may add a bias to this row (a value to copy, names to favour)."""
