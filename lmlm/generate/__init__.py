@@ -9,7 +9,9 @@ Hugging Face ``LogitsProcessor`` (:class:`LookupLogitsProcessor`): the engine's 
 * ``base``: :class:`LookupGenerator`, the public API (``generate``, ``stream``, ``complete_call``);
 * ``loop``: the KV-cached decoding loop; ``graphs``: its static cache and CUDA graphs; ``packed``: linear
   layers laid out for oneDNN on a CPU;
-* ``processor``: the grammar, forced values, prefix-tree constraint and forced calls, per step;
+* ``rows``: the grammar of one row (:class:`~lmlm.generate.rows.RowState`: its call state read off
+  its ids, and how it edits its logits), shared by the Hugging Face processor and the vLLM backend;
+* ``processor``: the grammar over a batch, per step, with the values forced from the KB;
 * ``answers``: queries to values (KB lookups, miss policies, the answer cache);
 * ``trace``: reading calls back out of the ids, one :class:`LookupTrace` per call;
 * ``stream``: text pieces and lookup events while generating;

@@ -1,17 +1,19 @@
 """The lookup grammar as one Hugging Face ``LogitsProcessor``, so ``model.generate`` does the rest.
 
-Each step every row's state is read off its ids alone (the last call marker and the tokens after
-it), so rows may be reordered between steps as beam search does. The processor biases the four
-markers, bans the markers that cannot come next, closes over-long fields, optionally keeps the
-query inside the KB's prefix tree, opens calls at given positions, and forces the value and
-``<|db_end|>`` after ``<|db_retrieve|>``, one token per step.
+Each batch row is one :class:`lmlm.generate.rows.RowState` (the grammar of one row, which vLLM's
+backend runs too), read off its ids alone (the last call marker and the tokens after it), so rows
+may be reordered between steps as beam search does. The processor biases the four markers and bans
+the markers that cannot come next for the whole batch at once, answers the rows' lookups in one KB
+batch, and lets each row's state make the rest of its edits: over-long fields closed, the query
+kept inside the KB's prefix tree, calls opened at given positions, the value and ``<|db_end|>``
+forced after ``<|db_retrieve|>`` one token per step, the copy and name biases.
 
 Exercised by ``lmlm generate``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import torch
@@ -19,63 +21,9 @@ from transformers import LogitsProcessor
 
 from ..tokens import LookupTokenizer
 from .answers import Answer, Answerer, Key, call_context, call_start, query_key
+from .rows import NEG_INF, NO_DB, PAPER_LOGIT_BIAS, Grammar, RowState, Step, call_due, field_state, grammar_tables
 
 __all__ = ["LookupLogitsProcessor", "PAPER_LOGIT_BIAS", "Plan", "grammar_tables", "field_state", "call_due"]
-
-PAPER_LOGIT_BIAS = (5.0, 2.0, 2.0, 2.0)  # added to <|db_start|>, <|sep|>, <|db_retrieve|>, <|db_end|>
-
-# Per-row decoding states. Each selects one row of the ban table; VALUE rows are forced instead.
-OUTSIDE, OUTSIDE_FULL, ENTITY0, ENTITY, RELATION0, RELATION, VALUE, NO_DB = range(8)
-NEG_INF = float("-inf")
-
-
-def grammar_tables(call_ids: Sequence[int], stop_ids: Sequence[int], logit_bias, vocab_size: int
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The grammar as tables: each id's marker kind (0 not a marker, 1 start, 2 sep, 3 retrieve, 4 end),
-    the ids each state bans ``(n_states, vocab_size)`` and the markers' bias ``(vocab_size,)``.
-
-    Outside a call the closing markers are banned (and ``<|db_start|>`` too once the calls are spent);
-    inside a field the other markers and the stop tokens are, and an empty field cannot be closed.
-    """
-    start, sep, ret, end = call_ids
-    size = max(vocab_size, max(call_ids) + 1, max(stop_ids) + 1)
-    kind = torch.zeros(size, dtype=torch.long)
-    kind[list(call_ids)] = torch.arange(1, 5)
-    inside = [start, end, *stop_ids]
-    bans = {OUTSIDE: [sep, ret, end], OUTSIDE_FULL: [start, sep, ret, end], ENTITY0: inside + [ret, sep],
-            ENTITY: inside + [ret], RELATION0: inside + [sep, ret], RELATION: inside + [sep], VALUE: [],
-            NO_DB: list(call_ids)}
-    ban = torch.zeros(len(bans), vocab_size, dtype=torch.bool)
-    for state, ids in bans.items():
-        ban[state, [i for i in ids if i < vocab_size]] = True
-    bias = torch.zeros(vocab_size)
-    for i, b in zip(call_ids, logit_bias or ()):
-        if i < vocab_size:
-            bias[i] += b
-    return kind, ban, bias
-
-
-def call_due(offsets, length: int, origin: int, last_start: int) -> bool:
-    """Whether a row of ``length`` ids owes a call: one of ``offsets`` (counted from ``origin``, the
-    continuation's first position) has passed with no ``<|db_start|>`` at or after it (``last_start``)."""
-    due = [p for p in offsets if p <= length - origin]
-    return bool(due) and last_start < origin + due[-1]
-
-
-def field_state(kind: int, pos: int, length: int, calls: int, max_lookups: int) -> int:
-    """The state of a row of ``length`` ids whose last marker, of ``kind``, stands at ``pos``."""
-    if kind in (0, 4):
-        return OUTSIDE_FULL if calls >= max_lookups else OUTSIDE
-    if kind == 3:
-        return VALUE
-    return (ENTITY if kind == 1 else RELATION) - (pos == length - 1)
-
-
-def only_token(logits: torch.Tensor, token: int) -> torch.Tensor:
-    """``logits`` (one row) edited so that ``token`` is the only choice."""
-    logits.fill_(NEG_INF)
-    logits[token] = 0.0
-    return logits
 
 
 class Plan(NamedTuple):
@@ -88,16 +36,11 @@ class Plan(NamedTuple):
 
 @dataclass
 class _Rows:
-    """Per-row bookkeeping of the last step: positions are columns of ``ids`` (-1: none)."""
+    """The batch as of the last step: the ids, each row's :class:`RowState`, and the queries read."""
 
     ids: torch.Tensor  # (B, T) the ids it describes
-    last: list[int]  # the last marker's position
-    kind: list[int]  # its kind: 0 none, 1 start, 2 sep, 3 retrieve, 4 end
-    start: list[int]  # the last <|db_start|>'s position
-    calls: list[int]  # <|db_start|> at or after count_from
+    rows: list[RowState]
     keys: dict[tuple[int, int], tuple[Key, tuple[int, ...]]]  # (row, <|db_retrieve|> pos) -> query, context
-    copies: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (row, <|db_end|> pos) -> value ids
-    names: dict[tuple[int, int], list[list[int]]] = field(default_factory=dict)  # (row, start pos) -> name ids
 
 
 class LookupLogitsProcessor(LogitsProcessor):
@@ -179,6 +122,8 @@ class LookupLogitsProcessor(LogitsProcessor):
         self.force_at = None if force_at is None else [sorted(set(ps)) for ps in force_at]
         self.copy_bias, self.name_bias = float(copy_bias), float(name_bias)
         self.stop_ids = sorted({tokenizer.eos_id, tokenizer.doc_id})
+        self.grammar = Grammar(tokenizer.call_ids, tuple(self.stop_ids), self.logit_bias, max_lookups, max_field_tokens,
+                               use_db, constraint, self.copy_bias, self.name_bias)
         self._tables: tuple[torch.Tensor, ...] | None = None  # marker kind per id, ban per state, bias
         self._codes = torch.zeros(0, dtype=torch.long)
         self._rows: _Rows | None = None
@@ -225,8 +170,7 @@ class LookupLogitsProcessor(LogitsProcessor):
 
     # -- tables, built once per vocabulary size and device ---------------------------------------
     def _build(self, vocab_size: int, device: torch.device) -> None:
-        tables = grammar_tables(self.tok.call_ids, self.stop_ids, self.logit_bias, vocab_size)
-        self._tables = tuple(x.to(device) for x in tables)
+        self._tables = self.grammar.tables(vocab_size, device)
         self._codes = torch.zeros(0, dtype=torch.long, device=device)
 
     def _position_codes(self, length: int) -> torch.Tensor:
@@ -253,66 +197,65 @@ class LookupLogitsProcessor(LogitsProcessor):
         _, ban, bias = self._tables
         if not self.use_db:
             return (scores + bias).masked_fill_(ban[NO_DB], NEG_INF)
-        states, forced, allowed = self.plan(input_ids)
+        steps = self._steps(input_ids)
+        states = [s.state for s in steps]
         if len(set(states)) == 1:
             mask = ban[states[0]]  # (vocab,), the same for every row
         else:
             mask = ban[torch.tensor(states, device=scores.device)]  # (B, vocab)
         scores = scores + bias if self.logit_bias is not None else scores.clone()  # ours to edit from here
-        scores.masked_fill_(mask, NEG_INF)
-        for b, ids in allowed.items():  # rows inside the prefix tree keep only its next tokens
-            ids = ids.to(scores.device)
-            keep = scores[b, ids]
-            scores[b] = NEG_INF
-            scores[b, ids] = keep
-        if self.copy_bias:
-            for b, t in self._copy_targets(input_ids).items():
-                scores[b, t] += self.copy_bias
-        if self.name_bias:
-            for b, ts in self._name_targets(input_ids).items():
-                scores[b, ts] += self.name_bias
-        for b, t in forced.items():
-            scores[b] = NEG_INF
-            scores[b, t] = 0.0
+        scores.masked_fill_(mask, NEG_INF)  # every row's bans at once; the rest is each row's own
+        T, boosting = input_ids.shape[1], self.copy_bias or self.name_bias
+        for b, (row, step) in enumerate(zip(self._rows.rows, steps)):
+            if step.forced is not None or step.allowed is not None or (boosting and row.boosts()):
+                row.edit(scores[b], step, T, lambda p, b=b: input_ids[b, p:].tolist())
         return scores
 
-    def _copy_targets(self, input_ids: torch.LongTensor) -> dict[int, int]:
-        """Rows that are stating an answered value after its ``<|db_end|>``: the value's next token.
+    def plan(self, input_ids: torch.LongTensor) -> Plan:
+        """Each row's state, the token forced on rows that have one, and prefix-tree allowances.
 
-        The text after a call states the value as the call's value field spells it (the field's ids
-        are the text's, a leading space included), so while a row's tokens after ``<|db_end|>`` are a
-        prefix of the value's, its next token is where the copy goes on. A miss (the fallback text) is
-        never copied; a row that wrote something else has left the value, and is left alone.
+        Depends on ``input_ids`` alone (and the answer cache and the KB), so rows may be reordered
+        between steps. Rows in a value ask the KB here, all in one batch.
         """
-        rows, out = self._rows, {}
-        T = input_ids.shape[1]
-        for b, (pos, kind) in enumerate(zip(rows.last, rows.kind)):
-            if kind != 4 or T - 1 - pos > 2 * self.max_field_tokens:
-                continue
-            value = rows.copies.get((b, pos))
-            if value is None:
-                value = rows.copies[(b, pos)] = self._answered_value(input_ids, b, pos)
-            done = T - 1 - pos
-            if done < len(value) and (done == 0 or input_ids[b, pos + 1:].tolist() == value[:done]):
-                out[b] = value[done]
-        return out
+        steps = self._steps(input_ids)
+        return Plan([s.state for s in steps], {b: s.forced for b, s in enumerate(steps) if s.forced is not None},
+                    {b: s.allowed for b, s in enumerate(steps) if s.allowed is not None})
 
-    def _name_targets(self, input_ids: torch.LongTensor) -> dict[int, list[int]]:
-        """Rows writing a call's entity: the next token of each name (of a KB entity named in the
-        text before the call) that the entity so far begins, or ``<|sep|>`` for a name written whole."""
-        rows, out = self._rows, {}
-        for b, (pos, kind) in enumerate(zip(rows.last, rows.kind)):
-            if kind != 1:
+    def _steps(self, input_ids: torch.LongTensor) -> list[Step]:
+        """Each row's :class:`Step`, after telling its state what the KB said about its last call."""
+        if self._tables is None:
+            self._build(len(self.tok), input_ids.device)
+        T = input_ids.shape[1]
+        track = self._track(input_ids)
+        self._tails = {}
+        if self.constraint is not None:
+            self.constraint.refresh()
+        window = 2 * self.max_field_tokens
+        steps: list[Step | None] = []
+        asking = []  # rows just past <|db_retrieve|>, their value not read yet: planned once answered
+        for b, row in enumerate(track.rows):
+            kind = row.kind
+            if kind == 3 and row.value is None and not self.query_only:
+                asking.append(b)
+                steps.append(None)
                 continue
-            names = rows.names.get((b, pos))
-            if names is None:
-                names = rows.names[(b, pos)] = self.answers.names_before(input_ids[b].tolist(), pos)
-            done = input_ids[b, pos + 1:].tolist()
-            n = len(done)
-            ts = {ids[n] if n < len(ids) else self.tok.sep_id for ids in names if ids[:n] == done}
-            if ts:
-                out[b] = sorted(ts)
-        return out
+            if kind == 4:
+                if row.missed is None and row.last == T - 1 and row.calls < self.max_lookups:
+                    row.missed = self._missed(input_ids, b, row.last)
+                if self.copy_bias and row.copy is None and T - 1 - row.last <= window:
+                    row.copy = self._answered_value(input_ids, b, row.last)
+            elif kind == 1 and self.name_bias and row.names is None:
+                row.names = self.answers.names_before(input_ids[b].tolist(), row.last)
+            elif kind == 3 and row.value is not None:
+                self._tails[b] = list(row.value[T - row.last:])  # the value's rest and <|db_end|>
+            steps.append(row.plan(T, lambda p, b=b: input_ids[b, p:].tolist()))
+        if asking:
+            self._answer(input_ids, asking, track)
+            for b in asking:
+                row = track.rows[b]
+                self._tails[b] = list(row.value[T - row.last:])
+                steps[b] = row.plan(T, lambda p, b=b: input_ids[b, p:].tolist())
+        return steps
 
     def _missed(self, input_ids: torch.LongTensor, b: int, end: int) -> bool:
         """Whether row ``b``'s call closed at ``end`` was one the KB found nothing for (a call the
@@ -325,7 +268,12 @@ class LookupLogitsProcessor(LogitsProcessor):
         return ans is not None and ans.match is None
 
     def _answered_value(self, input_ids: torch.LongTensor, b: int, end: int) -> list[int]:
-        """The value ids of row ``b``'s call closed at ``end`` when the KB answered it, else ``[]``."""
+        """The value ids of row ``b``'s call closed at ``end`` when the KB answered it, else ``[]``.
+
+        The text after a call states the value as the call's value field spells it (the field's ids
+        are the text's, a leading space included), so the copy bias follows these ids. A miss (the
+        fallback text) is never copied.
+        """
         window = input_ids[b, max(end - 2 * self.max_field_tokens - 2, 0):end].tolist()
         if self.tok.retrieve_id not in window:
             return []
@@ -343,47 +291,8 @@ class LookupLogitsProcessor(LogitsProcessor):
                              call_context(row, call_start(row, p, self.tok), self.tok))
         return known[(b, p)]
 
-    def plan(self, input_ids: torch.LongTensor) -> Plan:
-        """Each row's state, the token forced on rows that have one, and prefix-tree allowances.
-
-        Depends on ``input_ids`` alone (and the answer cache and the KB), so rows may be reordered
-        between steps. Rows in a value ask the KB here, all in one batch.
-        """
-        if self._tables is None:
-            self._build(len(self.tok), input_ids.device)
-        B, T = input_ids.shape
-        rows = self._track(input_ids)
-        self._tails = {}
-        if self.constraint is not None:
-            self.constraint.refresh()
-        states: list[int] = []
-        forced: dict[int, int] = {}
-        allowed: dict[int, torch.Tensor] = {}
-        values: list[tuple[int, int]] = []  # (row, position of <|db_retrieve|>)
-        for b in range(B):
-            pos, kind = rows.last[b], rows.kind[b]
-            states.append(field_state(kind, pos, T, rows.calls[b], self.max_lookups))
-            if kind == 4 and pos == T - 1 and states[-1] == OUTSIDE and self._missed(input_ids, b, pos):
-                states[-1] = OUTSIDE_FULL  # after a lookup that found nothing the text goes on first
-            if kind in (0, 4):
-                if self.force_at is not None and self._start_due(b, B, T, rows.start[b]):
-                    forced[b] = self.tok.start_id
-            elif kind == 3:
-                values.append((b, pos))
-            else:
-                ids = None
-                if self.constraint is not None and rows.start[b] >= 0:
-                    ids = self.constraint.next_tokens(input_ids[b, rows.start[b] + 1:].tolist())
-                if ids is not None:
-                    allowed[b] = ids  # the tree ends every path, so no field needs cutting
-                elif T - 1 - pos >= self.max_field_tokens:
-                    forced[b] = self.tok.sep_id if kind == 1 else self.tok.retrieve_id
-        if values and not self.query_only:
-            forced.update(self._value_tokens(input_ids, values, rows.keys))
-        return Plan(states, forced, allowed)
-
     def _track(self, input_ids: torch.LongTensor) -> "_Rows":
-        """Each row's last marker, last ``<|db_start|>`` and call count.
+        """Each row's state: its last marker, last ``<|db_start|>`` and call count.
 
         Read from the new column alone while the rows only grew by one token since the last step
         (greedy decoding and sampling); scanned in full otherwise (the first step, beam reordering).
@@ -393,10 +302,7 @@ class LookupLogitsProcessor(LogitsProcessor):
         if rows is not None and rows.ids.shape == (B, T - 1) and torch.equal(input_ids[:, :-1], rows.ids):
             for b, kind in enumerate(self._tables[0][input_ids[:, -1]].tolist()):
                 if kind:
-                    rows.last[b], rows.kind[b] = T - 1, kind
-                    if kind == 1:
-                        rows.start[b] = T - 1
-                        rows.calls[b] += T - 1 >= self.count_from
+                    rows.rows[b].see(kind, T - 1)
             rows.ids = input_ids
             return rows
         k = self._tables[0][input_ids]  # (B, T) marker kind per token
@@ -404,25 +310,19 @@ class LookupLogitsProcessor(LogitsProcessor):
         last = torch.where(k > 0, k + codes, 0).amax(dim=1).tolist()  # 8 * (position + 1) + kind, 0: none
         start = (torch.where(k == 1, codes, 0).amax(dim=1) // 8 - 1).tolist()
         calls = (k[:, self.count_from:] == 1).sum(dim=1).tolist()
-        self._rows = _Rows(input_ids, [c // 8 - 1 for c in last], [c % 8 for c in last], start, calls, {})
+        at = self.force_at
+        self._rows = _Rows(input_ids, [
+            RowState(self.grammar, () if at is None else at[b * len(at) // B],  # beams of one item share it
+                     self.count_from, self.count_from, calls[b], last[b] // 8 - 1, last[b] % 8, start[b])
+            for b in range(B)], {})
         return self._rows
 
-    def _start_due(self, b: int, B: int, T: int, last_start: int) -> bool:
-        """Whether row ``b`` owes a call: a ``force_at`` offset has passed with no call begun since."""
-        offsets = self.force_at[b * len(self.force_at) // B]  # beams of one item share its offsets
-        return call_due(offsets, T, self.count_from, last_start)
-
     # -- lookups --------------------------------------------------------------------------------
-    def _value_tokens(self, input_ids: torch.LongTensor, rows: list[tuple[int, int]],
-                      known: dict[tuple[int, int], tuple[Key, tuple[int, ...]]]) -> dict[int, int]:
-        """The next forced token of each row in a value, answering new queries in one batch."""
-        T = input_ids.shape[1]
-        queries = [self._query(input_ids, b, p, known) for b, p in rows]
+    def _answer(self, input_ids: torch.LongTensor, asking: list[int], track: _Rows) -> None:
+        """Give each row in ``asking`` (just past ``<|db_retrieve|>``) the ids its answer forces,
+        answering new queries in one batch."""
+        queries = [self._query(input_ids, b, track.rows[b].last, track.keys) for b in asking]
         keys, contexts = [q[0] for q in queries], [q[1] for q in queries]
         self.answers.resolve(keys, contexts)
-        out = {}
-        for (b, p), key, ctx in zip(rows, keys, contexts):
-            cont, k = self.answers.get(key, ctx).continuation, T - 1 - p
-            out[b] = cont[k] if k < len(cont) else self.tok.end_id
-            self._tails[b] = list(cont[k + 1:])  # the continuation ends with <|db_end|>
-        return out
+        for b, key, ctx in zip(asking, keys, contexts):
+            track.rows[b].value = self.answers.get(key, ctx).continuation  # ends with <|db_end|>

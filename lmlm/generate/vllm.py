@@ -5,8 +5,9 @@ Every round submits each unfinished row as token ids and lets vLLM generate unti
 retrieve are answered in one KB batch, the value ids and ``<|db_end|>`` are appended, and the rows
 go back in. vLLM's prefix caching keeps the KV blocks of the text already seen, so a round encodes
 only what was appended. Within a round the grammar is the Hugging Face engine's
-(:mod:`lmlm.generate.vllm_grammar` applies :func:`lmlm.generate.processor.grammar_tables` to each
-row: the markers' bias, the markers that cannot come next banned, over-long fields closed); the
+(:mod:`lmlm.generate.vllm_grammar` runs each row's :class:`lmlm.generate.rows.RowState`, as the
+engine's processor does: the markers' bias, the markers that cannot come next banned, over-long
+fields closed); the
 value and ``<|db_end|>`` are appended here rather than forced token by token. Calls forced at offsets
 (``force_lookup_at``) and queries kept on the KB's keys (``constrained=True``) work as in the engine:
 the prefix tree reaches vLLM's engine process as a file of key paths, one per KB version. So do the
@@ -29,7 +30,7 @@ from typing import Sequence
 
 from ..tokens import LookupTokenizer
 from .answers import Answerer, call_context, call_start, query_key
-from .processor import PAPER_LOGIT_BIAS
+from .rows import PAPER_LOGIT_BIAS
 from .trace import GenerationResult, build_result, open_call, prompt_row
 
 __all__ = ["VLLMLookupGenerator", "llm_options", "vllm_installed"]

@@ -1,6 +1,6 @@
-"""The lookup grammar inside vLLM: :class:`lmlm.generate.rows.RowGrammar` (the tables of
-:func:`~lmlm.generate.processor.grammar_tables`) applied to each row of a vLLM batch, as a
-per-request logits processor of vLLM's V1 engine.
+"""The lookup grammar inside vLLM: :class:`lmlm.generate.rows.RowGrammar` (one
+:class:`~lmlm.generate.rows.RowState`, the grammar the Hugging Face processor runs on each of its
+rows) applied to each row of a vLLM batch, as a per-request logits processor of vLLM's V1 engine.
 
 The vLLM backend (:mod:`lmlm.generate.vllm`) runs each row until ``<|db_retrieve|>`` and answers the
 lookup itself; within a round this processor gives the row the grammar the Hugging Face engine gives
