@@ -11,8 +11,8 @@ __all__ = ["default_device", "native_bf16"]
 
 
 def default_device(device: str | None = None) -> str:
-    """``device`` as given, or ``"cuda"`` where torch sees a GPU, else ``"cpu"``."""
-    if device:
+    """``device`` as given, or (``None`` or ``"auto"``) ``"cuda"`` where torch sees a GPU, else ``"cpu"``."""
+    if device and device != "auto":
         return device
     import torch
 

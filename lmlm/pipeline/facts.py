@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..corpus import Document
+from ..device import default_device
 
 __all__ = ["ClozeFact", "cloze_facts", "write_trex", "choose_edits", "evaluate_models", "evaluate_edits",
            "plain_perplexity", "MODELS"]
@@ -130,12 +131,6 @@ def choose_edits(facts: list[ClozeFact], n: int, seed: int = 0) -> list[dict[str
 
 # -- evaluation -------------------------------------------------------------------------------------
 
-def _device(name: str) -> str:
-    from ..device import default_device
-
-    return default_device(None if name == "auto" else name)
-
-
 def _open_base(base: str, device: str):
     """The untouched pretrained model with rows for the four lookup tokens (never written: its own outputs)."""
     from ..pretrained import start_pretrained
@@ -187,7 +182,7 @@ def evaluate_models(folder: Path, cloze_files: dict[str, Path], models: dict[str
     from ..evaluate.trex import TREX, read_trex, trex_eval
 
     folder.mkdir(parents=True, exist_ok=True)
-    device = _device(device)
+    device = default_device(device)
     table: dict[str, dict[str, dict[str, float]]] = {}
     gens = None
     names = [n for n in MODELS
@@ -219,7 +214,7 @@ def plain_perplexity(texts: list[str], models: dict[str, Path], base: str | None
     from ..checkpoint import load_checkpoint
     from ..evaluate.perplexity import standard_perplexity
 
-    device = _device(device)
+    device = default_device(device)
     out = {}
     for name, path in models.items():
         m, tok, _ = load_checkpoint(path, device=device)
@@ -266,7 +261,7 @@ def evaluate_edits(folder: Path, pools: list[tuple[list[dict[str, str]], Path]],
     """
     from ..checkpoint import load_checkpoint
 
-    model = load_checkpoint(lmlm, device=_device(device))
+    model = load_checkpoint(lmlm, device=default_device(device))
     records, versions = [], []
     for i, (edits, kb_path) in enumerate(pools):
         if n is not None and sum(r["old_before"] for r in records) >= n:
