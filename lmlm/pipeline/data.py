@@ -10,7 +10,7 @@ from pathlib import Path
 from ..corpus import Document, read_documents
 from .recipe import Recipe
 
-__all__ = ["chunks", "fact_documents_of", "facts_split", "corpus_relation_facts"]
+__all__ = ["chunks", "plain_chunks", "fact_documents_of", "facts_split", "corpus_relation_facts", "infobox_split"]
 
 
 def chunks(docs: list[Document], max_chars: int) -> list[Document]:
@@ -32,6 +32,32 @@ def chunks(docs: list[Document], max_chars: int) -> list[Document]:
             out.append(Document.from_segments(f"{d.id}@{s}", insert_calls(head + d.text[s:e], inside),
                                               source=d.source, split=d.split))
     return out
+
+
+def plain_chunks(docs: list[Document], n: int, seed: int = 0, max_chars: int = 400) -> list[Document]:
+    """A seeded sample of ``n`` paragraphs of ``docs`` that hold no call (:func:`chunks` of ``max_chars``,
+    headed by their title; those under half of that left out): plain text beside the calls, so that a
+    continued model keeps its language."""
+    plain = [c for c in chunks(docs, max_chars) if not c.num_calls and len(c.text) >= max_chars // 2]
+    if len(plain) > n:
+        plain = sorted(random.Random(seed).sample(plain, n), key=plain.index)
+    return [Document(f"plain/{c.id}", c.annotated, c.text, c.source, c.split, c.meta) for c in plain]
+
+
+def infobox_split(recipe: Recipe, out: Path, folder: Path) -> Path | None:
+    """The held-out articles' infobox facts as the ``heldout_infobox`` cloze split (LAMA T-REx records, at
+    most ``cloze_per_split`` in turn from every relation, seeded), each asked as the training side's infobox
+    sentences word theirs ("The highest point of Alaska is"): facts of articles no model read, which the
+    corpus KB holds. ``None`` when the split has none."""
+    from ..data.facts import cloze_records, write_jsonl
+
+    facts = corpus_relation_facts(out, recipe.evaluate.cloze_per_split or 1 << 30, recipe.seed, split="heldout")
+    if not facts:
+        return None
+    path = folder / "cloze" / "heldout_infobox.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(path, cloze_records(facts, split="heldout_infobox"))
+    return path
 
 
 def fact_documents_of(recipe: Recipe, out: Path, folder: Path, log=print) -> list[Document]:
@@ -59,19 +85,20 @@ def fact_documents_of(recipe: Recipe, out: Path, folder: Path, log=print) -> lis
     return docs
 
 
-def corpus_relation_facts(out: Path, n: int, seed: int = 0) -> list[tuple[str, str, str]]:
-    """At most ``n`` infobox facts of the corpus's training articles (``OUT/annotate/triples.jsonl``), of
-    their relation's kind and with a word in the value, taken in turn from every relation (seeded)."""
+def corpus_relation_facts(out: Path, n: int, seed: int = 0, split: str = "train") -> list[tuple[str, str, str]]:
+    """At most ``n`` infobox facts of the corpus's articles of ``split`` (``train``: the training articles,
+    ``heldout``: those no model reads) from ``OUT/annotate/triples.jsonl``, of their relation's kind and with
+    a word in the value, taken in turn from every relation (seeded)."""
     from ..annotate.support import fits_kind
     from ..kb.formats import read
 
     path = out / "annotate" / "triples.jsonl"
     if not path.exists():
         return []
-    train = {d.id for d in read_documents(out / "corpus" / "documents.jsonl") if d.split in (None, "train")}
+    docs = {d.id for d in read_documents(out / "corpus" / "documents.jsonl") if (d.split or "train") == split}
     by_relation: dict[str, list[tuple[str, str, str]]] = {}
     for t in read(path)[0]:
-        if any(doc in train for doc, _ in t.sources) and fits_kind(t.relation, t.value) and sum(c.isalpha() for c in t.value) >= 2:
+        if any(doc in docs for doc, _ in t.sources) and fits_kind(t.relation, t.value) and sum(c.isalpha() for c in t.value) >= 2:
             by_relation.setdefault(t.relation, []).append((t.entity, t.relation, t.value))
     rng = random.Random(seed)
     for facts in by_relation.values():

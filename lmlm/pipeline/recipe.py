@@ -149,6 +149,8 @@ class TrainSpec:
         packing, lora, lora_alpha, freeze_layers: see :class:`lmlm.train.TrainConfig` (``fit`` packs short
             documents whole without padding; LoRA of rank ``lora`` with the lower ``freeze_layers`` frozen is
             the cheap path of continued training on a CPU).
+        plain: also this many paragraphs of the training articles that hold no call, as plain text, so that
+            a continued model keeps its language (0: none).
         heldout_chunks: the held-out loss each training reports is taken on a seeded sample of this many
             held-out chunks (0: all of them; on 2 CPU cores a fifth of the 106-article sample takes minutes).
     """
@@ -175,6 +177,7 @@ class TrainSpec:
     lora: int = 0
     lora_alpha: int = 0
     freeze_layers: int = 0
+    plain: int = 0
     heldout_chunks: int = 0
 
 
@@ -226,6 +229,8 @@ class EvaluateSpec:
             (``lmlm generate --copy-bias``; 0: none).
         perplexity: held-out plain-text chunks on which the LMLM's and the base model's perplexity are
             compared (0: none).
+        heldout_infobox: also the ``heldout_infobox`` cloze split: the held-out articles' infobox facts, each
+            asked as the training side's infobox sentences word theirs (the corpus KB holds them).
     """
 
     cloze_per_split: int = 150
@@ -239,6 +244,7 @@ class EvaluateSpec:
     name_bias: float = 0.0
     copy_bias: float = 0.0
     perplexity: int = 0
+    heldout_infobox: bool = False
 
 
 @dataclass
@@ -308,6 +314,7 @@ class Recipe:
                              (0, ("annotate.llm.examples", "annotate.llm.max_tokens", "annotate.llm.run_passages",
                                   "corpus.limit", "train.chunk_chars", "train.threads", "train.warmup_steps",
                                   "train.after_words", "train.lora", "train.lora_alpha", "train.freeze_layers", "train.heldout_chunks",
+                                  "train.plain",
                                   "evaluate.perplexity", "evaluate.name_bias", "evaluate.copy_bias", "facts.documents",
                                   "facts.corpus_relations",
                                   "evaluate.cloze_per_split", "evaluate.edits", "evaluate.samples")),

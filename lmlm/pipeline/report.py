@@ -14,6 +14,8 @@ from .recipe import Recipe
 
 __all__ = ["write_pipeline_report", "MODEL_NAMES"]
 
+SPLIT_NAMES = {"train": "train articles", "heldout": "held-out articles", "heldout_infobox": "held-out infoboxes",
+               "facts": "entities in no article"}
 MODEL_NAMES = {"lmlm": "LMLM", "lmlm_free": "LMLM, decoding freely (no lookup forced)",
                "lmlm_constrained": "LMLM, queries constrained to KB keys",
                "lmlm_no_kb": "LMLM without KB", "standard": "Standard", "base": "base model (untouched)"}
@@ -72,7 +74,7 @@ def _figures(out: Path, report: dict) -> dict[str, str]:
             vals = [(r.get(s) or {}).get("precision") or 0.0 for s in splits]
             ax.bar([i + k * width for i in range(len(splits))], vals, width, label=MODEL_NAMES.get(r["model"], r["model"]))
         ax.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(splits))])
-        ax.set_xticklabels([f"{s + ' articles' if s in ('train', 'heldout') else 'entities in no article'} "
+        ax.set_xticklabels([f"{SPLIT_NAMES.get(s, s)} "
                             f"(n={(rows[0].get(s) or {}).get('n', 0)})" for s in splits])
         ax.set_ylabel("cloze precision")
         ax.set_ylim(0, 1)

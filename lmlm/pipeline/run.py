@@ -35,7 +35,7 @@ from rich.console import Console
 from ..corpus import Document, corpus_stats, read_documents, write_documents
 from .recipe import Recipe, RecipeError, recipe_json
 from .annotation import Stopped, stage_done, finish_stage, stop_after  # one stage marker for both modules
-from .data import chunks as chunks_of, fact_documents_of, facts_split
+from .data import chunks as chunks_of, fact_documents_of, facts_split, infobox_split, plain_chunks
 
 __all__ = ["run_pipeline", "STAGES", "UNTIL"]
 
@@ -275,6 +275,8 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
             chunks = windows_of([d for d in docs if d.split in (None, "train")], after_words=recipe.train.after_words,
                                 swap=recipe.train.swap, seed=recipe.seed, copies=recipe.train.window_copies)
         train_docs = [d for d in chunks if d.split in (None, "train")]
+        if recipe.train.plain:
+            train_docs += plain_chunks([d for d in docs if d.split in (None, "train")], recipe.train.plain, recipe.seed)
         facts = fact_documents_of(recipe, out, folder, _log)
         write_documents(folder / "train.jsonl", train_docs + facts)
         if held:
@@ -324,6 +326,8 @@ def stage_evaluate(recipe: Recipe, out: Path) -> dict:
     docs = read_documents(out / "annotate" / "documents.jsonl")
     facts = cloze_facts(docs, spec.cloze_per_split, recipe.seed)
     files = {s: write_trex(f, folder / "cloze" / f"{s}.jsonl") for s, f in sorted(facts.items())}
+    if spec.heldout_infobox and (path := infobox_split(recipe, out, folder)) is not None:
+        files["heldout_infobox"] = path
     models = {m: out / f"train-{m}" / "checkpoint" for m in recipe.train.modes}
     base = recipe.train.init_from if recipe.train.init_from and spec.base else None
     decoding = {"name_bias": spec.name_bias, "copy_bias": spec.copy_bias}
@@ -359,7 +363,8 @@ def stage_evaluate(recipe: Recipe, out: Path) -> dict:
             edits = evaluate_edits(folder, pools, models["lmlm"], recipe.device, spec.max_new_tokens,
                                    spec.batch_size, decoding, spec.constrained, n=spec.edits)
             (folder / "edits.json").write_text(json.dumps(edits, indent=2, default=str) + "\n")
-    cloze = {**{s: len(f) for s, f in facts.items()}, **({"facts": n_facts} if n_facts else {})}
+    cloze = {**{s: len(f) for s, f in facts.items()}, **({"facts": n_facts} if n_facts else {}),
+             **({"heldout_infobox": len(read_trex(files["heldout_infobox"]))} if "heldout_infobox" in files else {})}
     info = {"cloze": cloze, "table": table, "perplexity": perplexity,
             "edits": {k: v for k, v in (edits or {}).items() if k != "records"}, "seconds": time.time() - t}
     return finish_stage(folder, info)
@@ -392,7 +397,7 @@ def _differences(before: dict, now: dict, where: str = "") -> dict[str, tuple]:
 _LLM = "annotate/llm"
 _FIRST_STAGE = {"annotate": ("annotate",), "train": ("train-lmlm", "train-standard"), "evaluate": ("eval",),
                 "train.chunk_chars": ("data",), "train.tokenizer": ("data",), "train.init_from": ("data",),
-                **{f"train.{k}": ("data",) for k in ("windows", "swap", "after_words", "window_copies")}, "facts": ("data",),
+                **{f"train.{k}": ("data",) for k in ("windows", "swap", "after_words", "window_copies", "plain")}, "facts": ("data",),
                 "annotate.llm": (_LLM,),  # the seed's: model, style, seed_passages, examples, passage_chars, ...
                 **{f"annotate.llm.{k}": (f"{_LLM}/correct",) for k in ("correct_drop", "correct_steps")},
                 **{f"annotate.llm.{k}": (f"{_LLM}/annotator",) for k in (

@@ -328,7 +328,8 @@ def test_windows_and_held_out_facts_reach_training_and_their_own_cloze_split(tmp
                       f'[facts]\nsource = "{triples}"\nhold_out = 0.5\n'
                       '[train]\nmodel = "gpt2-tiny"\ntokenizer = "bpe:400"\nseq_len = 64\nbatch_size = 4\nmax_steps = 3\n'
                       'windows = true\nswap = 0.5\nwindow_copies = 2\nafter_words = 3\npacking = "fit"\n'
-                      '[evaluate]\ncloze_per_split = 6\nedits = 2\nmax_new_tokens = 8\nfree = true\nperplexity = 3\n')
+                      '[evaluate]\ncloze_per_split = 6\nedits = 2\nmax_new_tokens = 8\nfree = true\nperplexity = 3\n'
+                      'heldout_infobox = true\n')
     lmlm("pipeline", recipe, "--out", tmp_path / "P", "--no-progress")
     from lmlm.corpus import read_documents
     train = read_documents(tmp_path / "P" / "data" / "train.jsonl")
@@ -345,6 +346,12 @@ def test_windows_and_held_out_facts_reach_training_and_their_own_cloze_split(tmp
     assert {"lmlm", "lmlm_free", "lmlm_no_kb", "standard"} <= set(rows)
     assert rows["lmlm"]["facts"]["n"] == report["cloze"]["facts"]["facts"] == min(6, len(held))
     assert 0 <= rows["lmlm"]["facts"]["names_subject"] <= 1
+    # the held-out documents' facts asked as the fact sentences word them, answered from the corpus KB
+    from lmlm.evaluate.trex import read_trex
+    asked = read_trex(tmp_path / "P" / "eval" / "cloze" / "heldout_infobox.jsonl")
+    assert rows["lmlm"]["heldout_infobox"]["n"] == report["cloze"]["facts"]["heldout_infobox"] == len(asked) == 5
+    read = {d.source for d in read_documents(tmp_path / "P" / "corpus" / "documents.jsonl") if d.split == "train"}
+    assert {f.relation for f in asked} == {"Birth City"} and not {f.subject for f in asked} & read
     ppl = report["perplexity"]
     assert set(ppl) == {"lmlm", "standard"} and all(v["perplexity"] > 1 and v["org_tokens"] > 0 for v in ppl.values())
     md = (tmp_path / "P" / "report.md").read_text()

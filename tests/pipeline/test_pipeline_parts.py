@@ -14,7 +14,7 @@ from lmlm.lookup import Lookup, Text, strip
 from lmlm.pipeline import RecipeError, load_recipe, recipe_names
 from lmlm.pipeline.annotation import (CHECK_MIN, Reference, stage_done, finish_stage, _infobox_passages, _seed_choice,
                                      call_layer, merge_layers, passages_of, run_llm, split_passages, vet_layer)
-from lmlm.pipeline.recipe import LLMSpec
+from lmlm.pipeline.recipe import LLMSpec, Recipe
 from lmlm.pipeline.facts import ClozeFact, choose_edits, cloze_facts, write_trex
 
 runner = CliRunner()
@@ -408,3 +408,44 @@ def test_corpus_relation_sentences_come_from_training_articles_only_one_relation
     assert len(facts) == 3 and {r for _, r, _ in facts} == {"Capital", "Largest City", "Highest Point"}
     every = corpus_relation_facts(tmp_path, 100)
     assert all(e == "Alaska" for e, _, _ in every) and len(every) == 4  # a number with no word in it is left out
+    assert corpus_relation_facts(tmp_path, 100, split="heldout") == [("Alabama", "Capital", "Montgomery")]
+
+
+def test_the_heldout_infobox_split_asks_the_heldout_articles_facts_as_training_words_them(tmp_path):
+    """The held-out articles' infobox facts as T-REx records in the infobox sentences' wording, which
+    `lmlm eval trex` reads; a training article's fact never among them."""
+    from lmlm.corpus import write_documents
+    from lmlm.data.facts import fact_documents
+    from lmlm.evaluate.trex import read_trex
+    from lmlm.pipeline.data import infobox_split
+
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "annotate").mkdir()
+    write_documents(tmp_path / "corpus" / "documents.jsonl",
+                    [Document.from_segments("a", [Text("Alaska is a state.")], split="train"),
+                     Document.from_segments("b", [Text("Alabama is a state.")], split="heldout")])
+    rows = [("Alaska", "Capital", "Juneau", "a"), ("Alabama", "Capital", "Montgomery", "b"),
+            ("Alabama", "Highest Point", "Mount Cheaha", "b"), ("Alabama", "Population", "4,779,736", "b")]
+    (tmp_path / "annotate" / "triples.jsonl").write_text("".join(
+        json.dumps({"entity": e, "relation": r, "value": v, "source": s, "position": None}) + "\n" for e, r, v, s in rows))
+    recipe = Recipe()
+    path = infobox_split(recipe, tmp_path, tmp_path / "eval")
+    facts = read_trex(path)
+    assert sorted((f.subject, f.relation, f.gold) for f in facts) == [
+        ("Alabama", "Capital", "Montgomery"), ("Alabama", "Highest Point", "Mount Cheaha")]
+    trained = fact_documents([("Alabama", "Highest Point", "Mount Cheaha")])[0].text
+    asked = next(f.prompt for f in facts if f.relation == "Highest Point")
+    assert trained.startswith(asked.rstrip())  # "Alabama\nThe highest point of Alabama is"
+
+
+def test_plain_paragraphs_hold_no_call_and_keep_their_title():
+    from lmlm.pipeline.data import plain_chunks
+
+    long = "Juneau is the capital of Alaska. " * 8
+    doc = Document.from_segments("a", [Text("Alaska is a state in the west. " * 8 + "\n\nIts capital is "),
+                                       Lookup("Alaska", "Capital", "Juneau"), Text(" Juneau.\n\n" + long)],
+                                 source="Alaska", split="train")
+    plain = plain_chunks([doc], 10, max_chars=400)
+    assert plain and all(d.num_calls == 0 and d.text.startswith("Alaska\n") for d in plain)
+    assert all("Its capital is" not in d.text for d in plain)  # the paragraph with the call stays out
+    assert len(plain_chunks([doc], 1, max_chars=400)) == 1
