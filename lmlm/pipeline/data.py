@@ -48,15 +48,22 @@ def infobox_split(recipe: Recipe, out: Path, folder: Path) -> Path | None:
     """The held-out articles' infobox facts as the ``heldout_infobox`` cloze split (LAMA T-REx records, at
     most ``cloze_per_split`` in turn from every relation, seeded), each asked as the training side's infobox
     sentences word theirs ("The highest point of Alaska is"): facts of articles no model read, which the
-    corpus KB holds. ``None`` when the split has none."""
+    corpus KB holds. A fact whose value the prompt already names ("The sport of American Football
+    Conference is" American football) is left out. ``None`` when the split has none."""
     from ..data.facts import cloze_records, write_jsonl
+    from ..evaluate.cloze import content_words
 
-    facts = corpus_relation_facts(out, recipe.evaluate.cloze_per_split or 1 << 30, recipe.seed, split="heldout")
-    if not facts:
+    facts = corpus_relation_facts(out, 1 << 30, recipe.seed, split="heldout")
+    records = [r for r in cloze_records(facts, split="heldout_infobox")  # a value the prompt names is read off it
+               if not set(content_words(r["obj_label"])) <= set(content_words(r["masked_sentences"][0]))]
+    if not records:
         return None
+    n = recipe.evaluate.cloze_per_split
+    if n and len(records) > n:  # the first n: corpus_relation_facts takes every relation in turn
+        records = records[:n]
     path = folder / "cloze" / "heldout_infobox.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_jsonl(path, cloze_records(facts, split="heldout_infobox"))
+    write_jsonl(path, records)
     return path
 
 

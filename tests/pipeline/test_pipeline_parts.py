@@ -425,7 +425,8 @@ def test_the_heldout_infobox_split_asks_the_heldout_articles_facts_as_training_w
                     [Document.from_segments("a", [Text("Alaska is a state.")], split="train"),
                      Document.from_segments("b", [Text("Alabama is a state.")], split="heldout")])
     rows = [("Alaska", "Capital", "Juneau", "a"), ("Alabama", "Capital", "Montgomery", "b"),
-            ("Alabama", "Highest Point", "Mount Cheaha", "b"), ("Alabama", "Population", "4,779,736", "b")]
+            ("Alabama", "Highest Point", "Mount Cheaha", "b"), ("Alabama", "Population", "4,779,736", "b"),
+            ("American Football Conference", "Sport", "American football", "b")]  # the prompt names its value
     (tmp_path / "annotate" / "triples.jsonl").write_text("".join(
         json.dumps({"entity": e, "relation": r, "value": v, "source": s, "position": None}) + "\n" for e, r, v, s in rows))
     recipe = Recipe()
