@@ -55,12 +55,14 @@ def quickstart(out: Path = typer.Option(Path("runs/quickstart"), help="output fo
                seed: int = typer.Option(0, help="seed of the world, the shuffles and the models")):
     """Generate a world, build its KB, train LMLM and Standard, evaluate, edit, forget, report."""
     from .quickstart import QUICKSTART_PRESETS, quickstart as run
+    from .stages import resumable
 
     if preset not in QUICKSTART_PRESETS:
         _fail(f"unknown preset {preset!r}; known: {', '.join(QUICKSTART_PRESETS)}")
     require("quickstart", ("faker", "matplotlib"), "lmlm quickstart")
     out_folder(out)
-    report = run(out, preset=preset, fresh=fresh, seed=seed)
+    with resumable(out):
+        report = run(out, preset=preset, fresh=fresh, seed=seed)
     fp, u = report["factual_precision"], report["unlearning"]
     console.print_json(json.dumps({
         "factual_precision": {k: fp[k] for k in ("lmlm", "lmlm_no_db", "standard")},
@@ -83,6 +85,7 @@ def reproduce(out: Path = typer.Option(Path("runs/reproduce"), help="output fold
               nlu_data: Optional[Path] = typer.Option(None, help="also score this BIG-bench multiple-choice file")):
     """Every protocol of the paper on the embedded worlds; OUT/report.md beside the paper's numbers."""
     from .reproduce import REPRODUCE_PRESETS, reproduce as run
+    from .stages import resumable
 
     if preset not in REPRODUCE_PRESETS:
         _fail(f"unknown preset {preset!r}; known: {', '.join(REPRODUCE_PRESETS)}")
@@ -98,7 +101,8 @@ def reproduce(out: Path = typer.Option(Path("runs/reproduce"), help="output fold
         except (ValueError, OSError) as e:
             _fail(f"--nlu-data: {e}")
     try:
-        report = run(out, preset=preset, fresh=fresh, **({"nlu_data": str(nlu_data)} if nlu_data else {}))
+        with resumable(out):
+            report = run(out, preset=preset, fresh=fresh, **({"nlu_data": str(nlu_data)} if nlu_data else {}))
     except ValueError as e:
         _fail(str(e))
     console.print_json(json.dumps({"claims": {c["claim"]: c["holds"] for c in report["claims"]},

@@ -7,8 +7,9 @@
 4. evaluate both, then change the KB (add people, edit facts, delete a forget set) and evaluate again;
 5. write ``OUT/report.json``, ``OUT/report.md`` with plots and sample generations, and both checkpoints.
 
-Each stage writes its outputs under OUT and is skipped when they are already there, so an
-interrupted run continues where it stopped (``--fresh`` starts over).
+Each stage writes its outputs under OUT (the world, tokenizer and KB each with its ``done.json``, the
+models their checkpoints) and is skipped when they are already there, so an interrupted run continues
+where it stopped (``--fresh`` starts over); :mod:`lmlm.stages` is the runner.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from .jsonio import write_json
+from .stages import copy_stage, finish_stage, stage_done
 
 __all__ = ["QuickstartConfig", "QUICKSTART_PRESETS", "quickstart", "train_config", "heldout_perplexity",
            "stated_split"]
@@ -281,17 +283,19 @@ def _world_and_tokenizer(cfg: QuickstartConfig, out: Path):
     from .worlds.bios import BiosConfig, BiosWorld
 
     _stage("1. synthetic biography world")
-    if (out / "world" / "config.json").exists():
-        world = BiosWorld.load(out / "world")
+    world_dir, tok_dir = out / "world", out / "tokenizer"
+    if stage_done(world_dir) is not None:
+        world = BiosWorld.load(world_dir)
     else:
         world = BiosWorld.generate(BiosConfig.from_name(cfg.world, seed=cfg.seed, **cfg.world_overrides))
-        world.save(out / "world")
+        world.save(world_dir)
+        finish_stage(world_dir, world.stats())
     console.print(world.stats())
-    tok_dir = out / "tokenizer"
-    if (tok_dir / "tokenizer.json").exists():
+    if stage_done(tok_dir) is not None:
         return world, load_tokenizer(tok_dir)
     tok = LookupTokenizer(train_bpe((d.plain for d in world.train_documents), vocab_size=cfg.vocab_size))
     tok.save(tok_dir)
+    finish_stage(tok_dir, {"vocab_size": cfg.vocab_size})
     return world, tok
 
 
@@ -301,7 +305,7 @@ def _knowledge_base(world, out: Path):
 
     _stage("2. knowledge base")
     kb_dir = out / "kb"
-    if (kb_dir / "built.json").exists():
+    if stage_done(kb_dir, legacy=kb_dir / "built.json") is not None:
         kb = KnowledgeBase.open(kb_dir)
     else:
         if kb_dir.exists():
@@ -310,7 +314,7 @@ def _knowledge_base(world, out: Path):
         kb.add([Triple(e, r, v, source=s) for e, r, v, s in world.triples()], who="quickstart",
                why="facts of the synthetic world at training time")
         kb.add_aliases(world.aliases("train"), who="quickstart", why="other names of the people in the KB")
-        write_json(kb_dir / "built.json", {"version": kb.version, "triples": len(kb)})
+        finish_stage(kb_dir, {"version": kb.version, "triples": len(kb)})
     console.print(f"{len(kb)} triples, version {kb.version}")
     return kb
 
@@ -336,10 +340,8 @@ def _evaluation_setup(out: Path, kb, tok):
     lmlm_model, _, lmlm_meta = load_checkpoint(out / "train-lmlm" / "checkpoint")
     std_model, _, std_meta = load_checkpoint(out / "train-standard" / "checkpoint")
     eval_kb_dir = out / "kb-eval"
-    if eval_kb_dir.exists():
-        shutil.rmtree(eval_kb_dir)
     kb.close()
-    shutil.copytree(out / "kb", eval_kb_dir)
+    copy_stage(out / "kb", eval_kb_dir)
     kb = KnowledgeBase.open(eval_kb_dir)
     # the default decoding: a small model otherwise slips to a name it was trained on ("James Girard" for
     # Jackson Girard) or off the value it was given

@@ -1,7 +1,8 @@
 """Every protocol of the paper on the embedded worlds, with a report beside the paper's numbers: ``lmlm reproduce``.
 
-Stages, each writing ``OUT/results/<stage>.json`` when done (a rerun skips finished stages, and a
-stage cut short resumes from its cached pieces and training states; ``fresh`` starts over):
+Stages, each in its folder ``OUT/<stage>`` with its summary in ``done.json`` when done (:mod:`lmlm.stages`:
+a rerun skips finished stages, and a stage cut short resumes from its cached pieces and training
+states; ``fresh`` starts over):
 
 1. ``bios``: the quickstart run on the biography world (world, KB, LMLM and Standard trained alike,
    cloze precision, the three perplexities, edits and deletes), in ``OUT/bios``;
@@ -28,10 +29,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
+from functools import partial
 from pathlib import Path
 
 from .config import REPRODUCE_PRESETS, ReproduceConfig
+from ..stages import run_stage
 from .context import Run, console, read_json, write_json
 
 __all__ = ["REPRODUCE_PRESETS", "ReproduceConfig", "STAGES", "reproduce"]
@@ -88,18 +90,9 @@ def reproduce(out: str | Path = "runs/reproduce", preset: str = "cpu", fresh: bo
     stages, timings = {}, {}
     fns = _stages()
     try:
-        for name in STAGES:
-            path = out / "results" / f"{name}.json"
-            if path.exists():
-                console.print(f"[bold]{name}[/]: done before, reading {path}")
-                stages[name] = read_json(path)
-            else:
-                console.rule(f"[bold]reproduce: {name}")
-                t0 = time.time()
-                res = fns[name](run)
-                res["seconds"] = time.time() - t0
-                write_json(path, res)
-                stages[name] = res
+        for name in STAGES:  # a folder of an older version marked a stage done by results/<stage>.json
+            stages[name] = run_stage(out / name, partial(fns[name], run), name, title=f"reproduce: {name}",
+                                     legacy=out / "results" / f"{name}.json")
             timings[name] = stages[name].get("seconds", 0.0)
             if name == stop_after:
                 return {"preset": cfg.name, "config": cfg.to_dict(), "stages": stages, "timings_seconds": timings}
