@@ -20,7 +20,6 @@ Each document records which method wrote each call (``call_methods``).
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import socket
 import time
@@ -30,7 +29,7 @@ from typing import Any, Callable
 
 from ..annotate.passages import split_passages
 from ..corpus import Document, iter_documents, read_documents, write_documents
-from ..jsonio import write_json
+from ..jsonio import read_json, write_json
 from ..lookup import Lookup
 from ..stages import finish_stage, stage_done, stop_after
 from .recipe import LLMSpec, RecipeError
@@ -332,9 +331,9 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
                 f"{sum(d.num_calls for d in train_docs)} calls, and {len(negatives)} passages without a call")
             _, stats = distill(train_docs + negatives, config, ann_dir, progress=progress)
             if spec.call_bias or spec.call_threshold:
-                meta = json.loads((ann_dir / "annotator.json").read_text())
+                meta = read_json(ann_dir / "annotator.json")
                 meta["options"].update(call_bias=spec.call_bias, call_threshold=spec.call_threshold or None)
-                (ann_dir / "annotator.json").write_text(json.dumps(meta, indent=2) + "\n")
+                write_json(ann_dir / "annotator.json", meta)
             info = {**{k: stats[k] for k in ("steps", "first_loss", "final_loss", "seconds", "documents")},
                     "calls": sum(d.num_calls for d in train_docs), "passages_without_calls": len(negatives)}
             if check:
