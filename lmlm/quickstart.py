@@ -19,11 +19,12 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from rich.console import Console
 
 from .jsonio import write_json
+from .recipe import from_preset
 from .stages import copy_stage, finish_stage, stage_done
 
 __all__ = ["QuickstartConfig", "QUICKSTART_PRESETS", "quickstart", "train_config", "heldout_perplexity",
@@ -74,10 +75,10 @@ class QuickstartConfig:
     world_overrides: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_name(cls, name: str, **overrides) -> "QuickstartConfig":
-        if name not in QUICKSTART_PRESETS:
-            raise ValueError(f"unknown quickstart preset {name!r}; known: {sorted(QUICKSTART_PRESETS)}")
-        return cls(**{"name": name, **QUICKSTART_PRESETS[name], **overrides})
+    def from_name(cls, name: str, sets: Iterable[str] = (), **overrides) -> "QuickstartConfig":
+        """Preset ``name`` (of :data:`QUICKSTART_PRESETS`, or a ``.toml`` file of these fields), then the
+        ``key=value`` assignments of ``sets`` (``--set``), then ``overrides`` (:func:`lmlm.recipe.from_preset`)."""
+        return from_preset(cls, QUICKSTART_PRESETS, name, sets, kind="quickstart", **overrides)
 
 
 QUICKSTART_PRESETS: dict[str, dict[str, Any]] = {
@@ -212,9 +213,10 @@ def train_config(cfg: QuickstartConfig, mode: str, run: Path, kb: Path | None = 
 
 
 def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fresh: bool = False,
-               **overrides) -> dict:
-    """Run the whole story and return the report (also written to ``out/report.json``)."""
-    cfg = QuickstartConfig.from_name(preset, **overrides)
+               sets: Iterable[str] = (), **overrides) -> dict:
+    """Run the whole story and return the report (also written to ``out/report.json``); ``preset``,
+    ``sets`` and ``overrides`` as :meth:`QuickstartConfig.from_name` reads them."""
+    cfg = QuickstartConfig.from_name(preset, sets, **overrides)
     out = Path(out)
     if fresh and out.exists():
         shutil.rmtree(out)

@@ -31,9 +31,10 @@ import json
 import shutil
 from functools import partial
 from pathlib import Path
+from typing import Iterable
 
-from .config import REPRODUCE_PRESETS, ReproduceConfig
 from ..stages import run_stage
+from .config import REPRODUCE_PRESETS, ReproduceConfig
 from .context import Run, console, read_json, write_json
 
 __all__ = ["REPRODUCE_PRESETS", "ReproduceConfig", "STAGES", "reproduce"]
@@ -63,18 +64,19 @@ STAGES = ("bios", "data", "factual", "seeds", "rag", "offloading", "tofu")
 
 
 def reproduce(out: str | Path = "runs/reproduce", preset: str = "cpu", fresh: bool = False,
-              stop_after: str | None = None, **overrides) -> dict:
+              stop_after: str | None = None, sets: Iterable[str] = (), **overrides) -> dict:
     """Run every stage not yet done in ``out`` and write the report; returns it (``report.json``).
 
     Args:
         out: the run folder.
-        preset: a row of :data:`REPRODUCE_PRESETS` (``cpu`` or ``tiny``); ``overrides`` change fields.
+        preset: a row of :data:`REPRODUCE_PRESETS` (``cpu`` or ``tiny``) or a ``.toml`` file of its fields;
+            ``sets`` (``key=value``, as ``--set``) and ``overrides`` change fields.
         fresh: delete ``out`` first.
         stop_after: stop once this stage is done, without a report (as if interrupted there).
     """
     import torch
 
-    cfg = ReproduceConfig.from_name(preset, **overrides)
+    cfg = ReproduceConfig.from_name(preset, sets, **overrides)
     if stop_after is not None and stop_after not in STAGES:
         raise ValueError(f"stop_after must be one of {STAGES}, got {stop_after!r}")
     out = Path(out)
