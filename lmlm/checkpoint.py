@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import LmlmError
+from .jsonio import write_json
 from .lookup import PAPER_TOKENS, TOKEN_VOCABULARIES, LookupTokens
 from .tokens import LookupTokenizer
 
@@ -68,7 +69,7 @@ def save_checkpoint(folder: str | Path, model, tokenizer: LookupTokenizer, meta:
     t = tokenizer.tokens
     record = {"format_version": FORMAT_VERSION, "mode": "lmlm", **(meta or {}),
               "lookup_tokens": {"start": t.start, "sep": t.sep, "retrieve": t.retrieve, "end": t.end}}
-    (folder / META_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    write_json(folder / META_FILE, record)
     return folder
 
 

@@ -50,17 +50,21 @@ def _assemble() -> None:
 
 @app.command()
 def quickstart(out: Path = typer.Option(Path("runs/quickstart"), help="output folder"),
-               preset: str = typer.Option("default", help="'default' (4 to 19 min on 2 CPU cores, by their bf16 and AVX) or 'smoke'"),
+               preset: str = typer.Option("default", help="'default' (4 to 19 min on 2 CPU cores, by their bf16 and AVX), 'smoke', or a .toml file of its fields"),
                fresh: bool = typer.Option(False, help="start over instead of resuming in OUT"),
-               seed: int = typer.Option(0, help="seed of the world, the shuffles and the models")):
+               seed: int = typer.Option(0, help="seed of the world, the shuffles and the models"),
+               set_: Optional[List[str]] = typer.Option(None, "--set", help="change one field of the preset: "
+                                                         "key=value (e.g. max_steps=100), repeatable")):
     """Generate a world, build its KB, train LMLM and Standard, evaluate, edit, forget, report."""
     from .quickstart import QUICKSTART_PRESETS, quickstart as run
+    from .stages import resumable
 
-    if preset not in QUICKSTART_PRESETS:
+    if preset not in QUICKSTART_PRESETS and not preset.endswith(".toml"):
         _fail(f"unknown preset {preset!r}; known: {', '.join(QUICKSTART_PRESETS)}")
     require("quickstart", ("faker", "matplotlib"), "lmlm quickstart")
     out_folder(out)
-    report = run(out, preset=preset, fresh=fresh, seed=seed)
+    with resumable(out):
+        report = run(out, preset=preset, fresh=fresh, sets=[f"seed={seed}", *(set_ or ())])
     fp, u = report["factual_precision"], report["unlearning"]
     console.print_json(json.dumps({
         "factual_precision": {k: fp[k] for k in ("lmlm", "lmlm_no_db", "standard")},
@@ -78,13 +82,16 @@ def quickstart(out: Path = typer.Option(Path("runs/quickstart"), help="output fo
 
 @app.command()
 def reproduce(out: Path = typer.Option(Path("runs/reproduce"), help="output folder"),
-              preset: str = typer.Option("cpu", help="'cpu' (about 3 h on 2 CPU cores) or 'tiny' (minutes)"),
+              preset: str = typer.Option("cpu", help="'cpu' (about 3 h on 2 CPU cores), 'tiny' (minutes), or a .toml file of its fields"),
               fresh: bool = typer.Option(False, help="start over instead of resuming in OUT"),
-              nlu_data: Optional[Path] = typer.Option(None, help="also score this BIG-bench multiple-choice file")):
+              nlu_data: Optional[Path] = typer.Option(None, help="also score this BIG-bench multiple-choice file"),
+              set_: Optional[List[str]] = typer.Option(None, "--set", help="change one field of the preset: "
+                                                        "key=value (e.g. n_trex=100), repeatable")):
     """Every protocol of the paper on the embedded worlds; OUT/report.md beside the paper's numbers."""
     from .reproduce import REPRODUCE_PRESETS, reproduce as run
+    from .stages import resumable
 
-    if preset not in REPRODUCE_PRESETS:
+    if preset not in REPRODUCE_PRESETS and not preset.endswith(".toml"):
         _fail(f"unknown preset {preset!r}; known: {', '.join(REPRODUCE_PRESETS)}")
     require("reproduce", ("faker", "matplotlib", "bm25s", "rouge_score", "scipy"), "lmlm reproduce")
     out_folder(out)
@@ -98,7 +105,9 @@ def reproduce(out: Path = typer.Option(Path("runs/reproduce"), help="output fold
         except (ValueError, OSError) as e:
             _fail(f"--nlu-data: {e}")
     try:
-        report = run(out, preset=preset, fresh=fresh, **({"nlu_data": str(nlu_data)} if nlu_data else {}))
+        with resumable(out):
+            report = run(out, preset=preset, fresh=fresh, sets=set_ or (),
+                         **({"nlu_data": str(nlu_data)} if nlu_data else {}))
     except ValueError as e:
         _fail(str(e))
     console.print_json(json.dumps({"claims": {c["claim"]: c["holds"] for c in report["claims"]},

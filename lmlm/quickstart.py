@@ -7,8 +7,9 @@
 4. evaluate both, then change the KB (add people, edit facts, delete a forget set) and evaluate again;
 5. write ``OUT/report.json``, ``OUT/report.md`` with plots and sample generations, and both checkpoints.
 
-Each stage writes its outputs under OUT and is skipped when they are already there, so an
-interrupted run continues where it stopped (``--fresh`` starts over).
+Each stage writes its outputs under OUT (the world, tokenizer and KB each with its ``done.json``, the
+models their checkpoints) and is skipped when they are already there, so an interrupted run continues
+where it stopped (``--fresh`` starts over); :mod:`lmlm.stages` is the runner.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from rich.console import Console
 
 from .jsonio import write_json
+from .recipe import from_preset
+from .stages import copy_stage, finish_stage, stage_done
 
 __all__ = ["QuickstartConfig", "QUICKSTART_PRESETS", "quickstart", "train_config", "heldout_perplexity",
            "stated_split"]
@@ -72,10 +75,10 @@ class QuickstartConfig:
     world_overrides: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_name(cls, name: str, **overrides) -> "QuickstartConfig":
-        if name not in QUICKSTART_PRESETS:
-            raise ValueError(f"unknown quickstart preset {name!r}; known: {sorted(QUICKSTART_PRESETS)}")
-        return cls(**{"name": name, **QUICKSTART_PRESETS[name], **overrides})
+    def from_name(cls, name: str, sets: Iterable[str] = (), **overrides) -> "QuickstartConfig":
+        """Preset ``name`` (of :data:`QUICKSTART_PRESETS`, or a ``.toml`` file of these fields), then the
+        ``key=value`` assignments of ``sets`` (``--set``), then ``overrides`` (:func:`lmlm.recipe.from_preset`)."""
+        return from_preset(cls, QUICKSTART_PRESETS, name, sets, kind="quickstart", **overrides)
 
 
 QUICKSTART_PRESETS: dict[str, dict[str, Any]] = {
@@ -210,9 +213,10 @@ def train_config(cfg: QuickstartConfig, mode: str, run: Path, kb: Path | None = 
 
 
 def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fresh: bool = False,
-               **overrides) -> dict:
-    """Run the whole story and return the report (also written to ``out/report.json``)."""
-    cfg = QuickstartConfig.from_name(preset, **overrides)
+               sets: Iterable[str] = (), **overrides) -> dict:
+    """Run the whole story and return the report (also written to ``out/report.json``); ``preset``,
+    ``sets`` and ``overrides`` as :meth:`QuickstartConfig.from_name` reads them."""
+    cfg = QuickstartConfig.from_name(preset, sets, **overrides)
     out = Path(out)
     if fresh and out.exists():
         shutil.rmtree(out)
@@ -281,17 +285,19 @@ def _world_and_tokenizer(cfg: QuickstartConfig, out: Path):
     from .worlds.bios import BiosConfig, BiosWorld
 
     _stage("1. synthetic biography world")
-    if (out / "world" / "config.json").exists():
-        world = BiosWorld.load(out / "world")
+    world_dir, tok_dir = out / "world", out / "tokenizer"
+    if stage_done(world_dir) is not None:
+        world = BiosWorld.load(world_dir)
     else:
         world = BiosWorld.generate(BiosConfig.from_name(cfg.world, seed=cfg.seed, **cfg.world_overrides))
-        world.save(out / "world")
+        world.save(world_dir)
+        finish_stage(world_dir, world.stats())
     console.print(world.stats())
-    tok_dir = out / "tokenizer"
-    if (tok_dir / "tokenizer.json").exists():
+    if stage_done(tok_dir) is not None:
         return world, load_tokenizer(tok_dir)
     tok = LookupTokenizer(train_bpe((d.plain for d in world.train_documents), vocab_size=cfg.vocab_size))
     tok.save(tok_dir)
+    finish_stage(tok_dir, {"vocab_size": cfg.vocab_size})
     return world, tok
 
 
@@ -301,7 +307,7 @@ def _knowledge_base(world, out: Path):
 
     _stage("2. knowledge base")
     kb_dir = out / "kb"
-    if (kb_dir / "built.json").exists():
+    if stage_done(kb_dir, legacy=kb_dir / "built.json") is not None:
         kb = KnowledgeBase.open(kb_dir)
     else:
         if kb_dir.exists():
@@ -310,7 +316,7 @@ def _knowledge_base(world, out: Path):
         kb.add([Triple(e, r, v, source=s) for e, r, v, s in world.triples()], who="quickstart",
                why="facts of the synthetic world at training time")
         kb.add_aliases(world.aliases("train"), who="quickstart", why="other names of the people in the KB")
-        write_json(kb_dir / "built.json", {"version": kb.version, "triples": len(kb)})
+        finish_stage(kb_dir, {"version": kb.version, "triples": len(kb)})
     console.print(f"{len(kb)} triples, version {kb.version}")
     return kb
 
@@ -336,10 +342,8 @@ def _evaluation_setup(out: Path, kb, tok):
     lmlm_model, _, lmlm_meta = load_checkpoint(out / "train-lmlm" / "checkpoint")
     std_model, _, std_meta = load_checkpoint(out / "train-standard" / "checkpoint")
     eval_kb_dir = out / "kb-eval"
-    if eval_kb_dir.exists():
-        shutil.rmtree(eval_kb_dir)
     kb.close()
-    shutil.copytree(out / "kb", eval_kb_dir)
+    copy_stage(out / "kb", eval_kb_dir)
     kb = KnowledgeBase.open(eval_kb_dir)
     # the default decoding: a small model otherwise slips to a name it was trained on ("James Girard" for
     # Jackson Girard) or off the value it was given

@@ -13,7 +13,7 @@ from lmlm.errors import LmlmError, MissingExtra, need
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lmlm"
 BUILTIN_ERRORS = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, Exception)}
-SIGNALS = {"lmlm.pipeline.annotation.Stopped"}  # control flow, not an error: a run stopped where it was asked to
+SIGNALS = {"lmlm.stages.Stopped"}  # control flow, not an error: a run stopped where it was asked to
 
 
 def error_classes() -> list[tuple[str, str]]:

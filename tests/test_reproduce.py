@@ -28,11 +28,16 @@ def _stamps(folder):
     return {p.relative_to(folder).as_posix(): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
 
 
+def _markers(out):
+    """Each finished stage's ``OUT/<stage>/done.json``, by its time of last change."""
+    return {p.parent.name: p.stat().st_mtime_ns for p in out.glob("*/done.json")}
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("reproduce")
     partial = reproduce(out, preset="tiny", stop_after="factual")  # as if stopped after the third stage
-    before = _stamps(out / "results")
+    before = _markers(out)
     report = reproduce(out, preset="tiny")
     return out, partial, before, report
 
@@ -41,7 +46,7 @@ def run(tmp_path_factory):
 def test_interrupted_run_continues_where_it_stopped(run):
     out, partial, before, report = run
     assert list(partial["stages"]) == ["bios", "data", "factual"] and "claims" not in partial
-    after = _stamps(out / "results")
+    after = _markers(out)
     assert all(after[k] == v for k, v in before.items())              # finished stages were not redone
     assert set(report["stages"]) == set(STAGES)
     assert _same(report["stages"]["factual"], partial["stages"]["factual"])
@@ -143,7 +148,7 @@ def test_unlearning_and_offloading_stages(run):
 def test_a_stage_cut_short_resumes_from_its_pieces(run):
     out, _, _, report = run
     ckpts = {p: _stamps(out / p) for p in ("offloading/ratio-050", "tofu/train-lmlm-full")}
-    for path in ("results/offloading.json", "offloading/ratio-050.json", "results/tofu.json",
+    for path in ("offloading/done.json", "offloading/ratio-050.json", "tofu/done.json",
                  "tofu/eval/unlearn-npo-0.json", "report.json"):
         (out / path).unlink()
     again = reproduce(out, preset="tiny")
@@ -167,14 +172,14 @@ def test_a_killed_run_resumes(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "from lmlm.cli import app; app()", "reproduce", "--preset", "tiny",
                              "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
-    while not (out / "results" / "factual.json").exists():
+    while not (out / "factual" / "done.json").exists():
         assert proc.poll() is None, "the run ended before it could be killed"
         assert time.monotonic() < deadline, "the first stages took too long"
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / "report.json").exists()
-    done = _stamps(out / "results")
+    done = _markers(out)
     report = reproduce(out, preset="tiny")
     assert set(report["stages"]) == set(STAGES) and (out / "report.md").exists()
-    assert all(_stamps(out / "results")[k] == v for k, v in done.items())  # kept, not redone
+    assert all(_markers(out)[k] == v for k, v in done.items())  # kept, not redone

@@ -28,6 +28,7 @@ from typing import Sequence
 import torch
 
 from ..generate.trie import TokenTrie
+from ..jsonio import write_json
 from ..lookup import Segment, render, strip
 from ..tokens import IGNORE_INDEX, LookupTokenizer
 from .lm import cpu_threads
@@ -194,7 +195,7 @@ class Annotator:
         self.model.save_pretrained(str(folder))
         self.tok.save(folder)
         meta = {"options": asdict(self.options), "stats": stats or {}}
-        (folder / ANNOTATOR_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        write_json(folder / ANNOTATOR_FILE, meta)
         self.fingerprint = fingerprint(folder)
         return folder
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..corpus import Document, write_documents
 from ..device import default_device
+from ..jsonio import write_json
 from ..lookup import Lookup, Segment, plain_text
 from ..scoring import token_logprobs
 from ..tokens import ENTITY, RELATION, labels_from_roles
@@ -285,7 +286,7 @@ def write_correction(result: Correction, out_dir: str | Path, labels: Sequence[s
     with (out / "scores.jsonl").open("w", encoding="utf-8") as f:
         for s in result.scores:
             f.write(json.dumps({"doc_id": ids[s.doc], **asdict(s)}, ensure_ascii=False) + "\n")
-    (out / "report.json").write_text(json.dumps(summary(result), indent=2, default=str) + "\n")
+    write_json(out / "report.json", summary(result))
     plot_losses(result.scores, result.threshold, out / "losses.png", labels)
 
 

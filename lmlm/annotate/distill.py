@@ -33,6 +33,7 @@ import torch
 
 from ..corpus import Document, iter_documents, read_documents, write_documents
 from ..device import default_device
+from ..jsonio import write_json
 from ..lookup import Lookup, Segment
 from .annotator import PASSAGE_CHARS, Annotator, AnnotatorOptions
 from .lm import FitConfig, add_lora, fit, load_base, new_model, pack_examples
@@ -202,7 +203,7 @@ def run_corpus(corpus: str | Path, out_dir: str | Path, annotator: Annotator | s
               "tokens_per_second": totals["tokens"] / seconds if seconds else 0.0}
     if report["shards_done"] == n_shards:
         report.update(_merge(out, n_shards))
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / "report.json", report)
     return report
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..corpus import Document, iter_documents, read_documents, write_documents
+from ..jsonio import write_json
 from .prompts import (Example, build_messages, extract_annotation, parse_fact_lines, prompt_examples,
                       select_examples)
 from .validate import Validated, ValidationReport, validate, validate_facts
@@ -90,7 +91,7 @@ def write_annotation(out: str | Path, documents: Sequence[Document], results: Se
             for r in v.rejected:
                 rf.write(json.dumps({"id": d.id, **r.to_dict()}, ensure_ascii=False) + "\n")
     report = {**ValidationReport.of(results).to_dict(), **(extra or {})}
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / "report.json", report)
     return report
 
 

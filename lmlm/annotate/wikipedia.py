@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..corpus import Document, write_documents
 from ..errors import need
+from ..jsonio import write_json
 from ..lookup import Lookup, Text, plain_text, render
 from .passages import split_passages
 from .wikitext import (MONTHS, Infobox, WikiPage, article_text, field_values, iter_pages, parse_infobox,
@@ -282,6 +283,6 @@ def annotate_dump(dump: str | Path, out: str | Path, limit: int | None = None, p
         "median_calls_per_article": statistics.median(n_calls) if n_calls else 0,
         "top_relations": relations.most_common(15),
     }
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / "report.json", report)
     return report
 

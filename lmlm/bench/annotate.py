@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 import typer
 
+from ..jsonio import write_json
 from . import bench_app
 
 __all__ = ["run_annotate_bench"]
@@ -119,7 +120,7 @@ def run_annotate_bench(out: Path | None = None, people: int = 600, fraction: flo
                     "total": time.perf_counter() - t0},
     }
     if out:
-        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_json(out / "report.json", report)
     return report
 
 

@@ -64,13 +64,14 @@ def build_bench_model(cache: Path, seed: int = 0, log: Callable[[str], None] = p
     """Train (once) the bench model and build its KB under ``cache``; returns (checkpoint, kb) folders."""
     from ..checkpoint import is_checkpoint
     from ..kb import KnowledgeBase, Triple
+    from ..stages import finish_stage, stage_done
     from ..tokens import LookupTokenizer, train_bpe
     from ..train import TrainConfig, train
     from ..worlds.bios import BiosConfig, BiosWorld
 
     ckpt, kb_dir = cache / "train" / "checkpoint", cache / "kb"
     stamp = json.dumps({"world": BENCH_WORLD, "train": BENCH_TRAIN, "seed": seed}, sort_keys=True)
-    if is_checkpoint(ckpt) and (kb_dir / "built.json").exists() and (cache / "bench.json").exists() \
+    if is_checkpoint(ckpt) and stage_done(kb_dir) is not None and (cache / "bench.json").exists() \
             and (cache / "bench.json").read_text() == stamp:
         return ckpt, kb_dir
     for old in (cache / "train", cache / "world", kb_dir):  # built from another recipe, or cut short
@@ -83,7 +84,7 @@ def build_bench_model(cache: Path, seed: int = 0, log: Callable[[str], None] = p
     tok = LookupTokenizer(train_bpe((d.plain for d in world.train_documents), vocab_size=t.pop("vocab_size")))
     kb = KnowledgeBase.create(kb_dir)
     kb.add([Triple(e, r, v, source=s) for e, r, v, s in world.triples()], who="bench", why="bench world")
-    (kb_dir / "built.json").write_text(json.dumps({"version": kb.version}) + "\n")
+    finish_stage(kb_dir, {"version": kb.version})
     log(f"training the bench model ({t['max_steps']} steps) into {cache}")
     cfg = TrainConfig(mode="lmlm", micro_batch_size=t["batch_size"], seed=seed, out_dir=str(cache / "train"),
                       kb=str(kb_dir), progress=True, **t)  # a bar on stderr: about 100 s on a CPU

@@ -33,6 +33,7 @@ from typing import List, Optional
 
 import typer
 
+from ..jsonio import write_json
 from . import bench_app, percentile_ms
 
 __all__ = ["run_load", "LoadConfig", "start_server"]
@@ -303,7 +304,7 @@ def serve_bench(duration: float = typer.Option(60.0, min=0.1, help="seconds of l
             proc.terminate()
             proc.wait(30)
     if out is not None:
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(out, result)
     print(json.dumps(result))
 
 

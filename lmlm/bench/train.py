@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 import typer
 
+from ..jsonio import write_json
 from . import bench_app
 
 __all__ = ["run_train_bench", "synthetic_corpus", "tree_peak_rss"]
@@ -162,7 +163,7 @@ def run_train_bench(model: str, seq_len: int, device: str, *, micro_batch_size: 
         log(f"prepare: {corpus['documents']:,} documents")
         prep = _prepare(work / "corpus.jsonl", work / "tokenizer", shards, workers)
         prep["corpus"] = corpus
-        asked.write_text(json.dumps(request) + "\n")
+        write_json(asked, request)
         log(f"prepare: {prep['tokens']:,} tokens in {prep['seconds']:.1f} s, peak "
             f"{prep['peak_rss_bytes'] / 2**20:,.0f} MiB")
     prep.update(corpus_tokens_asked=corpus_tokens, tokenizer=request["tokenizer"],

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..jsonio import write_json
 from ..lookup import PAPER_TOKENS, LookupTokens
 
 __all__ = ["Protocol", "mean", "output_text", "outputs_of", "progress_option", "read_json_records", "trace_dicts",
@@ -158,7 +159,7 @@ def write_results(path: str | Path, protocol: Protocol, metrics: Mapping[str, fl
     if protocol.primary not in metrics:
         about["primary"] = None
     doc = {"protocol": about, "metrics": dict(metrics), "config": dict(config or {}), "records": records or []}
-    path.write_text(json.dumps(_no_nan(doc), indent=2, default=str, allow_nan=False) + "\n")
+    write_json(path, _no_nan(doc))  # NaN written as null: JSON has no NaN
     return path
 
 

@@ -52,7 +52,6 @@ Exercised by ``lmlm eval editing``.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -60,6 +59,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..jsonio import write_json
 from .base import Protocol, mean, read_json_records
 from .cloze import match_first_content_words
 
@@ -294,7 +294,7 @@ def write_records(path: str | Path, records: list[dict]) -> Path:
     """Write a set as the official files are: one JSON list."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(records, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    write_json(path, records, indent=1, ensure_ascii=False)
     return path
 
 

@@ -21,6 +21,7 @@ import json
 import shutil
 from pathlib import Path
 
+from ..jsonio import write_json
 from .formats import AUTHORS_MARKER, scan_authors_json
 from .ingest import PROGRESS_MIN, add_file, file_hashes, fingerprint
 from .knowledge_base import KnowledgeBase
@@ -104,7 +105,7 @@ def open_authors_json(path: str | Path, kb_dir: str | Path | None = None, progre
     elif seen is None and kb_dir.exists() and any(kb_dir.iterdir()):
         raise FileExistsError(f"{kb_dir} exists and was not built from {path.name}; pass another kb_dir")
     kb = KnowledgeBase.open(kb_dir) if seen == partial else KnowledgeBase.create(kb_dir)
-    marker.write_text(json.dumps(partial) + "\n")
+    write_json(marker, partial)
     import_authors_json(path, kb, progress=progress, chunk_size=chunk_size)
-    marker.write_text(json.dumps(stamp) + "\n")
+    write_json(marker, stamp)
     return kb

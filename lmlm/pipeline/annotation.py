@@ -20,7 +20,6 @@ Each document records which method wrote each call (``call_methods``).
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import socket
 import time
@@ -30,8 +29,9 @@ from typing import Any, Callable
 
 from ..annotate.passages import split_passages
 from ..corpus import Document, iter_documents, read_documents, write_documents
-from ..jsonio import write_json
+from ..jsonio import read_json, write_json
 from ..lookup import Lookup
+from ..stages import finish_stage, stage_done, stop_after
 from .recipe import LLMSpec, RecipeError
 
 __all__ = ["split_passages", "passages_of", "call_layer", "merge_layers", "run_llm", "METHOD_NAMES", "Reference",
@@ -152,31 +152,6 @@ def vet_layer(layer: Layer, reference: Reference, keep: str) -> tuple[Layer, dic
 
 # -- the LLM path ----------------------------------------------------------------------------------
 
-def stage_done(folder: Path) -> dict | None:
-    """The done.json of a finished stage (its summary), or None: what makes every stage resumable."""
-    marker = folder / "done.json"
-    return json.loads(marker.read_text()) if marker.exists() else None
-
-
-def finish_stage(folder: Path, info: dict) -> dict:
-    write_json(folder / "done.json", info)
-    return info
-
-
-class Stopped(Exception):
-    """A run stopped after the stage ``--until`` named (its outputs finished and kept)."""
-
-    def __init__(self, stage: str):
-        super().__init__(stage)
-        self.stage = stage
-
-
-def stop_after(stage: str, until: str | None) -> None:
-    """Raise :class:`Stopped` once ``stage`` is finished if it is the one the run stops after."""
-    if until == stage:
-        raise Stopped(stage)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -262,7 +237,7 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
             device: str | None, seed: int, progress: bool = True, log: Callable[[str], None] = print,
             until: str | None = None) -> tuple[dict[str, Layer], dict]:
     """The LLM path over ``documents``; returns ``{"llm_seed": layer, "llm_distilled": layer}`` and a report.
-    ``until``: ``seed``, ``correct`` or ``distill`` raises :class:`Stopped` once that step is done."""
+    ``until``: ``seed``, ``correct`` or ``distill`` raises :class:`lmlm.stages.Stopped` once that step is done."""
     from ..annotate.corrector import CorrectorConfig, correct, summary
     from ..annotate.distill import DistillConfig, distill, run_corpus
     from ..annotate.lm import FitConfig
@@ -356,9 +331,9 @@ def run_llm(folder: Path, documents: list[Document], infobox: list[Document] | N
                 f"{sum(d.num_calls for d in train_docs)} calls, and {len(negatives)} passages without a call")
             _, stats = distill(train_docs + negatives, config, ann_dir, progress=progress)
             if spec.call_bias or spec.call_threshold:
-                meta = json.loads((ann_dir / "annotator.json").read_text())
+                meta = read_json(ann_dir / "annotator.json")
                 meta["options"].update(call_bias=spec.call_bias, call_threshold=spec.call_threshold or None)
-                (ann_dir / "annotator.json").write_text(json.dumps(meta, indent=2) + "\n")
+                write_json(ann_dir / "annotator.json", meta)
             info = {**{k: stats[k] for k in ("steps", "first_loss", "final_loss", "seconds", "documents")},
                     "calls": sum(d.num_calls for d in train_docs), "passages_without_calls": len(negatives)}
             if check:

@@ -45,6 +45,7 @@ def pipeline_command(
     """
     from ..cli_errors import fail, out_folder, user_errors
     from ..errors import require
+    from ..stages import resumable
     from .recipe import load_recipe
     from .run import run_pipeline
 
@@ -55,14 +56,8 @@ def pipeline_command(
                            device=device.value if device else None)
         if not spec.corpus.path:
             fail(f"recipe {spec.name} names no corpus: pass --corpus (a Wikipedia dump or a document file)")
-        try:
+        with resumable(out):
             report = run_pipeline(spec, out, fresh=fresh, progress=progress, until=until.value if until else None)
-        except KeyboardInterrupt:
-            import sys
-
-            print(f"interrupted: the finished stages and the last saved training state are kept in {out}; the same "
-                  "command goes on from there", file=sys.stderr)
-            raise SystemExit(130) from None
     if report is None:
         print(json.dumps({"stopped_after": until.value, "out": str(out)}))
         return

@@ -1,6 +1,7 @@
 """A pipeline recipe: one TOML file that declares the corpus, the annotation, the KB, the models and the
 evaluations. Recipes ship as package data (``lmlm/pipeline/recipes/NAME.toml``); any TOML file with the
-same tables works too, and ``--set section.key=value`` changes single fields.
+same tables works too, and ``--set section.key=value`` changes single fields (the one recipe format of
+:mod:`lmlm.recipe`, which quickstart's and reproduce's presets share).
 
 Every field has a default, so a recipe states only what differs. The resolved recipe is written to
 ``OUT/recipe.json``; a later run in the same folder must resolve to the same recipe (or start over
@@ -10,26 +11,16 @@ with ``--fresh``), so a resumed run never mixes the outputs of two recipes.
 from __future__ import annotations
 
 import json
-import sys
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..errors import LmlmError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from ..recipe import RecipeError, apply_set, build, parse_toml
 
 __all__ = ["Recipe", "RecipeError", "load_recipe", "recipe_names", "METHODS"]
 
 METHODS = ("infobox", "llm", "given")
-
-
-class RecipeError(LmlmError, ValueError):
-    """A recipe that cannot run; the message names the field and the value."""
 
 
 @dataclass
@@ -364,35 +355,6 @@ class Recipe:
         return obj
 
 
-def _build(cls, data: dict[str, Any], where: str):
-    """``cls`` from a TOML table: unknown keys are errors naming their place, sub-tables recurse."""
-    known = {f.name: f for f in fields(cls)}
-    kwargs = {}
-    for key, value in data.items():
-        if key not in known:
-            raise RecipeError(f"{where}: unknown field {key!r} (known: {', '.join(known)})")
-        default = known[key].default_factory() if callable(known[key].default_factory) else known[key].default
-        if is_dataclass(default):
-            if not isinstance(value, dict):
-                raise RecipeError(f"{where}: {key} must be a table")
-            kwargs[key] = _build(type(default), value, f"{where}.{key}")
-        else:
-            kwargs[key] = _coerce(value, default, f"{where}.{key}")
-    return cls(**kwargs)
-
-
-def _coerce(value: Any, default: Any, where: str) -> Any:
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise RecipeError(f"{where} must be true or false, got {value!r}")
-        return value
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if default is not None and not isinstance(value, type(default)):
-        raise RecipeError(f"{where} must be a {type(default).__name__}, got {value!r}")
-    return value
-
-
 def recipe_names() -> list[str]:
     """The recipes shipped with lmlm."""
     folder = resources.files("lmlm.pipeline") / "recipes"
@@ -413,28 +375,7 @@ def _read_toml(spec: str) -> tuple[dict[str, Any], str]:
         if not shipped.is_file():
             raise RecipeError(f"unknown recipe {spec!r}: give a .toml file or one of {', '.join(recipe_names())}")
         text, where = shipped.read_text(encoding="utf-8"), f"recipe {spec}"
-    try:
-        return tomllib.loads(text), where
-    except tomllib.TOMLDecodeError as e:
-        raise RecipeError(f"{where}: not TOML: {e}") from None
-
-
-def _override(data: dict[str, Any], assignment: str) -> None:
-    """Apply ``section.key=value`` (the value read as TOML, else as a string) to the raw recipe."""
-    key, sep, raw = assignment.partition("=")
-    if not sep or not key.strip():
-        raise RecipeError(f"--set {assignment!r}: expected section.key=value")
-    try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    parts = key.strip().split(".")
-    table = data
-    for part in parts[:-1]:
-        table = table.setdefault(part, {})
-        if not isinstance(table, dict):
-            raise RecipeError(f"--set {assignment!r}: {part} is not a table")
-    table[parts[-1]] = value
+    return parse_toml(text, where), where
 
 
 def load_recipe(spec: str, overrides: list[str] | tuple[str, ...] = (), corpus: str | None = None,
@@ -453,12 +394,12 @@ def load_recipe(spec: str, overrides: list[str] | tuple[str, ...] = (), corpus: 
     data, where = _read_toml(spec)
     data.setdefault("name", Path(spec).stem if spec.endswith(".toml") else spec)
     for assignment in overrides:
-        _override(data, assignment)
+        apply_set(data, assignment)
     if corpus is not None:
         data.setdefault("corpus", {})["path"] = str(corpus)
     if device is not None:
         data["device"] = device
-    return _build(Recipe, data, where).validate()
+    return build(Recipe, data, where).validate()
 
 
 def recipe_json(recipe: Recipe) -> str:

@@ -33,8 +33,9 @@ from typing import Any
 from rich.console import Console
 
 from ..corpus import Document, corpus_stats, read_documents, write_documents
+from ..jsonio import read_json, write_json
+from ..stages import Stopped, finish_stage, stage_done, stop_after
 from .recipe import Recipe, RecipeError, recipe_json
-from .annotation import Stopped, stage_done, finish_stage, stop_after  # one stage marker for both modules
 from .data import chunks as chunks_of, fact_documents_of, facts_split, infobox_split, plain_chunks
 
 __all__ = ["run_pipeline", "STAGES", "UNTIL"]
@@ -172,7 +173,7 @@ def stage_annotate(recipe: Recipe, out: Path, device: str | None, progress: bool
     # triples.jsonl holds a fact once per mention (its source beside it); the KB stage counts distinct facts
     seconds = time.time() - t + (report.get("llm") or {}).get("seconds_earlier", 0.0)  # a resumed LLM path's steps
     info = {**stats, "calls_by_method": by_method, "triple_lines": n_triples, **report, "seconds": seconds}
-    (folder / "report.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    write_json(folder / "report.json", info)
     _log(f"annotation: {stats['lookup_calls']} calls ({by_method}), text unchanged in "
          f"{stats['text_unchanged']:.1%} of {stats['documents']} documents")
     return finish_stage(folder, info)
@@ -362,7 +363,7 @@ def stage_evaluate(recipe: Recipe, out: Path) -> dict:
             _log(f"edits: real facts changed in a copy of the KB, {spec.edits} of those the LMLM states scored")
             edits = evaluate_edits(folder, pools, models["lmlm"], recipe.device, spec.max_new_tokens,
                                    spec.batch_size, decoding, spec.constrained, n=spec.edits)
-            (folder / "edits.json").write_text(json.dumps(edits, indent=2, default=str) + "\n")
+            write_json(folder / "edits.json", edits)
     cloze = {**{s: len(f) for s, f in facts.items()}, **({"facts": n_facts} if n_facts else {}),
              **({"heldout_infobox": len(read_trex(files["heldout_infobox"]))} if "heldout_infobox" in files else {})}
     info = {"cloze": cloze, "table": table, "perplexity": perplexity,
@@ -428,7 +429,7 @@ def _check_folder(recipe: Recipe, out: Path, fresh: bool, until: str | None) -> 
     resolved = recipe_json(recipe)
     path = out / "recipe.json"
     if path.exists():
-        before = json.loads(path.read_text())
+        before = read_json(path)
         changed = {k: d for k, d in _differences(before, json.loads(resolved)).items()
                    if k != "device" and _begun(out, k)}
         if changed:
@@ -439,7 +440,7 @@ def _check_folder(recipe: Recipe, out: Path, fresh: bool, until: str | None) -> 
     cuda = recipe.device != "cpu" and torch.cuda.is_available()
     record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": recipe.device,
               "ran_on": torch.cuda.get_device_name(0) if cuda else "cpu",
-              "done_before": [s for s in ("corpus", "annotate", "kb") if (out / s / "done.json").exists()],
+              "done_before": [s for s in ("corpus", "annotate", "kb") if stage_done(out / s) is not None],
               "until": until}
     with (out / "runs.jsonl").open("a") as f:
         f.write(json.dumps(record) + "\n")

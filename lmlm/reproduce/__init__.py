@@ -1,7 +1,8 @@
 """Every protocol of the paper on the embedded worlds, with a report beside the paper's numbers: ``lmlm reproduce``.
 
-Stages, each writing ``OUT/results/<stage>.json`` when done (a rerun skips finished stages, and a
-stage cut short resumes from its cached pieces and training states; ``fresh`` starts over):
+Stages, each in its folder ``OUT/<stage>`` with its summary in ``done.json`` when done (:mod:`lmlm.stages`:
+a rerun skips finished stages, and a stage cut short resumes from its cached pieces and training
+states; ``fresh`` starts over):
 
 1. ``bios``: the quickstart run on the biography world (world, KB, LMLM and Standard trained alike,
    cloze precision, the three perplexities, edits and deletes), in ``OUT/bios``;
@@ -28,9 +29,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
+from functools import partial
 from pathlib import Path
+from typing import Iterable
 
+from ..stages import run_stage
 from .config import REPRODUCE_PRESETS, ReproduceConfig
 from .context import Run, console, read_json, write_json
 
@@ -61,18 +64,19 @@ STAGES = ("bios", "data", "factual", "seeds", "rag", "offloading", "tofu")
 
 
 def reproduce(out: str | Path = "runs/reproduce", preset: str = "cpu", fresh: bool = False,
-              stop_after: str | None = None, **overrides) -> dict:
+              stop_after: str | None = None, sets: Iterable[str] = (), **overrides) -> dict:
     """Run every stage not yet done in ``out`` and write the report; returns it (``report.json``).
 
     Args:
         out: the run folder.
-        preset: a row of :data:`REPRODUCE_PRESETS` (``cpu`` or ``tiny``); ``overrides`` change fields.
+        preset: a row of :data:`REPRODUCE_PRESETS` (``cpu`` or ``tiny``) or a ``.toml`` file of its fields;
+            ``sets`` (``key=value``, as ``--set``) and ``overrides`` change fields.
         fresh: delete ``out`` first.
         stop_after: stop once this stage is done, without a report (as if interrupted there).
     """
     import torch
 
-    cfg = ReproduceConfig.from_name(preset, **overrides)
+    cfg = ReproduceConfig.from_name(preset, sets, **overrides)
     if stop_after is not None and stop_after not in STAGES:
         raise ValueError(f"stop_after must be one of {STAGES}, got {stop_after!r}")
     out = Path(out)
@@ -88,18 +92,9 @@ def reproduce(out: str | Path = "runs/reproduce", preset: str = "cpu", fresh: bo
     stages, timings = {}, {}
     fns = _stages()
     try:
-        for name in STAGES:
-            path = out / "results" / f"{name}.json"
-            if path.exists():
-                console.print(f"[bold]{name}[/]: done before, reading {path}")
-                stages[name] = read_json(path)
-            else:
-                console.rule(f"[bold]reproduce: {name}")
-                t0 = time.time()
-                res = fns[name](run)
-                res["seconds"] = time.time() - t0
-                write_json(path, res)
-                stages[name] = res
+        for name in STAGES:  # a folder of an older version marked a stage done by results/<stage>.json
+            stages[name] = run_stage(out / name, partial(fns[name], run), name, title=f"reproduce: {name}",
+                                     legacy=out / "results" / f"{name}.json")
             timings[name] = stages[name].get("seconds", 0.0)
             if name == stop_after:
                 return {"preset": cfg.name, "config": cfg.to_dict(), "stages": stages, "timings_seconds": timings}

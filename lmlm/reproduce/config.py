@@ -1,13 +1,16 @@
 """Reproduction presets, as data: how big each stage of ``lmlm reproduce`` is.
 
 ``cpu`` fits a 2-core CPU in under two hours; ``tiny`` (a few minutes) is what the tests run.
-A run writes its resolved config to ``OUT/config.json``.
+A preset is a recipe of :mod:`lmlm.recipe` (a row here or a TOML file, ``--set key=value`` on top);
+a run writes its resolved config to ``OUT/config.json``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterable
+
+from ..recipe import from_preset
 
 __all__ = ["ReproduceConfig", "REPRODUCE_PRESETS"]
 
@@ -91,10 +94,10 @@ class ReproduceConfig:
             raise ValueError(f"tofu_forget must be a forget split (forget01, forget05, forget10), got {self.tofu_forget!r}")
 
     @classmethod
-    def from_name(cls, name: str, **overrides) -> "ReproduceConfig":
-        if name not in REPRODUCE_PRESETS:
-            raise ValueError(f"unknown reproduce preset {name!r}; known: {sorted(REPRODUCE_PRESETS)}")
-        return cls(**{"name": name, **REPRODUCE_PRESETS[name], **overrides})
+    def from_name(cls, name: str, sets: Iterable[str] = (), **overrides) -> "ReproduceConfig":
+        """Preset ``name`` (of :data:`REPRODUCE_PRESETS`, or a ``.toml`` file of these fields), then the
+        ``key=value`` assignments of ``sets`` (``--set``), then ``overrides`` (:func:`lmlm.recipe.from_preset`)."""
+        return from_preset(cls, REPRODUCE_PRESETS, name, sets, kind="reproduce", **overrides)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -14,9 +14,9 @@ names both is put right before the prompt (an oracle retriever). The reader is k
 
 from __future__ import annotations
 
-import json
 import math
 
+from ..jsonio import read_json, write_json
 from .context import Run, console
 
 __all__ = ["rag_stage"]
@@ -41,8 +41,8 @@ def _reader(run: Run, retriever, texts: list[str]) -> tuple[object, dict]:
                      "with retrieved passages")
         if not is_checkpoint(folder / "checkpoint"):
             train(train_config(qs, "standard", folder, run.bios / "kb"), docs, run.tok)
-        counts.write_text(json.dumps(given) + "\n")
-    return load_checkpoint(folder / "checkpoint")[0], json.loads(counts.read_text())
+        write_json(counts, given)
+    return load_checkpoint(folder / "checkpoint")[0], read_json(counts)
 
 
 def _names(passage: str, *words: str) -> bool:

@@ -12,10 +12,10 @@ Everything is cached in ``OUT/seeds``.
 from __future__ import annotations
 
 import math
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from ..stages import copy_stage, finish_stage, stage_done
 from .context import Run, console, read_json, write_json
 
 __all__ = ["seeds_stage", "spread", "heldout_kb"]
@@ -38,15 +38,13 @@ def heldout_kb(run: Run, folder: Path):
     """A copy of the training KB with the added people's facts: the facts of every held-out document."""
     from ..kb import KnowledgeBase, Triple
 
-    if (folder / "built.json").exists():
+    if stage_done(folder, legacy=folder / "built.json") is not None:
         return KnowledgeBase.open(folder)
-    if folder.exists():
-        shutil.rmtree(folder)
-    shutil.copytree(run.bios / "kb", folder)
+    copy_stage(run.bios / "kb", folder)
     kb = KnowledgeBase.open(folder)
     kb.add([Triple(e, r, v, source=s) for e, r, v, s in run.world.added_triples()], who="reproduce",
            why="people added after training: every held-out document's facts")
-    write_json(folder / "built.json", {"version": kb.version, "triples": len(kb)})
+    finish_stage(folder, {"version": kb.version, "triples": len(kb)})
     return kb
 
 

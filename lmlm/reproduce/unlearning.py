@@ -23,6 +23,7 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
+from ..stages import copy_stage, finish_stage, stage_done
 from .context import Run, console, read_json, write_json
 
 __all__ = ["tofu_stage", "forget_verdict"]
@@ -47,13 +48,13 @@ def _world(run: Run, folder: Path):
 def _kb(folder: Path, triples):
     from ..kb import KnowledgeBase, Triple
 
-    if (folder / "built.json").exists():
+    if stage_done(folder, legacy=folder / "built.json") is not None:
         return KnowledgeBase.open(folder)
     if folder.exists():
         shutil.rmtree(folder)
     kb = KnowledgeBase.create(folder)
     kb.add([Triple(e, r, v) for e, r, v in triples], who="reproduce", why="TOFU facts at fine-tuning time")
-    write_json(folder / "built.json", {"version": kb.version, "triples": len(kb)})
+    finish_stage(folder, {"version": kb.version, "triples": len(kb)})
     return kb
 
 
@@ -112,15 +113,11 @@ def _unlearned_kb(root: Path, forget_items):
     from ..kb import KnowledgeBase
 
     folder = root / "kb-unlearned"
-    if not (folder / "built.json").exists():
-        if folder.exists():
-            shutil.rmtree(folder)
-        shutil.copytree(root / "kb-full", folder)
+    if (deletion := stage_done(folder, legacy=folder / "built.json")) is None:
+        copy_stage(root / "kb-full", folder)
         kb = KnowledgeBase.open(folder)
-        deletion = kb_unlearn(kb, forget_items, who="reproduce")
-        write_json(folder / "built.json", deletion)
-        return kb, deletion
-    return KnowledgeBase.open(folder), read_json(folder / "built.json")
+        return kb, finish_stage(folder, kb_unlearn(kb, forget_items, who="reproduce"))
+    return KnowledgeBase.open(folder), deletion
 
 
 def _ks(a, b) -> float | None:

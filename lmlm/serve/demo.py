@@ -14,7 +14,6 @@ Examples:
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,13 +79,14 @@ def build_demo(out: str | Path, seed: int = 0, steps: int = 250, encoder=None) -
     from ..checkpoint import is_checkpoint
     from ..kb import KnowledgeBase, Triple
     from ..lookup import strip
+    from ..stages import finish_stage, stage_done
     from ..tokens import LookupTokenizer, train_bpe
     from ..train import TrainConfig, train
 
     out = Path(out)
     people = demo_people(seed)
     demo = Demo(out / "checkpoint", out / "kb", people)
-    if is_checkpoint(demo.model_dir) and (demo.kb_dir / "built.json").exists():
+    if is_checkpoint(demo.model_dir) and stage_done(demo.kb_dir) is not None:
         return demo
     docs = _documents(people, random.Random(seed))
     if demo.kb_dir.exists():
@@ -96,7 +96,7 @@ def build_demo(out: str | Path, seed: int = 0, steps: int = 250, encoder=None) -
     kb.add([Triple(e, r, v, source=f"bio-{e.replace(' ', '-').lower()}") for e, r, v in demo.facts],
            who="demo", why="facts of the demo people")
     kb.close()
-    (demo.kb_dir / "built.json").write_text(json.dumps({"triples": len(demo.facts)}) + "\n")
+    finish_stage(demo.kb_dir, {"triples": len(demo.facts)})
     tok = LookupTokenizer(train_bpe([strip(d) for d in docs], vocab_size=600, min_frequency=1))
     config = TrainConfig.from_name("demo", out_dir=str(out), kb=str(demo.kb_dir), max_steps=steps, seed=seed)
     threads = torch.get_num_threads()

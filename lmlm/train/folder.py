@@ -82,7 +82,7 @@ def open_run_folder(accelerator, config: TrainConfig, resolved: dict[str, Any], 
                       "from step 0", file=sys.stderr, flush=True)
             if holds_run(out_dir):  # a new run replaces the older one: nothing of it is left to mix in
                 _remove_run(out_dir, keep=(TOKENIZER_DIR,) if keep_tokenizer else ())
-        (out_dir / CONFIG_FILE).write_text(json.dumps(resolved, indent=2) + "\n")
+        write_json(out_dir / CONFIG_FILE, resolved)
         write_json(out_dir / SUMMARY_FILE, summary)  # atomically, as every summary
     accelerator.wait_for_everyone()
     return resuming

@@ -228,7 +228,7 @@ def train(config: TrainConfig, documents: Sequence | None = None, tokenizer: Loo
         meta = {"mode": config.mode, "kb": _kb_reference(config.kb), "model_preset": config.model,
                 "init_from": inputs.model_info.get("init_from"), "train_config": resolved, "stats": stats}
         save_checkpoint(Path(config.out_dir) / CHECKPOINT_DIR, model, tokenizer, meta, state_dict=state_dict)
-        (Path(config.out_dir) / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
+        write_json(Path(config.out_dir) / STATS_FILE, stats)
         write_json(Path(config.out_dir) / SUMMARY_FILE, {**inputs.summary, "steps": stats["steps"],
                                                           "trained_tokens_seen": stats["trained_tokens"],
                                                           "tokens_seen": stats["tokens"]})

@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from ..jsonio import write_json
 from .bios import RELATIONS, BiosWorld
 
 __all__ = ["POPQA_QUESTIONS", "write_trex", "write_popqa", "write_factscore_topics", "write_nlu", "write_all"]
@@ -126,11 +127,8 @@ def write_nlu(world: BiosWorld, path: str | Path, n: int | None = 300, n_choices
                          "target_scores": {c: int(c == tail) for c in choices}})
     if n is not None and n < len(examples):
         examples = rng.sample(examples, n)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"name": "bios_continuation", "description": "held-out sentence endings: the true one "
-                                "against those of other sentences", "examples": examples}, indent=1) + "\n",
-                    encoding="utf-8")
+    write_json(path, {"name": "bios_continuation", "description": "held-out sentence endings: the true one "
+                      "against those of other sentences", "examples": examples}, indent=1)
     return len(examples)
 
 

@@ -40,7 +40,7 @@ from functools import cached_property
 from pathlib import Path
 
 from .. import corpus
-from ..jsonio import write_jsonl
+from ..jsonio import write_json, write_jsonl
 from ..lookup import plain_text
 from .bios_draw import (BIOS_PRESETS, BiosConfig, ClozePrompt, Document, Edit, Person, WorldFact, make_documents,
                         make_people, make_pools, random_date, rng_for)
@@ -250,10 +250,9 @@ class BiosWorld:
         write_jsonl(folder / "triples.jsonl", [
             {**dict(zip(WorldFact._fields, t)), "split": split}
             for split, rows in (("train", self.triples()), ("added", self.added_triples())) for t in rows])
-        (folder / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
-        (folder / "pools.json").write_text(json.dumps(self.pools, ensure_ascii=False, indent=1) + "\n",
-                                           encoding="utf-8")
-        (folder / "stats.json").write_text(json.dumps(self.stats(), indent=2) + "\n")
+        write_json(folder / "config.json", self.config.to_dict())
+        write_json(folder / "pools.json", self.pools, indent=1, ensure_ascii=False)
+        write_json(folder / "stats.json", self.stats())
         write_jsonl(folder / "aliases.jsonl", [{"alias": a, "entity": e, "split": split}
                                                 for split in ("train", "added") for a, e in self.aliases(split)])
         return folder

@@ -333,9 +333,8 @@ class TofuWorld:
         write_jsonl(folder / "triples.jsonl", ({"entity": e, "relation": r, "value": v} for e, r, v in self.triples()))
         write_jsonl(folder / "authors.jsonl", (dataclasses.asdict(a) for a in self.authors))
         write_jsonl(folder / "aliases.jsonl", ({"alias": a, "entity": e} for a, e in self.aliases()))
-        (folder / "world.json").write_text(json.dumps({
-            "config": dataclasses.asdict(self.config), "world_statements": self.world_statements,
-            "stats": self.stats()}, indent=2) + "\n")
+        write_json(folder / "world.json", {"config": dataclasses.asdict(self.config),
+                                           "world_statements": self.world_statements, "stats": self.stats()})
         return folder
 
     @classmethod

@@ -12,10 +12,11 @@ from lmlm.corpus import Document
 from lmlm.evaluate.trex import read_trex
 from lmlm.lookup import Lookup, Text, strip
 from lmlm.pipeline import RecipeError, load_recipe, recipe_names
-from lmlm.pipeline.annotation import (CHECK_MIN, Reference, stage_done, finish_stage, _infobox_passages, _seed_choice,
-                                     call_layer, merge_layers, passages_of, run_llm, split_passages, vet_layer)
+from lmlm.pipeline.annotation import (CHECK_MIN, Reference, _infobox_passages, _seed_choice, call_layer, merge_layers,
+                                     passages_of, run_llm, split_passages, vet_layer)
 from lmlm.pipeline.recipe import LLMSpec, Recipe
 from lmlm.pipeline.facts import ClozeFact, choose_edits, cloze_facts, write_trex
+from lmlm.stages import finish_stage, stage_done
 
 runner = CliRunner()
 
