@@ -570,7 +570,7 @@ def rag(model: Path = MODEL, data: Path = DATA, out: Path | None = OUT, limit: i
             {"model": str(model), "corpus": str(corpus), "task": task, "k": k, "words": words})
 
 
-EDIT_METHODS = ("lmlm", "ft-l", "rome")
+EDIT_METHODS = ("lmlm", "ft-l", "rome", "memit")
 
 
 def _edit_set(data: Path | None, world: Path | None, from_kb: Path | None, fmt: str, n: int, seed: int,
@@ -620,7 +620,8 @@ def _rome_texts(texts: Path | None, world) -> list[str]:
         return [strip(d.segments) for d in _read(_documents, texts)]
     if world is not None:
         return [d.plain for d in world.train_documents]
-    _fail("--method rome estimates its keys' second moment from text: pass --texts (a document file) or --world")
+    _fail("--method rome and memit estimate their keys' second moment from text: pass --texts (a document file) "
+          "or --world")
 
 
 @eval_app.command()
@@ -634,15 +635,17 @@ def editing(model: Path = MODEL, kb: Path | None = KB, out: Path | None = OUT, b
             fmt: str = typer.Option("counterfact", "--format", help="the written set's format: counterfact or zsre"),
             write: Path | None = typer.Option(None, "--write", help="where the written set goes "
                                               "(default: editing-<format>.json)"),
-            method: str = typer.Option("lmlm", help="lmlm (KB edits of an LMLM, on a copy of its KB), ft-l or rome "
-                                       "(weight edits, on a Standard model: an LMLM is scored with lookups banned)"),
+            method: str = typer.Option("lmlm", help="lmlm (KB edits of an LMLM, on a copy of its KB), ft-l, rome or "
+                                       "memit (weight edits, on a Standard model: an LMLM is scored with lookups "
+                                       "banned; memit edits a count in one batch)"),
             edits: str = typer.Option("1,100,1000", help="sequential edit counts, each from the same start"),
             sample: int = typer.Option(1000, min=1, help="edited facts scored per count at most (seeded)"),
             fluency_n: int = typer.Option(50, min=0, help="generation prompts for the fluency (n-gram entropy)"),
             fluency_tokens: int = typer.Option(100, min=1, help="tokens per fluency text (ROME: 100)"),
-            layer: int | None = typer.Option(None, help="the edited MLP layer (ft-l: 0; rome: 17/48 of the depth)"),
+            layer: int | None = typer.Option(None, help="the edited MLP layer (ft-l: 0; rome: 17/48 of the depth; "
+                                             "memit: its top layer alone, instead of 13-17/48 of the depth)"),
             norm: float = typer.Option(5e-4, help="ft-l: L-infinity bound on each weight's change (ROME's FT-L: 5e-4)"),
-            texts: Path | None = typer.Option(None, "--texts", help="rome: documents for the keys' second moment "
+            texts: Path | None = typer.Option(None, "--texts", help="rome, memit: documents for the keys' second moment "
                                               "(default: the --world's training documents)"),
             name_bias: float = typer.Option(10.0, min=0.0, help="the LMLM's name bias (lmlm generate's default)"),
             copy_bias: float = typer.Option(5.0, min=0.0, help="the LMLM's copy bias (lmlm generate's default)"),
@@ -675,12 +678,16 @@ def editing(model: Path = MODEL, kb: Path | None = KB, out: Path | None = OUT, b
         editor = KBEditor(source, lambda k: LookupGenerator(m, tok, k, name_bias=name_bias, copy_bias=copy_bias))
         config_kb = str(source)
     else:
-        from .weight_editing import FineTuneL, Rome
+        from .weight_editing import FineTuneL, Memit, Rome
 
         m, tok, _, gen, _ = _load(model, None, no_db=True)
         try:
-            edit = FineTuneL(m, tok, layer=0 if layer is None else layer, norm=norm) if method == "ft-l" else \
-                Rome(m, tok, _rome_texts(texts, w), layer=layer, seed=seed)
+            if method == "ft-l":
+                edit = FineTuneL(m, tok, layer=0 if layer is None else layer, norm=norm)
+            elif method == "rome":
+                edit = Rome(m, tok, _rome_texts(texts, w), layer=layer, seed=seed)
+            else:
+                edit = Memit(m, tok, _rome_texts(texts, w), layers=None if layer is None else [layer], seed=seed)
         except ValueError as e:
             _fail(str(e))
         editor, config_kb = WeightEditor(edit, gen), None
@@ -693,5 +700,6 @@ def editing(model: Path = MODEL, kb: Path | None = KB, out: Path | None = OUT, b
     _finish(EDITING, metrics, records, out, {
         "model": str(model), "mode": mode, "method": method, "data": str(data or write or Path(f"editing-{fmt}.json")),
         "edits": counts, "sample": sample, "fluency_n": fluency_n, "fluency_tokens": fluency_tokens, "kb": config_kb,
-        "layer": getattr(getattr(editor, "method", None), "layer", None), "seed": seed,
+        "layer": getattr(getattr(editor, "method", None), "layer", None),
+        "layers": getattr(getattr(editor, "method", None), "layers", None), "seed": seed,
         "name_bias": name_bias, "copy_bias": copy_bias})

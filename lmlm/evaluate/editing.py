@@ -591,11 +591,14 @@ def _scored_cases(final: Sequence[int], sample: int | None, seed: int) -> list[i
     return [c for i, c in enumerate(final) if i in keep]
 
 
-def _fluency(scorer, cases: Sequence[EditCase], n: int, max_new_tokens: int, seed: int) -> tuple[float, int]:
+def _fluency(scorer, cases: Sequence[EditCase], n: int, max_new_tokens: int, seed: int) -> tuple[float, list[str]]:
+    """ROME's fluency of the texts written from the first generation prompt of each of ``cases`` (up to ``n``),
+    and the texts."""
     prompts = [p for c in cases for p in c.generation[:1]][:n]
     if not prompts:
-        return math.nan, 0
-    return n_gram_entropy(scorer.generate(prompts, max_new_tokens=max_new_tokens, seed=seed)), len(prompts)
+        return math.nan, []
+    texts = scorer.generate(prompts, max_new_tokens=max_new_tokens, seed=seed)
+    return n_gram_entropy(texts), texts
 
 
 def run_editing(editor, cases: Sequence[EditCase], counts: Sequence[int], *, sample: int | None = 1000,
@@ -618,8 +621,8 @@ def run_editing(editor, cases: Sequence[EditCase], counts: Sequence[int], *, sam
     before = _state(scorer, [cases[i] for i in union])
     at = {i: u for u, i in enumerate(union)}
     flu_cases = [cases[i] for i in scored[counts[-1]]]
-    fluency_before, n_flu = _fluency(scorer, flu_cases, fluency_n, fluency_tokens, seed)
-    metrics: dict = {"editing_fluency_before": round(fluency_before, 4), "editing_n_fluency": n_flu}
+    fluency_before, texts_before = _fluency(scorer, flu_cases, fluency_n, fluency_tokens, seed)
+    metrics: dict = {"editing_fluency_before": round(fluency_before, 4), "editing_n_fluency": len(texts_before)}
     for n in counts:
         scorer = editor.start()
         bar = tqdm(total=n, desc=f"{editor.name}: {n} edits", unit="edit", leave=False)
@@ -631,7 +634,7 @@ def run_editing(editor, cases: Sequence[EditCase], counts: Sequence[int], *, sam
         after = _state(scorer, chosen)
         mine = {(k, kind, j): before[(at[scored[n][k]], kind, j)] for k, kind, j in after}
         row = _summary(chosen, mine, after)
-        flu, _ = _fluency(scorer, flu_cases, fluency_n, fluency_tokens, seed)
+        flu, texts = _fluency(scorer, flu_cases, fluency_n, fluency_tokens, seed)
         row.update(fluency=round(flu, 4), fluency_change=round(flu / fluency_before - 1, 4) if fluency_before else None,
                    edits=n, facts_edited=len(_final(cases[:n])), n_cases=len(chosen), edit_seconds=round(seconds, 3),
                    seconds_per_edit=round(seconds / n, 6), kb_inserted=editor.inserted)
@@ -639,10 +642,26 @@ def run_editing(editor, cases: Sequence[EditCase], counts: Sequence[int], *, sam
             f"neighborhood {row.get('neighborhood_score', row.get('locality_top1'))}, fluency {row['fluency']}")
         metrics.update({f"editing_{n}_{k}": v for k, v in _renamed(row).items()})
         if records is not None:
-            records.append({"edits": n, **_renamed(row)})
+            records.append({"edits": n, **_renamed(row), "cases": _case_records(chosen, mine, after),
+                            "fluency_texts": [{"before": b, "after": a} for b, a in zip(texts_before, texts)]})
     editor.close()
     metrics.update({f"editing_{k}": v for k, v in _renamed(row).items()})  # the largest count's
     return metrics
+
+
+def _case_records(cases: Sequence[EditCase], before: dict, after: dict) -> list[dict]:
+    """Each scored rewrite as it reads: its prompts with the greedy answer before and after the edits."""
+    out = []
+    for ci, c in enumerate(cases):
+        rows: dict[str, list] = {}
+        prompts = [prompt for prompt, _ in _items([c])[0]]
+        for (i, kind, j), s in after.items():
+            if i == ci:
+                rows.setdefault(kind, []).append({"prompt": prompts[j], "before": before[(i, kind, j)].answer,
+                                                  "after": s.answer})
+        out.append({"case_id": c.case_id, "subject": c.subject, "relation": c.relation, "target_true": c.target_true,
+                    "target_new": c.target_new, **{k: (v[0] if k == "edit" else v) for k, v in rows.items()}})
+    return out
 
 
 def _renamed(row: dict) -> dict:

@@ -19,7 +19,8 @@ from lmlm.corpus import Document, write_documents
 from lmlm.evaluate.cli import eval_app
 from lmlm.evaluate.editing import (counterfact_records, n_gram_entropy, parse_counts, read_counterfact,
                                    read_edit_set, read_zsre, write_records, zsre_records)
-from lmlm.evaluate.weight_editing import FineTuneL, Rome, WeightEdit, mlp_projection
+from lmlm.evaluate.weight_editing import (FineTuneL, Memit, Rome, WeightEdit, _at_subject, decoder_block,
+                                          memit_layers, mlp_projection)
 from lmlm.kb import KnowledgeBase, Triple
 from lmlm.lookup import strip
 from lmlm.scoring import token_logprobs
@@ -172,6 +173,51 @@ def test_rome_maps_the_subjects_key_to_the_new_value(world):
     assert torch.equal(proj.weight, before_w)
 
 
+def _rewrites(world, n: int) -> list[WeightEdit]:
+    """``n`` rewrites of the tiny world's facts, each to another value of its relation."""
+    out = []
+    for (subject, relation), true in list(world.facts.items())[:n]:
+        new = next(v for (_, r), v in world.facts.items() if r == relation and v != true)
+        out.append(WeightEdit(SAY[relation][0].format(subject), subject, new))
+    return out
+
+
+def test_memit_maps_the_edited_keys_to_the_new_values_targets(world):
+    model = copy.deepcopy(world.model)
+    assert memit_layers(model) == [0]  # 2 layers: ROME's layer, below the last
+    # one layer, the plain prompt as the only template and a tiny lambda: the least-squares update is exact
+    memit = Memit(model, world.tok, _texts(world), layers=[0], n_prefixes=0, update_weight=1e-6, seed=0)
+    reqs = _rewrites(world, 4)
+    proj, block = mlp_projection(model, 0), decoder_block(model, 0)
+    prompts, subjects = [r.prompt for r in reqs], [r.subject for r in reqs]
+    before_w = proj.weight.detach().clone()
+    out = memit.edit_batch(reqs)
+    keys, resid = out["keys"][0], out["residuals"][0]
+    with torch.no_grad():  # the defining property: W' K = W K + R, and the residual stream reaches z
+        torch.testing.assert_close(proj(keys) - (proj.bias + keys @ before_w), resid, atol=1e-3, rtol=1e-3)
+        _, now = _at_subject(model, world.tok, block, prompts, subjects)
+        torch.testing.assert_close(now, out["z"], atol=1e-3, rtol=1e-3)
+        assert resid.norm(dim=1).min() > 1e-2  # each target moved the stream
+    assert torch.linalg.matrix_rank(proj.weight.detach() - before_w).item() == len(reqs)  # rank N: one per edit
+    memit.reset()
+    assert torch.equal(proj.weight, before_w)
+
+
+def test_memit_batch_states_the_new_objects(world):
+    model = copy.deepcopy(world.model)
+    # MEMIT's lambda; the prompts' own keys (a 2-layer model's keys change with the text before the subject,
+    # cosine about 0.75 to their average over prefixes, so the averaged keys barely reach the prompts')
+    memit = Memit(model, world.tok, _texts(world), n_prefixes=0, seed=0)
+    reqs = _rewrites(world, 4)
+    gain = [-_logp(model, world.tok, r.prompt, r.target) for r in reqs]
+    memit.edit_all(reqs)
+    gain = [g + _logp(model, world.tok, r.prompt, r.target) for g, r in zip(gain, reqs)]
+    assert min(gain) > 0.02  # every edited prompt's new object is more likely
+    original = dict(world.model.named_parameters())
+    assert [n for n, p in model.named_parameters() if not torch.equal(p, original[n])] == \
+        ["transformer.h.0.mlp.c_proj.weight"]  # the edited layers' projections only
+
+
 def test_ft_l_moves_the_edited_answer_within_its_bound(world):
     model = copy.deepcopy(world.model)
     ft = FineTuneL(model, world.tok, layer=0, steps=25, lr=2e-2, norm=5e-2)
@@ -195,3 +241,7 @@ def test_weight_methods_run_through_the_command(run_dir, tmp_path):
               "--texts", str(run_dir / "docs.jsonl"), "--out", str(tmp_path / "rome.json")])
     assert m["editing_2_n_efficacy_score"] == 2 and 0 <= m["editing_2_efficacy_score"] <= 1
     assert m["editing_2_edit_seconds"] > 0
+    m = _run(["editing", "--model", str(run_dir / "standard"), "--data", str(run_dir / "counterfact.json"),
+              "--method", "memit", "--edits", "1,3", "--fluency-n", "2", "--fluency-tokens", "16",
+              "--texts", str(run_dir / "docs.jsonl"), "--out", str(tmp_path / "memit.json")])
+    assert m["editing_3_n_efficacy_score"] == 3 and 0 <= m["editing_3_efficacy_score"] <= 1
