@@ -270,14 +270,15 @@ def stage_train(recipe: Recipe, out: Path, progress: bool = True) -> dict:
         chunks = chunks_of(docs, recipe.train.chunk_chars)
         # only 'train' is trained on: a corpus's own 'test' or 'validation' documents are held out too
         held = [d for d in chunks if d.split not in (None, "train")]
+        trained = [d for d in docs if d.split in (None, "train")]
         if recipe.train.windows:
             from ..data.windows import windows_of
 
-            chunks = windows_of([d for d in docs if d.split in (None, "train")], after_words=recipe.train.after_words,
-                                swap=recipe.train.swap, seed=recipe.seed, copies=recipe.train.window_copies)
+            chunks = windows_of(trained, after_words=recipe.train.after_words, swap=recipe.train.swap,
+                                seed=recipe.seed, copies=recipe.train.window_copies)
         train_docs = [d for d in chunks if d.split in (None, "train")]
         if recipe.train.plain:
-            train_docs += plain_chunks([d for d in docs if d.split in (None, "train")], recipe.train.plain, recipe.seed)
+            train_docs += plain_chunks(trained, recipe.train.plain, recipe.seed)
         facts = fact_documents_of(recipe, out, folder, _log)
         write_documents(folder / "train.jsonl", train_docs + facts)
         if held:
