@@ -27,7 +27,8 @@ log-probability, ROME's ``test_batch_prediction``):
   locality: the argmax tokens over ``loc_ans``) is the same before and after the edits;
 * ``fluency``: ROME's generation entropy, per text ``mean(2/3 * H_2, 4/3 * H_3)`` of its word bigram
   and trigram frequencies (bits; NLTK's word tokenizer), averaged over the texts the model writes from
-  the generation prompts (top-5 sampling, seeded, 100 tokens, as ROME's ``generate_fast``);
+  the generation prompts (top-5 sampling, seeded, 100 tokens each, as ROME's ``generate_fast``: a
+  text runs on past the end of its document, so an edit that makes the model end early does not shorten it);
   ``fluency_before`` and ``fluency_change`` (after / before - 1) beside it.
 
 For an LMLM the answer comes through a lookup, so every metric is defined through it: a lookup is
@@ -377,11 +378,12 @@ class _Scorer:
         return ()
 
     def generate(self, prompts: Sequence[str], max_new_tokens: int = 100, seed: int = 0) -> list[str]:
-        """Texts from the generation prompts, ROME's way (top-5 sampling), seeded."""
+        """Texts from the generation prompts, ROME's way (top-5 sampling, seeded, ``max_new_tokens`` each:
+        the end of a document does not stop a text, its separator is left out, as ``generate_fast`` does)."""
         from .base import outputs_of
 
         res = self.gen.generate(list(prompts), max_new_tokens=max_new_tokens, batch_size=self.batch_size,
-                                do_sample=True, top_k=5, seed=seed)
+                                do_sample=True, top_k=5, seed=seed, ignore_eos=True)
         return outputs_of(self.gen, res)
 
 

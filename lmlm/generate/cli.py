@@ -37,9 +37,9 @@ def generate_command(prompt: List[str] = typer.Argument(..., help="one or more p
                                           "model goes on) or any text"),
              max_lookups: int = typer.Option(16, min=0, help="lookups per continuation"),
              logit_bias: str = typer.Option("5,2,2,2", help="added to the start, sep, retrieve and end scores"),
-             copy_bias: float = typer.Option(5.0, min=0.0, help="added to the next token of an answered value while "
-                                             "the text after the call states it (0: the model's own choice, as in "
-                                             "the paper's decoding)"),
+             copy_bias: float = typer.Option(5.0, min=0.0, help="added to the first token of an answered value right "
+                                             "after its call; a text that begins the value then finishes it (0: the "
+                                             "model's own choice, as in the paper's decoding)"),
              name_bias: float = typer.Option(10.0, min=0.0, help="added, inside a call's entity, to the next token "
                                              "of each KB name the text before it gives, so a query stays on the "
                                              "text's names (0: the model's own choice, as in the paper's decoding)"),

@@ -86,8 +86,9 @@ class Grammar:
         use_db (defaults to `True`): ``False`` bans the four markers everywhere.
         trie: a prefix tree with ``next_tokens(ids) -> Tensor | None`` (:class:`lmlm.generate.trie.TokenTrie`)
             of ``entity <|sep|> relation <|db_retrieve|>`` paths; a query inside it keeps to its next tokens.
-        copy_bias, name_bias (default 0): added to the next token of an answered value the text is
-            stating, and of each KB name the text before a call gives while the call's entity spells it.
+        copy_bias, name_bias (default 0): added to the first token of an answered value right after its
+            call (a text that begins the value then finishes it), and to the next token of each KB name
+            the text before a call gives while the call's entity spells it.
     """
 
     call_ids: tuple[int, int, int, int]
@@ -238,9 +239,12 @@ class RowState:
         g = self.grammar
         if g.copy_bias and self.kind == 4 and self.copy:
             done = length - 1 - self.last  # the text's tokens after <|db_end|>
-            if done < len(self.copy) and done <= 2 * g.max_field_tokens and \
-                    (done == 0 or ids_from(self.last + 1) == list(self.copy[:done])):
-                logits[self.copy[done]] += g.copy_bias
+            if done == 0:
+                logits[self.copy[0]] += g.copy_bias
+            elif done < min(len(self.copy), 2 * g.max_field_tokens + 1) and \
+                    ids_from(self.last + 1) == list(self.copy[:done]):
+                logits.fill_(NEG_INF)  # the text has begun the value: it finishes it
+                logits[self.copy[done]] = 0.0
         if g.name_bias and self.kind == 1 and self.names:
             done = ids_from(self.last + 1)  # the entity so far
             n = len(done)

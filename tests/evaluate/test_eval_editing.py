@@ -73,6 +73,27 @@ def test_counts_and_fluency_follow_their_definitions():
     assert n_gram_entropy(["a a a a a a"]) < n_gram_entropy(["a b c d e f"])
 
 
+def test_fluency_texts_run_their_full_length_past_the_end_of_a_document(world):
+    """ROME's ``generate_fast`` writes every text to its full length: a model that ends its document early
+    (as an edited value can make it) does not get a shorter text, and so no lower entropy for it."""
+    from lmlm.evaluate.editing import PlainScorer
+    from lmlm.generate import LookupGenerator
+
+    model = copy.deepcopy(world.model)  # its output row for the document's end made larger: some texts end early
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    with torch.no_grad():
+        model.lm_head.weight[world.tok.eos_id] *= 4
+    gen = LookupGenerator(model, world.tok, None, use_db=False)
+    prompts = [SAY["Birth City"][0].format(e) for e in sorted({e for e, _ in world.facts})[:8]]
+    ended = gen.generate(prompts, max_new_tokens=80, do_sample=True, top_k=5, seed=0)
+    early = [i for i, r in enumerate(ended) if len(r.token_ids) < 80]
+    assert early
+    texts = PlainScorer(gen).generate(prompts, max_new_tokens=80, seed=0)
+    for i, (text, r) in enumerate(zip(texts, ended)):
+        assert text.startswith(r.clean_text.rstrip())  # the same draws up to the end of the document
+        assert (len(text) > len(r.clean_text)) == (i in early)
+
+
 def _h(grams):
     from collections import Counter
     counts = Counter(grams)

@@ -279,7 +279,7 @@ def test_generation_past_a_rotary_models_trained_context_warns(world):
                                                            ignore_eos=True)  # within it: nothing said
 
 
-def test_copy_bias_favours_the_answered_value_only_while_the_text_states_it(world, tmp_path):
+def test_copy_bias_favours_the_answered_value_and_a_value_begun_is_finished(world, tmp_path):
     from lmlm.kb import get_encoder
 
     tok = world.tok
@@ -302,11 +302,15 @@ def test_copy_bias_favours_the_answered_value_only_while_the_text_states_it(worl
     proc, ids, row = after_call("Ada Lovelace")
     value = tok.encode_field("Port Jamesville")
     assert row[-1 - len(value):-1] == value
-    for k in range(len(value)):  # each next token of the value, and nothing else, gets the bias
-        scores = proc(ids, torch.zeros(1, len(tok)))
-        assert scores[0, value[k]] == 4.0 and int((scores[0] == 4.0).sum()) == 1
-        ids = torch.cat([ids, torch.tensor([[value[k]]])], dim=1)
-    assert not (proc(ids, torch.zeros(1, len(tok))) == 4.0).any()  # the value is stated: the model goes on
+    assert len(value) > 2
+    scores = proc(ids, torch.zeros(1, len(tok)))  # right after the call: the value's first token, and only it, gains
+    assert scores[0, value[0]] == 4.0 and int((scores[0] == 4.0).sum()) == 1
+    for k in range(1, len(value)):  # the text has begun the value: each next token of it is the only choice
+        ids = torch.cat([ids, torch.tensor([[value[k - 1]]])], dim=1)
+        scores = proc(ids, torch.randn(1, len(tok)))
+        assert scores[0, value[k]] == 0.0 and int(torch.isfinite(scores[0]).sum()) == 1
+    ids = torch.cat([ids, torch.tensor([[value[-1]]])], dim=1)
+    assert torch.isfinite(proc(ids, torch.zeros(1, len(tok)))).sum() > 1  # the value is stated: the model goes on
     # a row that wrote something else has left the value
     proc, ids, _ = after_call("Ada Lovelace")
     other = next(t for t in range(len(tok)) if t != value[0] and t not in tok.call_ids)
