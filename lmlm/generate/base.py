@@ -34,8 +34,8 @@ class LookupGenerator:
         kb (optional): the knowledge base (``lookup_batch``); ``None`` misses every lookup.
         logit_bias, max_lookups, max_field_tokens, fallback, on_miss, use_db, matching, copy_bias,
             name_bias: see :class:`LookupLogitsProcessor` (``matching="key"``: the paper's single-key
-            lookup; ``copy_bias``: added to the next token of an answered value while the text after
-            the call is stating it; ``name_bias``: added, inside a call's entity, to the next token of
+            lookup; ``copy_bias``: added to the first token of an answered value right after the
+            call, a value the text has begun then finished; ``name_bias``: added, inside a call's entity, to the next token of
             the KB names the text before the call gives).
         constrained (`bool`, defaults to `False`): keep every query on a key of the KB, through a
             token prefix tree (:class:`lmlm.generate.trie.KeyTrie`) that follows the KB's changes. Its queries

@@ -74,10 +74,10 @@ class LookupLogitsProcessor(LogitsProcessor):
         force_at (`Sequence[Sequence[int]]`, optional): per batch item, offsets from ``count_from``
             at which a call must begin (a call already open then delays it to right after its end).
         matching (`str`, optional): ``"entity"`` or ``"key"``; ``None``: the KB's own (see ``Answerer``).
-        copy_bias (`float`, defaults to 0): added, after an answered call's ``<|db_end|>``, to the
-            score of the value's next token while the text is stating the value (its tokens so far
-            are the value's first ones); 0 leaves the model alone. A small model may drift off a
-            value it has never seen ("University of Port Jamesville" -> "... Port Emilyside").
+        copy_bias (`float`, defaults to 0): added, right after an answered call's ``<|db_end|>``, to the
+            score of the value's first token; once the text has begun the value, its next tokens are
+            the only choice until it is stated. 0 leaves the model alone. A small model may drift off
+            a value it has never seen ("University of Port Jamesville" -> "... Port Emilyside").
         name_bias (`float`, defaults to 0): added, inside a call's entity, to the next token of each
             name of a KB entity the text before the call names (its tokens so far are the name's first
             ones; ``<|sep|>`` once a name is whole); 0 leaves the model alone. A small model writing

@@ -216,8 +216,8 @@ class EvaluateSpec:
             on the four lookup tokens decides whether it calls).
         name_bias: added, inside a call's entity, to the next token of a name the text before the call gives
             (``lmlm generate --name-bias``; 0: none).
-        copy_bias: added to the next token of an answered value while the text after the call states it
-            (``lmlm generate --copy-bias``; 0: none).
+        copy_bias: added to the first token of an answered value right after the call, a value the text
+            has begun then finished (``lmlm generate --copy-bias``; 0: none).
         perplexity: held-out plain-text chunks on which the LMLM's and the base model's perplexity are
             compared (0: none).
         heldout_infobox: also the ``heldout_infobox`` cloze split: the held-out articles' infobox facts, each
