@@ -110,6 +110,22 @@ def test_pack_by_document_starts_each_document_a_block(docs, tok):
     assert (packed.labels != IGNORE_INDEX).sum() >= (stream.labels != IGNORE_INDEX).sum() - len(stream)
 
 
+@pytest.mark.parametrize("how", ["by_document", "fit"])
+def test_documents_packed_apart_are_taught_where_they_end(docs, tok, how):
+    enc = encode_documents(docs[:20], tok, "lmlm")
+    seq_len = 2 * max(len(e.input_ids) for e in enc)  # every document fits a block
+    packed = pack(enc, seq_len, tok.end_id, pad_id=tok.eos_id, eod_id=tok.eos_id, **{how: True})
+    assert packed.num_tokens == sum(len(e.input_ids) + 1 for e in enc)
+    targets, flat = packed.targets()[0], packed.input_ids.flatten().tolist()
+    for e in enc:  # each document whole somewhere, its last token taught that the document ends there
+        at = next(k for k in range(len(flat)) if flat[k:k + len(e.input_ids)] == e.input_ids)
+        r, c = divmod(at + len(e.input_ids) - 1, seq_len)
+        assert targets[r, c] == tok.eos_id
+    assert int((targets == tok.eos_id).sum()) == len(enc)
+    plain = pack(enc, seq_len, tok.end_id, pad_id=tok.eos_id, **{how: True})  # without it no end is taught
+    assert int((plain.targets()[0] == tok.eos_id).sum()) == 0
+
+
 @pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny"])
 def test_pack_fit_shares_blocks_without_padding_and_each_document_sees_only_itself(docs, tok, preset):
     from lmlm.models import ModelConfig, build_model

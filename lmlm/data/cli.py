@@ -64,7 +64,7 @@ def prepare(corpus: Path = typer.Argument(..., help="documents (.jsonl/.json/.pa
 def windows(corpus: Path = typer.Argument(..., help="annotated documents (.jsonl/.json/.parquet/.txt or a datasets folder)"),
             out: Path = typer.Option(..., help="the windows, one document each (.jsonl)"),
             before: int = typer.Option(0, min=0, help="sentences before the one that holds the call"),
-            after_words: int = typer.Option(8, min=0, help="words after the call"),
+            after_words: int = typer.Option(8, min=0, help="words after the call at most (fewer where the sentence ends)"),
             head: bool = typer.Option(True, help="the entity's name first, on a line of its own"),
             swap: float = typer.Option(0.0, min=0.0, max=1.0, help="share of windows whose entity gets a made-up "
                                        "name, in the text and the call alike (the value is masked: this teaches "

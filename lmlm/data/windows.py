@@ -32,15 +32,21 @@ def _sentence_starts(text: str) -> list[int]:
     return [0] + [m.end() for m in _SENTENCE_END.finditer(text)]
 
 
+def _sentence_ends(text: str) -> list[int]:
+    return [m.start() for m in _SENTENCE_END.finditer(text)] + [len(text.rstrip())]
+
+
 def call_windows(segments: Sequence[Segment], before: int = 0, after_words: int = 8,
                  head: bool = True) -> list[list[Segment]]:
     """One window per lookup call of ``segments``: the call's sentence (and ``before`` sentences
-    more) up to the call, the call, then ``after_words`` words; the other calls in it become text
-    (their values stay, as the text writes them). ``head``: the entity's name first, on its own line."""
+    more) up to the call, the call, then ``after_words`` words, or fewer where the sentence ends
+    sooner (a window that ends where its sentence does teaches where a text may stop); the other
+    calls in it become text (their values stay, as the text writes them). ``head``: the entity's
+    name first, on its own line."""
     segments = list(segments)
     pieces = plain_pieces(segments)
     text = "".join(pieces)
-    starts = _sentence_starts(text)
+    starts, ends = _sentence_starts(text), _sentence_ends(text)
     out: list[list[Segment]] = []
     pos = 0
     for seg, piece in zip(segments, pieces):
@@ -50,6 +56,7 @@ def call_windows(segments: Sequence[Segment], before: int = 0, after_words: int 
             rest = text[pos:]
             words = list(re.finditer(r"\S+", rest))
             end = pos + (words[after_words - 1].end() if len(words) >= after_words else len(rest))
+            end = min(end, next(e for e in ends if e >= pos + len(piece)))  # the sentence ends sooner
             line = text[pos:end]
             nl = line.find("\n")
             if nl > 0:  # a line break (a heading, a new paragraph) ends the window

@@ -135,7 +135,7 @@ class TrainSpec:
             reads English already and has to learn where to call, what to write in it, and to copy the answer.
         swap: share of the windows whose entity gets a made-up name, in the text and the call alike (the
             value is masked: it rewards copying the name the text gives over recalling the corpus's entities).
-        after_words: words of text after each window's call.
+        after_words: words of text after each window's call at most (fewer where its sentence ends).
         window_copies: each window this many times, each copy renamed anew (with ``swap``).
         packing, lora, lora_alpha, freeze_layers: see :class:`lmlm.train.TrainConfig` (``fit`` packs short
             documents whole without padding; LoRA of rank ``lora`` with the lower ``freeze_layers`` frozen is

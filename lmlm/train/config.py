@@ -79,7 +79,8 @@ class TrainConfig:
             document before it, as a prompt at generation; for corpora of short documents, and
             only for documents, not shards), or ``"fit"`` (the same without the padding: short
             documents share blocks whole, each one's positions starting at 0 and attention kept
-            within it; :func:`lmlm.train.data.pack`).
+            within it; :func:`lmlm.train.data.pack`). With ``"fit"`` each document ends with the
+            tokenizer's end token as a target, so that the model learns where a text may stop.
         lora: train a LoRA adapter of this rank (PEFT) on every linear layer of a pretrained
             ``init_from`` model instead of all its weights, the four lookup tokens' embedding rows
             trained as well; merged into the weights when the checkpoint is saved, so it loads as a

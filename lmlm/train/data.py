@@ -227,7 +227,7 @@ def encode_documents(documents: Sequence, tokenizer: LookupTokenizer, mode: str 
 
 
 def pack(encoded_docs: Sequence[Encoded], seq_len: int, end_id: int, pad_id: int | None = None,
-         by_document: bool = False, fit: bool = False) -> Packed:
+         by_document: bool = False, fit: bool = False, eod_id: int | None = None) -> Packed:
     """Concatenate encoded documents in order and cut the stream into blocks of ``seq_len``.
 
     Args:
@@ -243,12 +243,18 @@ def pack(encoded_docs: Sequence[Encoded], seq_len: int, end_id: int, pad_id: int
             last piece of a longer one) share blocks, placed whole by best fit, each one's positions
             starting at 0 (``Packed.position_ids``), so that attention keeps it apart from the
             others; the token that starts a document is not a target of the one before it.
+        eod_id: with ``by_document`` or ``fit``, each document ends with this id (role ``org``, a
+            target): where a document ends is learnt, as the stream teaches it through the next
+            document's separator. Without it a model trained on short documents never learns to
+            stop, and after the last fact it knows it writes another (the same call, again and again).
 
     Returns:
         :class:`Packed` with ``input_ids``, ``roles`` and ``labels`` of shape ``(num_blocks, seq_len)``.
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len must be positive, got {seq_len}")
+    if eod_id is not None and (fit or by_document):
+        encoded_docs = [e + Encoded([eod_id], [ORG]) for e in encoded_docs]
     if fit:
         return _fit(encoded_docs, seq_len, end_id, pad_id)
     if by_document:

@@ -142,7 +142,7 @@ def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: Look
         progress = config.progress and accelerator.is_main_process
         blocks = pack(encode_documents(data, tokenizer, config.mode, progress=progress), config.seq_len,
                       tokenizer.end_id, pad_id=tokenizer.eos_id, by_document=config.packing == "document",
-                      fit=config.packing == "fit")
+                      fit=config.packing == "fit", eod_id=_eod(config, tokenizer))
         summary = {"data": config.data, "split": config.split or "train"} if config.data else {"data": None}
     summary.update({"documents": n_docs, **_calls(config.mode, calls), "data_tokens": int(blocks.num_tokens),
                     "data_trained_tokens": blocks.trained_tokens(), "blocks": len(blocks), "mode": config.mode})
@@ -158,8 +158,14 @@ def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: Look
     elif eval_kind == "documents" and eval_data:
         evald = pack(encode_documents(eval_data, tokenizer, config.mode), config.seq_len, tokenizer.end_id,
                      pad_id=tokenizer.eos_id, by_document=config.packing == "document",
-                     fit=config.packing == "fit")
+                     fit=config.packing == "fit", eod_id=_eod(config, tokenizer))
     return Inputs(model, tokenizer, blocks, evald, info, _parameters(model), summary, config.seq_len, trained)
+
+
+def _eod(config, tokenizer) -> int | None:
+    """The end token short documents packed whole (``fit``) are trained to end with (see ``pack``'s
+    ``eod_id``); ``document`` packing, which the tiny presets use, keeps its documents without one."""
+    return tokenizer.eos_id if config.packing == "fit" else None
 
 
 def check_kb(kb: str | None) -> None:

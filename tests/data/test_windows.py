@@ -25,6 +25,9 @@ def test_one_window_per_call_its_sentence_the_call_and_words_after():
     ]
     before = call_windows(parse(ARTICLE).segments, before=1, after_words=1, head=False)
     assert strip(before[2]).startswith("Its capital is Montgomery") and len(before[2]) == 3
+    # a sentence that ends before the words run out ends its window
+    assert render(call_windows(parse(ARTICLE).segments, after_words=8)[1]).endswith(
+        "-> Birmingham] Birmingham, which lies in the north.")
 
 
 def test_a_renamed_window_names_the_new_entity_in_text_and_call_and_keeps_the_value():
