@@ -56,7 +56,7 @@ def call_windows(segments: Sequence[Segment], before: int = 0, after_words: int 
             rest = text[pos:]
             words = list(re.finditer(r"\S+", rest))
             end = pos + (words[after_words - 1].end() if len(words) >= after_words else len(rest))
-            end = min(end, next(e for e in ends if e >= pos + len(piece)))  # the sentence ends sooner
+            end = min(end, next((e for e in ends if e >= pos + len(piece)), end))  # the sentence ends sooner
             line = text[pos:end]
             nl = line.find("\n")
             if nl > 0:  # a line break (a heading, a new paragraph) ends the window
