@@ -28,12 +28,10 @@ __all__ = ["call_windows", "swap_entity", "windows_of", "fake_names"]
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])|\n+")
 
 
-def _sentence_starts(text: str) -> list[int]:
-    return [0] + [m.end() for m in _SENTENCE_END.finditer(text)]
-
-
-def _sentence_ends(text: str) -> list[int]:
-    return [m.start() for m in _SENTENCE_END.finditer(text)] + [len(text.rstrip())]
+def _sentences(text: str) -> tuple[list[int], list[int]]:
+    """Where each sentence of ``text`` starts and where each ends (before the space that follows it)."""
+    marks = list(_SENTENCE_END.finditer(text))
+    return [0] + [m.end() for m in marks], [m.start() for m in marks] + [len(text.rstrip())]
 
 
 def call_windows(segments: Sequence[Segment], before: int = 0, after_words: int = 8,
@@ -46,7 +44,7 @@ def call_windows(segments: Sequence[Segment], before: int = 0, after_words: int 
     segments = list(segments)
     pieces = plain_pieces(segments)
     text = "".join(pieces)
-    starts, ends = _sentence_starts(text), _sentence_ends(text)
+    starts, ends = _sentences(text)
     out: list[list[Segment]] = []
     pos = 0
     for seg, piece in zip(segments, pieces):

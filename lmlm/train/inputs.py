@@ -140,9 +140,7 @@ def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: Look
         summary = {"data": str(data), "split": shards_manifest["source"].get("split")}
     else:
         progress = config.progress and accelerator.is_main_process
-        blocks = pack(encode_documents(data, tokenizer, config.mode, progress=progress), config.seq_len,
-                      tokenizer.end_id, pad_id=tokenizer.eos_id, by_document=config.packing == "document",
-                      fit=config.packing == "fit", eod_id=_eod(config, tokenizer))
+        blocks = _pack(config, tokenizer, encode_documents(data, tokenizer, config.mode, progress=progress))
         summary = {"data": config.data, "split": config.split or "train"} if config.data else {"data": None}
     summary.update({"documents": n_docs, **_calls(config.mode, calls), "data_tokens": int(blocks.num_tokens),
                     "data_trained_tokens": blocks.trained_tokens(), "blocks": len(blocks), "mode": config.mode})
@@ -156,16 +154,17 @@ def open_inputs(config: TrainConfig, documents: Sequence | None, tokenizer: Look
 
         evald = ShardBlocks(eval_data, config.seq_len, config.mode).to_packed()
     elif eval_kind == "documents" and eval_data:
-        evald = pack(encode_documents(eval_data, tokenizer, config.mode), config.seq_len, tokenizer.end_id,
-                     pad_id=tokenizer.eos_id, by_document=config.packing == "document",
-                     fit=config.packing == "fit", eod_id=_eod(config, tokenizer))
+        evald = _pack(config, tokenizer, encode_documents(eval_data, tokenizer, config.mode))
     return Inputs(model, tokenizer, blocks, evald, info, _parameters(model), summary, config.seq_len, trained)
 
 
-def _eod(config, tokenizer) -> int | None:
-    """The end token short documents packed whole (``fit``) are trained to end with (see ``pack``'s
-    ``eod_id``); ``document`` packing, which the tiny presets use, keeps its documents without one."""
-    return tokenizer.eos_id if config.packing == "fit" else None
+def _pack(config: TrainConfig, tokenizer: LookupTokenizer, encoded) -> Packed:
+    """``encoded`` documents packed as ``config.packing`` says, training and held-out data alike. Short
+    documents packed whole (``fit``) end with the end token as a target (``pack``'s ``eod_id``);
+    ``document`` packing, which the tiny presets use, keeps its documents without one."""
+    return pack(encoded, config.seq_len, tokenizer.end_id, pad_id=tokenizer.eos_id,
+                by_document=config.packing == "document", fit=config.packing == "fit",
+                eod_id=tokenizer.eos_id if config.packing == "fit" else None)
 
 
 def check_kb(kb: str | None) -> None:
