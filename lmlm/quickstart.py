@@ -48,6 +48,12 @@ class QuickstartConfig:
         n_retain: prompts about retained people checked before and after the deletion.
         n_heldout: held-out documents for perplexity (None: all the world has).
         n_samples: sample generations shown in the report.
+        protocol_edits: sequential KB edit counts of the editing field's protocol (CounterFact rewrites of the
+            trained-on facts: ``lmlm.evaluate.protocols``; empty: no editing section).
+        protocol_weight_edits: FT-L's counts on the Standard model's weights beside them (empty: none).
+        protocol_sample, protocol_fluency: edited facts scored per count; fluency texts (60 tokens each).
+        protocol_forget: the forgetting audit (FULL, DEL-ON, DEL-OFF, residue per adversarial kind) of the
+            forget set, with the Standard model's guess rate on the held-out people's facts.
         seed: world, shuffles and model initialisation.
         threads: torch threads for training (default: one per core; a tiny model runs faster on one).
     """
@@ -69,6 +75,11 @@ class QuickstartConfig:
     n_heldout: int | None = 200
     n_samples: int = 6
     max_new_tokens: int = 32
+    protocol_edits: list[int] = field(default_factory=lambda: [1, 100, 1000, 10000])
+    protocol_weight_edits: list[int] = field(default_factory=lambda: [1, 100])
+    protocol_sample: int = 100
+    protocol_fluency: int = 50
+    protocol_forget: bool = True
     seed: int = 0
     threads: int | None = None
     model_overrides: dict[str, Any] = field(default_factory=dict)
@@ -85,7 +96,8 @@ QUICKSTART_PRESETS: dict[str, dict[str, Any]] = {
     # the budget table in docs/quickstart.md: the fewest steps that keep every claim with margin
     "default": {},
     # what the tests run: about 3 minutes on 2 cores with native bf16, 10 on 2 AVX2 cores without
-    "smoke": dict(world="smoke", model="gpt2-small-cpu", vocab_size=1024, max_steps=200, warmup_steps=20, n_cloze=300, n_edits=40, n_retain=150, n_heldout=40, n_samples=3),
+    "smoke": dict(world="smoke", model="gpt2-small-cpu", vocab_size=1024, max_steps=200, warmup_steps=20, n_cloze=300, n_edits=40, n_retain=150, n_heldout=40, n_samples=3,
+                  protocol_edits=[1, 20], protocol_weight_edits=[1], protocol_sample=20, protocol_fluency=8),
 }
 
 
@@ -245,6 +257,9 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     edits_report, edited = _evaluate_edits(cfg, world, dec, kb, set(forget), samples)
     unlearning = _evaluate_forgetting(cfg, world, dec, kb, forget, edited, rng, wrong, samples)
     timings["evaluate"] = time.time() - t
+    t = time.time()
+    protocols = _protocols(cfg, world, dec, out)
+    timings["protocols"] = time.time() - t
     timings["total"] = time.time() - t_start
 
     models = {}
@@ -266,6 +281,7 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
         "unlearning": unlearning,
         "wrong_entity": wrong,
         "perplexity": perplexity,
+        "protocols": protocols,
         "models": models,
         "timings_seconds": timings,
         "samples": samples,
@@ -277,6 +293,24 @@ def quickstart(out: str | Path = "runs/quickstart", preset: str = "default", fre
     kb.close()
     console.print(f"[bold green]done in {timings['total']:.0f} s[/]: {out / 'report.md'}")
     return report
+
+
+def _protocols(cfg: QuickstartConfig, world, dec: "_Decoders", out: Path) -> dict | None:
+    """Editing and forgetting by the fields' protocols (:mod:`lmlm.evaluate.protocols`) on copies of the
+    trained-on KB: the same forget set as the unlearning above, the held-out people as never read."""
+    if not (cfg.protocol_edits or cfg.protocol_weight_edits or cfg.protocol_forget):
+        return None
+    _stage("5. editing and forgetting by the fields' protocols")
+    from .evaluate.editing import world_facts
+    from .evaluate.forgetting import world_sets
+    from .evaluate.protocols import run_protocols
+
+    forget, unseen = world_sets(world, cfg.forget_fraction, cfg.seed) if cfg.protocol_forget else ([], [])
+    return run_protocols((dec.lmlm.model, dec.lmlm.tok), out / "kb", out / "protocols", facts=world_facts(world),
+                         world=world, standard=(dec.standard.model, dec.standard.tok), forget=forget, unseen=unseen,
+                         edits=cfg.protocol_edits, weight_edits=cfg.protocol_weight_edits, sample=cfg.protocol_sample,
+                         fluency_n=cfg.protocol_fluency, decoding={"name_bias": NAME_BIAS, "copy_bias": COPY_BIAS},
+                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, log=console.print)
 
 
 def _world_and_tokenizer(cfg: QuickstartConfig, out: Path):

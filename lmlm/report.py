@@ -12,7 +12,8 @@ from typing import Any
 
 from .jsonio import write_json  # re-exported: lmlm.report.write_json is public
 
-__all__ = ["write_json", "write_quickstart_report", "render_generation", "plot_training_curves", "wrong_entity_lines"]
+__all__ = ["write_json", "write_quickstart_report", "render_generation", "plot_training_curves", "plot_protocols",
+           "wrong_entity_lines"]
 
 
 def fmt_value(x: Any, digits: int = 3) -> str:
@@ -220,6 +221,45 @@ def _added_lines(ak: dict) -> list[str]:
     return lines
 
 
+def plot_protocols(section: dict | None, path: str | Path) -> bool:
+    """Efficacy and neighbourhood against the number of sequential edits, one line per method; ``False``
+    (nothing drawn) when the section has no editing rows."""
+    methods = {name: rows for name in ("lmlm", "ft-l")
+               if (rows := ((section or {}).get("editing") or {}).get(name, {}).get("rows"))}
+    plt = plt_module() if methods else None
+    if plt is None:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
+    labels = {"lmlm": "LMLM (KB edit)", "ft-l": "FT-L (weights)"}
+    for ax, key, title in zip(axes, ("efficacy_accuracy", "neighborhood_unchanged"),
+                              ("efficacy (new value stated)", "neighbourhood unchanged")):
+        for name, rows in methods.items():
+            pts = [(r["edits"], r[key]) for r in rows if r.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=labels[name])
+        ax.set_xscale("log")
+        ax.set_xlabel("sequential edits")
+        ax.set_title(title)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="center right")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _protocol_lines(section: dict | None, fig_dir: Path) -> list[str]:
+    """The editing and forgetting protocols' section, with its figure."""
+    from .evaluate.protocols import protocol_lines
+
+    lines = protocol_lines(section)
+    if lines and plot_protocols(section, fig_dir / "editing.png"):
+        lines += ["![sequential edits](figures/editing.png)", ""]
+    return lines
+
+
 def write_quickstart_report(report: dict, out: str | Path) -> Path:
     """Write ``out/report.md`` and its figures from a quickstart report dict."""
     out = Path(out)
@@ -297,8 +337,9 @@ def write_quickstart_report(report: dict, out: str | Path) -> Path:
               f"the person the reference call names; {fmt_value(p['lmlm'].get('dynamic_lookup_matched_rate'))} of the queries "
               f"got some answer, {fmt_value(p['lmlm'].get('dynamic_lookup_wrong_entity'))} of them about someone else. "
               "LMLM loss per token role: " + ", ".join(f"{k} {v:.2f}" for k, v in p["lmlm"]["role_loss"].items()) + ".",
-              "", "![perplexity](figures/perplexity.png)", "",
-              "## Models", "",
+              "", "![perplexity](figures/perplexity.png)", ""]
+    lines += _protocol_lines(report.get("protocols"), fig_dir)
+    lines += ["## Models", "",
               "| model | preset | parameters | steps | tokens (steps x batch x length) | trained tokens | seconds "
               "| final loss |",
               "|---|---|---:|---:|---:|---:|---:|---:|"]

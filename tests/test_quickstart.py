@@ -58,6 +58,24 @@ def test_report_contract(run):
     assert report["models"]["lmlm"]["training_tokens"] == report["models"]["standard"]["training_tokens"]
 
 
+def test_editing_and_forgetting_by_the_fields_protocols(run):
+    out, report = run
+    p, cfg = report["protocols"], report["config"]
+    rows = p["editing"]["lmlm"]["rows"]
+    assert [r["edits"] for r in rows] == cfg["protocol_edits"]
+    assert [r["edits"] for r in p["editing"]["ft-l"]["rows"]] == cfg["protocol_weight_edits"]
+    for r in rows:  # a KB edit costs what the lookup costs: the new value wherever the old one was found
+        assert _unit(r["efficacy_accuracy"]) and r["efficacy_accuracy"] >= r["unedited_precision"] - 0.1
+        assert r["neighborhood_unchanged"] in (None, 1.0)
+    f = p["forgetting"]
+    assert f["facts_deleted"] == report["unlearning"]["facts_deleted"]  # the quickstart's own forget set
+    assert f["residue_kb"] == 0.0 and all(k["kb_entity_residue"] == 0.0 for k in f["by_kind"].values())
+    assert _unit(f["parametric_leakage"]) and _unit(f["unseen_standard"])
+    md = (out / "report.md").read_text()
+    assert "by the fields' protocols" in md and "MEMIT 94.7" in md
+    assert (out / "figures" / "editing.png").stat().st_size > 1000
+
+
 def test_report_for_people(run):
     out, report = run
     md = (out / "report.md").read_text()

@@ -239,6 +239,30 @@ class EvaluateSpec:
 
 
 @dataclass
+class ProtocolsSpec:
+    """Editing and forgetting by the fields' protocols (:mod:`lmlm.evaluate.protocols`), on the LMLM and a
+    copy of its corpus KB; the report shows them beside the published numbers of other models.
+
+    Args:
+        edits: sequential KB edit counts, each from the same KB: CounterFact rewrites of the corpus KB's facts
+            ("The <relation> of <entity> is" and the relation's paraphrases), the new value another of the
+            relation's (empty: no editing).
+        weight_edits: FT-L's counts on the Standard model's weights, on the same rewrites (empty: none).
+        sample, fluency_n, fluency_tokens: edited facts scored per count; fluency texts and their tokens.
+        forget: about this many facts of the training articles' cloze split whose entities the audit deletes
+            whole, with their aliases (0: no audit); its reference, facts no model read, is the held-out
+            articles' split.
+    """
+
+    edits: list[int] = field(default_factory=list)
+    weight_edits: list[int] = field(default_factory=list)
+    sample: int = 50
+    fluency_n: int = 20
+    fluency_tokens: int = 40
+    forget: int = 0
+
+
+@dataclass
 class Recipe:
     """A whole pipeline run (see the module docstring); ``device``: ``auto``, ``cpu`` or ``cuda``."""
 
@@ -251,6 +275,7 @@ class Recipe:
     facts: FactsSpec = field(default_factory=FactsSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
     evaluate: EvaluateSpec = field(default_factory=EvaluateSpec)
+    protocols: ProtocolsSpec = field(default_factory=ProtocolsSpec)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -319,8 +344,22 @@ class Recipe:
         for name in ("annotate.llm.min_f1", "annotate.llm.call_threshold"):
             if not 0 <= self._field(name) <= 1:
                 raise RecipeError(f"recipe {self.name}: {name} = {self._field(name)} must be in [0, 1]")
+        self._check_protocols()
         self._check_training()
         return self
+
+    def _check_protocols(self) -> None:
+        p = self.protocols
+        for name in ("edits", "weight_edits"):
+            if any(not isinstance(n, int) or n < 1 for n in getattr(p, name)):
+                raise RecipeError(f"recipe {self.name}: protocols.{name} = {getattr(p, name)} must hold counts of at least 1")
+        for name, least in (("sample", 1), ("fluency_n", 0), ("fluency_tokens", 1), ("forget", 0)):
+            if getattr(p, name) < least:
+                raise RecipeError(f"recipe {self.name}: protocols.{name} = {getattr(p, name)} must be at least {least}")
+        for name, mode in (("edits", "lmlm"), ("forget", "lmlm"), ("weight_edits", "standard")):
+            if getattr(p, name) and mode not in self.train.modes:
+                raise RecipeError(f"recipe {self.name}: protocols.{name} needs a {mode} model, and train.modes is "
+                                  f"{self.train.modes}")
 
     def _check_training(self) -> None:
         """The training fields as ``lmlm train`` checks them (learning rate, seed, tokenizer, the model preset

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..jsonio import write_json
-from ..report import fmt_value, plt_module, plot_training_curves, render_generation
+from ..report import fmt_value, plot_protocols, plt_module, plot_training_curves, render_generation
 from .annotation import METHOD_NAMES
 from .recipe import Recipe
 
@@ -87,14 +87,17 @@ def _figures(out: Path, report: dict) -> dict[str, str]:
     runs = {m.upper(): out / f"train-{m}" for m in report["models"]}
     if plot_training_curves(runs, out / "figures" / "training.png"):
         figs["training"] = "figures/training.png"
+    if plot_protocols(report.get("protocols"), out / "figures" / "editing.png"):
+        figs["protocols"] = "figures/editing.png"
     return figs
 
 
 def write_pipeline_report(recipe: Recipe, out: Path, corpus: dict, annotation: dict, kb: dict, models: dict,
-                          evaluation: dict, timings: dict) -> dict:
+                          evaluation: dict, timings: dict, protocols: dict | None = None) -> dict:
     """Assemble ``report.json`` and ``report.md`` (with figures) in ``out``; return the report."""
     stage_seconds = {"corpus": corpus.get("seconds"), "annotate": annotation.get("seconds"),
                      "kb": kb.get("seconds"), "evaluate": evaluation.get("seconds"),
+                     "protocols": (protocols or {}).get("seconds"),
                      **{f"train_{m}": s.get("seconds") for m, s in models.items()}}
     report = {
         "recipe": recipe.to_dict(),
@@ -108,6 +111,7 @@ def write_pipeline_report(recipe: Recipe, out: Path, corpus: dict, annotation: d
                             "(LAMA T-REx rule); precision_at_1: the first content words are the value"},
         "perplexity": evaluation.get("perplexity"),
         "edits": evaluation.get("edits"),
+        "protocols": {k: v for k, v in protocols.items() if k != "seconds"} if protocols else None,
         "call_samples": _call_samples(out, 20, recipe.seed),
         "timings_seconds": {**stage_seconds, **timings},
         "runs": _runs(out),
@@ -181,6 +185,7 @@ def _markdown(r: dict, out: Path) -> str:
         lines += [f"| {MODEL_NAMES.get(m, m)} | {fmt_value(v.get('perplexity'))} | {v.get('org_tokens')} |"
                   for m, v in ppl.items()]
     lines += _edits_section(r.get("edits") or {})
+    lines += _protocols_section(r)
     lines += ["", "## Models", "", "| model | steps | tokens | final loss | held-out loss | seconds |",
               "|---|---|---|---|---|---|"]
     for m, s in r["models"].items():
@@ -203,6 +208,16 @@ def _markdown(r: dict, out: Path) -> str:
             f"{x['started']} on {x['ran_on']}" + (f" until {x['until']}" if x.get("until") else "")
             for x in r["runs"]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _protocols_section(r: dict) -> list[str]:
+    """The report's lines on editing and forgetting by the fields' protocols (none without them)."""
+    from ..evaluate.protocols import protocol_lines
+
+    lines = protocol_lines(r.get("protocols"))
+    if lines and r.get("figures", {}).get("protocols"):
+        lines += [f"![sequential edits]({r['figures']['protocols']})"]
+    return [""] + lines if lines else []
 
 
 def _edits_section(e: dict) -> list[str]:

@@ -372,6 +372,43 @@ def stage_evaluate(recipe: Recipe, out: Path) -> dict:
     return finish_stage(folder, info)
 
 
+def stage_protocols(recipe: Recipe, out: Path) -> dict | None:
+    """Editing and forgetting by the fields' protocols (``[protocols]``) on copies of the corpus KB: the
+    section of the report (``OUT/protocols``), or ``None`` when the recipe asks for none."""
+    from ..checkpoint import load_checkpoint
+    from ..device import default_device
+    from ..evaluate.editing import kb_facts
+    from ..evaluate.forgetting import read_facts, sample_facts
+    from ..evaluate.protocols import run_protocols
+    from ..kb import KnowledgeBase
+
+    spec, folder = recipe.protocols, out / "protocols"
+    if not (spec.edits or spec.weight_edits or spec.forget):
+        return None
+    if (info := stage_done(folder)) is not None:
+        return info
+    t = time.time()
+    device = default_device(recipe.device)
+    models = {mode: load_checkpoint(out / f"train-{mode}" / "checkpoint", device=device)[:2]
+              for mode in recipe.train.modes}
+    lmlm, standard = models["lmlm"], models.get("standard")
+    kb = KnowledgeBase.open(out / "kb")
+    facts = kb_facts(kb)
+    kb.close()
+    cloze = out / "eval" / "cloze"
+    forget = sample_facts(read_facts(cloze / "train.jsonl"), spec.forget, recipe.seed) \
+        if spec.forget and (cloze / "train.jsonl").exists() else []
+    unseen_file = next((f for f in (cloze / "heldout_infobox.jsonl", cloze / "heldout.jsonl") if f.exists()), None)
+    unseen = read_facts(unseen_file) if forget and unseen_file else []
+    ev = recipe.evaluate
+    section = run_protocols(lmlm, out / "kb", folder, facts=facts, standard=standard, forget=forget, unseen=unseen,
+                            edits=spec.edits, weight_edits=spec.weight_edits if standard else [], sample=spec.sample,
+                            fluency_n=spec.fluency_n, fluency_tokens=spec.fluency_tokens,
+                            decoding={"name_bias": ev.name_bias, "copy_bias": ev.copy_bias},
+                            max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size, seed=recipe.seed, log=_log)
+    return finish_stage(folder, {**section, "seconds": time.time() - t})
+
+
 # -- the whole run ---------------------------------------------------------------------------------------------
 
 def _device(recipe: Recipe) -> str | None:
@@ -398,6 +435,7 @@ def _differences(before: dict, now: dict, where: str = "") -> dict[str, tuple]:
 # the LLM path's fields each by the step that first reads them: seed, correct, distill, run, then the merge
 _LLM = "annotate/llm"
 _FIRST_STAGE = {"annotate": ("annotate",), "train": ("train-lmlm", "train-standard"), "evaluate": ("eval",),
+                "protocols": ("protocols",),
                 "train.chunk_chars": ("data",), "train.tokenizer": ("data",), "train.init_from": ("data",),
                 **{f"train.{k}": ("data",) for k in ("windows", "swap", "after_words", "window_copies", "plain")}, "facts": ("data",),
                 "annotate.llm": (_LLM,),  # the seed's: model, style, seed_passages, examples, passage_chars, ...
@@ -512,7 +550,10 @@ def _run_stages(recipe: Recipe, out: Path, progress: bool, until: str | None) ->
         return None
     console.rule("[bold]evaluation")
     evaluation = stage_evaluate(recipe, out)
+    if recipe.protocols.edits or recipe.protocols.weight_edits or recipe.protocols.forget:
+        console.rule("[bold]editing and forgetting by the fields' protocols")
+    protocols = stage_protocols(recipe, out)
     timings["this_run"] = time.time() - t0
-    report = write_pipeline_report(recipe, out, corpus, annotation, kb, models, evaluation, timings)
+    report = write_pipeline_report(recipe, out, corpus, annotation, kb, models, evaluation, timings, protocols)
     _log(f"[bold green]done[/]: {out / 'report.md'}")
     return report

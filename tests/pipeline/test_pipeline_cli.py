@@ -190,7 +190,9 @@ def test_pipeline_wiki_cpu_reduced_then_resumed(tmp_path, shared_data):
     shrink = ["annotate.llm.seed_passages=4", "annotate.llm.parallel=1", "annotate.llm.correct_steps=3", "annotate.llm.distill_steps=5",
               "annotate.llm.run_passages=12", "annotate.llm.call_threshold=0.0", "annotate.llm.min_f1=0", "train.model=gpt2-tiny",
               "train.tokenizer=bpe:600", "train.seq_len=64", "train.batch_size=4", "train.max_steps=3",
-              "evaluate.cloze_per_split=6", "evaluate.edits=4", "evaluate.max_new_tokens=8", "corpus.heldout=0.34"]
+              "evaluate.cloze_per_split=6", "evaluate.edits=4", "evaluate.max_new_tokens=8", "corpus.heldout=0.34",
+              "protocols.edits=[1,6]", "protocols.weight_edits=[2]", "protocols.sample=6", "protocols.fluency_n=2",
+              "protocols.forget=4"]
     args = ["pipeline", "wiki-cpu-scratch", "--corpus", dump, "--out", tmp_path / "P", "--device", "cpu", "--no-progress"]
     for s in shrink:
         args += ["--set", s]
@@ -249,6 +251,14 @@ def test_pipeline_wiki_cpu_reduced_then_resumed(tmp_path, shared_data):
         assert "⟦" + sample["value"] + "⟧" in sample["context"], sample
     md = (tmp_path / "P" / "report.md").read_text()
     assert "Cloze precision on real facts" in md and (tmp_path / "P" / "figures" / "cloze.png").exists()
+    # editing and forgetting by the fields' protocols, on copies of the corpus KB
+    proto = report["protocols"]
+    assert [r["edits"] for r in proto["editing"]["lmlm"]["rows"]] == [1, 6]
+    assert [r["edits"] for r in proto["editing"]["ft-l"]["rows"]] == [2]
+    assert proto["forgetting"]["n_facts"] >= 1 and proto["forgetting"]["residue_kb"] == 0.0
+    assert "by the fields' protocols" in md and (tmp_path / "P" / "figures" / "editing.png").exists()
+    assert {"editing-lmlm.json", "editing-ft-l.json", "forgetting.json", "counterfact.json", "done.json"} <= {
+        f.name for f in (tmp_path / "P" / "protocols").iterdir()}
     # the corpus, the KB and the models are real: documents in the schema, triples in the KB
     first = json.loads((tmp_path / "P" / "annotate" / "documents.jsonl").read_text().splitlines()[0])
     assert {"id", "annotated", "text", "source", "split", "call_methods"} <= set(first)
