@@ -24,7 +24,7 @@ from typing import Any, Iterable
 from rich.console import Console
 
 from .jsonio import write_json
-from .recipe import from_preset
+from .recipe import RecipeError, from_preset
 from .stages import copy_stage, finish_stage, stage_done
 
 __all__ = ["QuickstartConfig", "QUICKSTART_PRESETS", "quickstart", "train_config", "heldout_perplexity",
@@ -84,6 +84,15 @@ class QuickstartConfig:
     threads: int | None = None
     model_overrides: dict[str, Any] = field(default_factory=dict)
     world_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("protocol_edits", "protocol_weight_edits"):
+            counts = getattr(self, name)
+            if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
+                raise RecipeError(f"quickstart: {name} = {counts} must hold edit counts of at least 1")
+        for name, least in (("protocol_sample", 1), ("protocol_fluency", 0)):
+            if getattr(self, name) < least:
+                raise RecipeError(f"quickstart: {name} = {getattr(self, name)} must be at least {least}")
 
     @classmethod
     def from_name(cls, name: str, sets: Iterable[str] = (), **overrides) -> "QuickstartConfig":
