@@ -283,7 +283,8 @@ def test_a_users_corpus_splits_calls_and_edits_at_the_pipelines_joints(tmp_path)
                               for n, c, s in people))
     run = ["pipeline", "wiki-cpu-scratch", "--corpus", str(corpus), "--out", str(tmp_path / "P"), "--no-progress",
            "--set", 'annotate.methods=["given"]', "--set", "train.max_steps=1", "--set", "train.batch_size=1",
-           "--set", "train.seq_len=32"]
+           "--set", "train.seq_len=32", "--set", "protocols.edits=[1]", "--set", "protocols.weight_edits=[1]",
+           "--set", "protocols.sample=1", "--set", "protocols.fluency_n=1", "--set", "protocols.forget=1"]
     res = CliRunner().invoke(app, run)
     assert res.exit_code == 0, res.output
     splits = {f: sorted(json.loads(x)["split"] for x in (tmp_path / "P" / "data" / f).read_text().splitlines())
