@@ -86,9 +86,11 @@ class QuickstartConfig:
     world_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from .evaluate.editing import bad_counts
+
         for name in ("protocol_edits", "protocol_weight_edits"):
             counts = getattr(self, name)
-            if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
+            if bad_counts(counts):
                 raise RecipeError(f"quickstart: {name} = {counts} must hold edit counts of at least 1")
         for name, least in (("protocol_sample", 1), ("protocol_fluency", 0)):
             if getattr(self, name) < least:

@@ -20,7 +20,7 @@ from ..jsonio import write_json
 from ..lookup import PAPER_TOKENS, LookupTokens
 
 __all__ = ["Protocol", "mean", "output_text", "outputs_of", "progress_option", "read_json_records", "trace_dicts",
-           "write_results", "same_entity", "lookup_metrics"]
+           "write_results", "same_entity", "lookup_metrics", "scratch_kb"]
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,19 @@ def lookup_metrics(protocol: Protocol, results, subjects) -> dict[str, float]:
         wrong += bool(got) and not right
     return {protocol.key("lookup_found"): mean(found), protocol.key("lookup_answered"): mean(answered),
             protocol.key("lookup_wrong_entity"): float(wrong), protocol.key("lookup_names_subject"): mean(names)}
+
+
+def scratch_kb(folder: str | Path, prefix: str = "lmlm-kb-"):
+    """An open copy of the KB in ``folder``, in a new temporary folder, and that folder (the caller removes
+    it): a measurement that edits or deletes facts leaves the KB itself as it was."""
+    import shutil
+    import tempfile
+
+    from ..kb import KnowledgeBase
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    shutil.copytree(folder, tmp / "kb")
+    return KnowledgeBase.open(tmp / "kb"), tmp
 
 
 def write_results(path: str | Path, protocol: Protocol, metrics: Mapping[str, float],

@@ -111,16 +111,14 @@ def _scratch_kb(gen, prefix: str):
     ``gen``'s own handle is closed."""
     import atexit
     import shutil
-    import tempfile
 
-    from ..kb import KnowledgeBase
+    from .base import scratch_kb
 
     source = Path(gen.kb.store.folder)
     gen.kb.close()
-    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    work, scratch = scratch_kb(source, prefix)
     atexit.register(shutil.rmtree, scratch, True)
-    shutil.copytree(source, scratch / "kb")
-    return KnowledgeBase.open(scratch / "kb"), source
+    return work, source
 
 
 @eval_app.command()

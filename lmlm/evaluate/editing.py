@@ -61,12 +61,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..jsonio import write_json
-from .base import Protocol, mean, read_json_records
+from .base import Protocol, mean, read_json_records, scratch_kb
 from .cloze import match_first_content_words
 
 __all__ = ["EDITING", "EditCase", "read_counterfact", "read_zsre", "read_edit_set", "counterfact_records",
            "zsre_records", "write_records", "kb_facts", "world_facts", "n_gram_entropy", "LookupScorer",
-           "PlainScorer", "KBEditor", "WeightEditor", "run_editing", "parse_counts"]
+           "PlainScorer", "KBEditor", "WeightEditor", "run_editing", "parse_counts", "bad_counts"]
 
 EDITING = Protocol("editing", "editing_efficacy_score",
                    paper="CounterFact (Meng et al., 2022, ROME) and zsRE (Levy et al., 2017; MEND's split), "
@@ -436,15 +436,8 @@ class KBEditor:
 
     def start(self):
         """A fresh copy of the KB (the previous one removed); returns the scorer over it."""
-        import shutil
-        import tempfile
-
-        from ..kb import KnowledgeBase
-
         self.close()
-        self._tmp = Path(tempfile.mkdtemp(prefix="lmlm-editing-kb-"))
-        shutil.copytree(self.source, self._tmp / "kb")
-        self.kb = KnowledgeBase.open(self._tmp / "kb")
+        self.kb, self._tmp = scratch_kb(self.source, "lmlm-editing-kb-")
         self.inserted = 0
         return LookupScorer(self.make_generator(self.kb))
 
@@ -516,6 +509,11 @@ def parse_counts(text: str) -> list[int]:
     if not out:
         raise ValueError(f"--edits takes counts separated by commas, got {text!r}")
     return sorted(set(out))
+
+
+def bad_counts(counts: Sequence) -> bool:
+    """Whether ``counts`` (sequential edit counts from a config) holds anything but integers of at least 1."""
+    return any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts)
 
 
 def _final(cases: Sequence[EditCase]) -> list[int]:

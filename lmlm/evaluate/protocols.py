@@ -22,7 +22,6 @@ table).
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -65,15 +64,6 @@ def _count_rows(metrics: dict, counts: Sequence[int]) -> list[dict]:
     return rows
 
 
-def _scratch(kb_folder: Path):
-    """An open copy of the KB in ``kb_folder`` and the folder holding it (remove it when done)."""
-    from ..kb import KnowledgeBase
-
-    tmp = Path(tempfile.mkdtemp(prefix="lmlm-protocols-kb-"))
-    shutil.copytree(kb_folder, tmp / "kb")
-    return KnowledgeBase.open(tmp / "kb"), tmp
-
-
 def run_protocols(lmlm, kb_folder: str | Path, out: str | Path, *, facts: dict[tuple[str, str], str],
                   world=None, standard=None, forget: Sequence[Fact] = (), unseen: Sequence[Fact] = (),
                   edits: Sequence[int] = (1, 100, 1000), weight_edits: Sequence[int] = (), sample: int = 100,
@@ -114,7 +104,15 @@ def _editing(lmlm, standard, kb_folder: Path, out: Path, facts, world, edits: li
     """The editing part of :func:`run_protocols`: the rewrites written, each method's counts run and scored."""
     from ..generate import LookupGenerator
     from .base import write_results
-    from .editing import EDITING, KBEditor, WeightEditor, counterfact_records, read_edit_set, run_editing, write_records
+    from .editing import (
+        EDITING,
+        KBEditor,
+        WeightEditor,
+        counterfact_records,
+        read_edit_set,
+        run_editing,
+        write_records,
+    )
 
     try:
         rewrites = counterfact_records(facts, max(edits + weight_edits), world=world, seed=config["seed"])
@@ -145,10 +143,10 @@ def _editing(lmlm, standard, kb_folder: Path, out: Path, facts, world, edits: li
 def _forgetting(lmlm, standard, kb_folder: Path, out: Path, forget, unseen, config: dict, max_new_tokens: int,
                 batch_size: int, log) -> dict:
     """The audit part of :func:`run_protocols`, on a copy of the KB."""
-    from .base import write_results
+    from .base import scratch_kb, write_results
     from .forgetting import FORGETTING, audit_forgetting
 
-    work, tmp = _scratch(kb_folder)
+    work, tmp = scratch_kb(kb_folder, "lmlm-protocols-kb-")
     try:
         records: list = []
         decoding = {k: config[k] for k in ("name_bias", "copy_bias") if k in config}
@@ -180,10 +178,10 @@ def protocol_lines(section: dict | None, heading: str = "##") -> list[str]:
     if ed and ed.get("skipped"):
         lines += [f"Editing not measured: {ed['skipped']}.", ""]
     elif ed:
-        lines += [f"CounterFact rewrites of the KB's facts ({ed['rewrites']:,} written from {ed['facts']:,} facts), "
-                  "applied one after another, each count from the same start; an LMLM edits a copy of its KB and is "
-                  "scored through its lookups (a call forced at the answer, the object scored after it), FT-L edits "
-                  "the Standard model's weights. Each value with its n in brackets.", "",
+        lines += [(f"CounterFact rewrites of the KB's facts ({ed['rewrites']:,} written from {ed['facts']:,} facts), "
+                   "applied one after another, each count from the same start; an LMLM edits a copy of its KB and is "
+                   "scored through its lookups (a call forced at the answer, the object scored after it), FT-L edits "
+                   "the Standard model's weights. Each value with its n in brackets."), "",
                   "| method | edits | " + " | ".join(label for _, label in EDITING_COLUMNS) + " |",
                   "|---|---:|" + "---:|" * len(EDITING_COLUMNS)]
         for name in ("lmlm", "ft-l"):

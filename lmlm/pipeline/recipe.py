@@ -261,6 +261,11 @@ class ProtocolsSpec:
     fluency_tokens: int = 40
     forget: int = 0
 
+    @property
+    def wanted(self) -> bool:
+        """Whether the recipe asks for any of them."""
+        return bool(self.edits or self.weight_edits or self.forget)
+
 
 @dataclass
 class Recipe:
@@ -350,8 +355,10 @@ class Recipe:
 
     def _check_protocols(self) -> None:
         p = self.protocols
+        from ..evaluate.editing import bad_counts
+
         for name in ("edits", "weight_edits"):
-            if any(not isinstance(n, int) or n < 1 for n in getattr(p, name)):
+            if bad_counts(getattr(p, name)):
                 raise RecipeError(f"recipe {self.name}: protocols.{name} = {getattr(p, name)} must hold counts of at least 1")
         for name, least in (("sample", 1), ("fluency_n", 0), ("fluency_tokens", 1), ("forget", 0)):
             if getattr(p, name) < least:

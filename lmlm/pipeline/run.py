@@ -383,8 +383,9 @@ def stage_protocols(recipe: Recipe, out: Path) -> dict | None:
     from ..kb import KnowledgeBase
 
     spec, folder = recipe.protocols, out / "protocols"
-    if not (spec.edits or spec.weight_edits or spec.forget):
+    if not spec.wanted:
         return None
+    console.rule("[bold]editing and forgetting by the fields' protocols")
     if (info := stage_done(folder)) is not None:
         return info
     t = time.time()
@@ -402,7 +403,7 @@ def stage_protocols(recipe: Recipe, out: Path) -> dict | None:
     unseen = read_facts(unseen_file) if forget and unseen_file else []
     ev = recipe.evaluate
     section = run_protocols(lmlm, out / "kb", folder, facts=facts, standard=standard, forget=forget, unseen=unseen,
-                            edits=spec.edits, weight_edits=spec.weight_edits if standard else [], sample=spec.sample,
+                            edits=spec.edits, weight_edits=spec.weight_edits, sample=spec.sample,
                             fluency_n=spec.fluency_n, fluency_tokens=spec.fluency_tokens,
                             decoding={"name_bias": ev.name_bias, "copy_bias": ev.copy_bias},
                             max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size, seed=recipe.seed, log=_log)
@@ -550,8 +551,6 @@ def _run_stages(recipe: Recipe, out: Path, progress: bool, until: str | None) ->
         return None
     console.rule("[bold]evaluation")
     evaluation = stage_evaluate(recipe, out)
-    if recipe.protocols.edits or recipe.protocols.weight_edits or recipe.protocols.forget:
-        console.rule("[bold]editing and forgetting by the fields' protocols")
     protocols = stage_protocols(recipe, out)
     timings["this_run"] = time.time() - t0
     report = write_pipeline_report(recipe, out, corpus, annotation, kb, models, evaluation, timings, protocols)
