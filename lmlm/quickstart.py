@@ -78,7 +78,7 @@ class QuickstartConfig:
     protocol_edits: list[int] = field(default_factory=lambda: [1, 100, 1000, 10000])
     protocol_weight_edits: list[int] = field(default_factory=lambda: [1, 100])
     protocol_sample: int = 100
-    protocol_fluency: int = 50
+    protocol_fluency: int = 100
     protocol_forget: bool = True
     seed: int = 0
     threads: int | None = None

@@ -391,6 +391,9 @@ def forgetting(model: Path = MODEL, kb: Path | None = KB, out: Path | None = OUT
                unseen: Path | None = typer.Option(None, "--unseen", help="facts of entities the models never read "
                                                   "(same format): the guessing rate parametric leakage is compared with"),
                standard: Path | None = typer.Option(None, "--standard", help="the Standard checkpoint, scored on --unseen"),
+               start: str | None = typer.Option(None, "--start", help="the pretrained model the LMLM was continued from "
+                                                "(as lmlm train --init-from names it): what it stated of the forget set "
+                                                "before any LMLM training, beside DEL-OFF"),
                fraction: float = typer.Option(0.05, min=0.0, max=1.0, help="with --world: share of trained people forgotten"),
                limit: int | None = typer.Option(None, "--limit", min=1, help="about this many facts (whole entities)"),
                kinds: str = typer.Option(",".join(("name", "alias", "misspelling", "transliteration", "relation",
@@ -428,7 +431,18 @@ def forgetting(model: Path = MODEL, kb: Path | None = KB, out: Path | None = OUT
     forget = sample_facts(forget, limit, seed)
     if checkpoint_mode(model) == "standard":
         _fail(f"{model} is a Standard checkpoint: the audit deletes facts from an LMLM's KB (give it as --standard)")
+    first = None
+    if start is not None:  # before the LMLM and the KB copy: a start that is not there costs nothing
+        from ..pretrained import StartError, start_pretrained
+
+        try:
+            sm, stok, _ = start_pretrained(start)
+        except StartError as e:
+            _fail(f"--start {start}: {e}")
+        first = (sm.eval(), stok)
     m, tok, _, gen, _ = _load(model, kb, instead=None)
+    if first is not None:
+        first = (first[0].to(m.device), first[1])
     work, source = _scratch_kb(gen, "lmlm-forgetting-kb-")
     std = None
     if standard is not None:
@@ -437,7 +451,7 @@ def forgetting(model: Path = MODEL, kb: Path | None = KB, out: Path | None = OUT
         sm, stok, _, _, _ = _load(standard, None, no_db=True, need_generator=False)
         std = (sm, stok)
     records: list = []
-    metrics = audit_forgetting(m, tok, work, forget, unseen=unseen_facts, standard=std,
+    metrics = audit_forgetting(m, tok, work, forget, unseen=unseen_facts, standard=std, start=first,
                                decoding={"name_bias": name_bias, "copy_bias": copy_bias}, max_new_tokens=max_new_tokens,
                                batch_size=batch_size, kinds=chosen, records=records, on_miss=on_miss,
                                log=lambda s: typer.echo(s, err=True))
@@ -445,7 +459,7 @@ def forgetting(model: Path = MODEL, kb: Path | None = KB, out: Path | None = OUT
     records.insert(0, {"by_kind": by_kind})
     work.close()
     _finish(FORGETTING, metrics, records, out, {"model": str(model), "kb": str(source), "facts": str(facts or world),
-                                                "unseen": str(unseen) if unseen else None, "kinds": chosen,
+                                                "unseen": str(unseen) if unseen else None, "start": start, "kinds": chosen,
                                                 "name_bias": name_bias, "copy_bias": copy_bias, "on_miss": on_miss,
                                                 "by_kind": by_kind})
 

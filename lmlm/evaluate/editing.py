@@ -28,7 +28,9 @@ log-probability, ROME's ``test_batch_prediction``):
 * ``fluency``: ROME's generation entropy, per text ``mean(2/3 * H_2, 4/3 * H_3)`` of its word bigram
   and trigram frequencies (bits; NLTK's word tokenizer), averaged over the texts the model writes from
   the generation prompts (top-5 sampling, seeded, 100 tokens each, as ROME's ``generate_fast``: a
-  text runs on past the end of its document, so an edit that makes the model end early does not shorten it);
+  text runs on past the end of its document, so an edit that makes the model end early does not shorten it;
+  end-of-document and chat-turn tokens are never drawn, so a model trained on short documents writes 100
+  tokens of text too; an LMLM's calls come on top of them, and its text is cut at 100 tokens);
   ``fluency_before`` and ``fluency_change`` (after / before - 1) beside it.
 
 For an LMLM the answer comes through a lookup, so every metric is defined through it: a lookup is
@@ -61,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..jsonio import write_json
-from .base import Protocol, mean, read_json_records, scratch_kb
+from .base import CALL_ROOM, Protocol, mean, read_json_records, scratch_kb
 from .cloze import match_first_content_words
 
 __all__ = ["EDITING", "EditCase", "read_counterfact", "read_zsre", "read_edit_set", "counterfact_records",
@@ -342,6 +344,8 @@ class Scored:
 
 
 class _Scorer:
+    _call_room = 0  # tokens a row may write beyond its text: its calls
+
     def __init__(self, gen, batch_size: int = 32, max_new_tokens: int = 16):
         self.gen, self.tok, self.batch_size, self.max_new_tokens = gen, gen.tok, batch_size, max_new_tokens
 
@@ -378,21 +382,30 @@ class _Scorer:
         return ()
 
     def generate(self, prompts: Sequence[str], max_new_tokens: int = 100, seed: int = 0) -> list[str]:
-        """Texts from the generation prompts, ROME's way (top-5 sampling, seeded, ``max_new_tokens`` each:
-        the end of a document does not stop a text, its separator is left out, as ``generate_fast`` does)."""
+        """Texts from the generation prompts, ROME's way (top-5 sampling, seeded, ``max_new_tokens`` each,
+        as ``generate_fast`` does). The end of a document does not stop a text: the special tokens (a
+        document's end, a chat turn's markers) are never drawn, so that a model trained to end its
+        documents early writes ``max_new_tokens`` of text too, not a few words between end tokens."""
         from .base import outputs_of
 
-        res = self.gen.generate(list(prompts), max_new_tokens=max_new_tokens, batch_size=self.batch_size,
-                                do_sample=True, top_k=5, seed=seed, ignore_eos=True)
-        return outputs_of(self.gen, res)
+        hf = self.tok.hf
+        specials = {*getattr(hf, "all_special_ids", ()), self.tok.eos_id, self.tok.doc_id} - set(self.tok.call_ids)
+        res = self.gen.generate(list(prompts), max_new_tokens=max_new_tokens + self._call_room, batch_size=self.batch_size,
+                                do_sample=True, top_k=5, seed=seed, ignore_eos=True,
+                                suppress_ids=sorted(i for i in specials if i is not None and i < len(hf)))
+        # ``max_new_tokens`` of text for every model: an LMLM's calls come on top (CALL_ROOM), as in answers
+        return [hf.decode(ids[:max_new_tokens]) if len(ids := hf.encode(o, add_special_tokens=False)) > max_new_tokens
+                else o for o in outputs_of(self.gen, res)]
 
 
 class LookupScorer(_Scorer):
     """An LMLM through its lookups: a call forced at the end of each prompt, the KB answering it; the
     prefix an object is scored after is the prompt and that call up to its ``<|db_end|>``."""
 
+    _call_room = CALL_ROOM
+
     def _prefixes(self, prompts):
-        from .base import CALL_ROOM, outputs_of
+        from .base import outputs_of
         from ..generate.trace import open_call
 
         res = self.gen.generate(list(prompts), max_new_tokens=self.max_new_tokens + CALL_ROOM // 2,

@@ -12,7 +12,9 @@ Two ways a deleted fact ``(entity, relation, value)`` can still come out:
 * **parametric leakage**: the model states the value with the database off (``del_off``). An LMLM
   keeps entity facts out of its weights, so its rate should be no higher than what a model that never
   read the facts gets by guessing: the Standard model's rate on facts of entities it never saw
-  (``--unseen``), the reference the audit asks for;
+  (``--unseen``), the reference the audit asks for. An LMLM continued from a pretrained model also
+  inherits what that model knew: ``--start`` asks the start model the same prompts, and
+  ``learned_leakage`` counts only the facts DEL-OFF states that the start model did not;
 * **retrieval-mediated residue**: the database still gives the value after the delete. Every deleted
   fact is asked again in adversarial forms, counted per kind: ``name`` (as written), ``alias`` (each
   other name the KB held), ``misspelling`` (a letter dropped, two swapped, lower case, an initial),
@@ -243,12 +245,15 @@ def _share(flags: Sequence[bool]) -> float | None:
 
 
 def audit_forgetting(model, tok, kb, forget: Sequence[Fact], *, unseen: Sequence[Fact] = (), standard=None,
-                     decoding: dict | None = None, max_new_tokens: int = 24, batch_size: int = 32,
+                     start=None, decoding: dict | None = None, max_new_tokens: int = 24, batch_size: int = 32,
                      kinds: Sequence[str] = KINDS, records: list | None = None, log=print,
                      on_miss: str = "text") -> dict:
     """Run the audit on ``kb`` (changed in place: the forget set's entities are deleted with their alias
     closures). ``model``/``tok``: the LMLM; ``standard``: ``(model, tok)`` of the Standard model for the
-    unseen-facts reference; ``decoding``: the LMLM's ``name_bias`` and ``copy_bias``; ``on_miss``: what a
+    unseen-facts reference; ``start``: ``(model, tok)`` of the pretrained model the LMLM was continued from,
+    asked the forget set's own prompts (what it stated before any LMLM training is leakage the LMLM
+    inherited, not learned: ``forgetting_start_knew``, and ``forgetting_learned_leakage``, the facts
+    DEL-OFF states that the start model did not); ``decoding``: the LMLM's ``name_bias`` and ``copy_bias``; ``on_miss``: what a
     lookup the KB does not answer gets (``"text"``: "unknown", as ``lmlm generate``; ``"skip"``: nothing,
     and the model goes on by itself, which shows what its weights hold at the call). Returns the metrics
     (``forgetting_*``); ``records`` gets one row per probe and state."""
@@ -289,6 +294,13 @@ def audit_forgetting(model, tok, kb, forget: Sequence[Fact], *, unseen: Sequence
             metrics["forgetting_unseen_standard"] = _share(
                 [_stated(o, f.value) for o, f in zip(_generate(std, prompts, False, max_new_tokens, batch_size), unseen)])
         metrics["forgetting_n_unseen"] = len(unseen)
+    if start is not None:
+        first = LookupGenerator(start[0], start[1], None, use_db=False)
+        states["start"] = _generate(first, [p.prompt for p in base], False, max_new_tokens, batch_size)
+        knew = [_stated(o, p.fact.value) for o, p in zip(states["start"], base)]
+        leaked = [_stated(o, p.fact.value) for o, p in zip(del_off, base)]
+        metrics.update(forgetting_start_knew=_share(knew),
+                       forgetting_learned_leakage=_share([lk and not k for lk, k in zip(leaked, knew)]))
     if records is not None:
         records += _records(ps, base, kb_hits, states)
     return metrics
@@ -341,6 +353,8 @@ def _records(ps: list[Probe], base: list[Probe], kb_hits: dict, states: dict) ->
             j = at[id(p)]
             rec.update(full=states["full"][j], full_states_value=_stated(states["full"][j], p.fact.value),
                        del_off=states["del_off"][j], del_off_states_value=_stated(states["del_off"][j], p.fact.value))
+            if "start" in states:
+                rec.update(start=states["start"][j], start_states_value=_stated(states["start"][j], p.fact.value))
         out.append(rec)
     return out
 

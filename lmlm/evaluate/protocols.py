@@ -65,7 +65,7 @@ def _count_rows(metrics: dict, counts: Sequence[int]) -> list[dict]:
 
 
 def run_protocols(lmlm, kb_folder: str | Path, out: str | Path, *, facts: dict[tuple[str, str], str],
-                  world=None, standard=None, forget: Sequence[Fact] = (), unseen: Sequence[Fact] = (),
+                  world=None, standard=None, start=None, forget: Sequence[Fact] = (), unseen: Sequence[Fact] = (),
                   edits: Sequence[int] = (1, 100, 1000), weight_edits: Sequence[int] = (), sample: int = 100,
                   fluency_n: int = 50, fluency_tokens: int = 60, decoding: dict | None = None,
                   max_new_tokens: int = 24, batch_size: int = 32, seed: int = 0, log=print) -> dict:
@@ -78,7 +78,8 @@ def run_protocols(lmlm, kb_folder: str | Path, out: str | Path, *, facts: dict[t
             world_facts`, :func:`~lmlm.evaluate.editing.kb_facts`); ``world``: a biography world, whose
             phrasings the prompts take.
         standard: ``(model, tokenizer)`` of the Standard model: FT-L's weights (``weight_edits``) and the
-            audit's reference guess rate on ``unseen``.
+            audit's reference guess rate on ``unseen``; ``start``: ``(model, tokenizer)`` of the pretrained
+            model the LMLM was continued from, the audit's reference for what it knew before (``None``: none).
         forget: the facts the audit deletes (every fact of their entities goes, with the alias closure);
             ``unseen``: facts of entities no model read (empty ``forget``: no audit).
         edits: sequential KB edit counts (empty: no editing); ``weight_edits``: FT-L's counts (empty: none).
@@ -94,7 +95,7 @@ def run_protocols(lmlm, kb_folder: str | Path, out: str | Path, *, facts: dict[t
         section["editing"] = _editing(lmlm, standard, Path(kb_folder), out, facts, world, list(edits), weight_edits,
                                       config, log)
     if forget:
-        section["forgetting"] = _forgetting(lmlm, standard, Path(kb_folder), out, forget, unseen, config,
+        section["forgetting"] = _forgetting(lmlm, standard, start, Path(kb_folder), out, forget, unseen, config,
                                             max_new_tokens, batch_size, log)
     return section
 
@@ -140,7 +141,7 @@ def _editing(lmlm, standard, kb_folder: Path, out: Path, facts, world, edits: li
     return editing
 
 
-def _forgetting(lmlm, standard, kb_folder: Path, out: Path, forget, unseen, config: dict, max_new_tokens: int,
+def _forgetting(lmlm, standard, start, kb_folder: Path, out: Path, forget, unseen, config: dict, max_new_tokens: int,
                 batch_size: int, log) -> dict:
     """The audit part of :func:`run_protocols`, on a copy of the KB."""
     from .base import scratch_kb, write_results
@@ -150,7 +151,8 @@ def _forgetting(lmlm, standard, kb_folder: Path, out: Path, forget, unseen, conf
     try:
         records: list = []
         decoding = {k: config[k] for k in ("name_bias", "copy_bias") if k in config}
-        metrics = audit_forgetting(*lmlm, work, forget, unseen=unseen, standard=standard, decoding=decoding,
+        metrics = audit_forgetting(*lmlm, work, forget, unseen=unseen, standard=standard, start=start,
+                                   decoding=decoding,
                                    max_new_tokens=max_new_tokens, batch_size=batch_size, records=records, log=log)
         work.close()
     finally:
@@ -209,7 +211,10 @@ def protocol_lines(section: dict | None, heading: str = "##") -> list[str]:
                   f"FULL precision {_fmt(fo['full_precision'])}, DEL-ON {_fmt(fo['del_on_precision'])}; parametric "
                   f"leakage (DEL-OFF) {_fmt(fo['parametric_leakage'])} (n {fo['n_facts']:,})"
                   + (f" against the Standard model's guess rate {_fmt(std)} on {fo['n_unseen']:,} facts it never read"
-                     if std is not None else "") + ".", "",
+                     if std is not None else "")
+                  + (f"; the model it was continued from stated {_fmt(fo['start_knew'])} of the same facts before any "
+                     f"LMLM training, and {_fmt(fo['learned_leakage'])} are stated with the database off that it did not "
+                     "(leakage learned, not inherited)" if fo.get("start_knew") is not None else "") + ".", "",
                   "| kind | n | KB residue (entity-aware) | KB residue (single key) | generated residue |",
                   "|---|---:|---:|---:|---:|"]
         for kind, row in fo["by_kind"].items():

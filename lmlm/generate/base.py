@@ -89,8 +89,8 @@ class LookupGenerator:
                  force_lookup: bool = False, force_lookup_at: Sequence[int] | Sequence[Sequence[int]] | None = None,
                  do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  repetition_penalty: float = 1.0, num_beams: int = 1, stop_strings: Sequence[str] | None = None,
-                 ignore_eos: bool = False, seed: int | None = None, progress: bool = False,
-                 cache: dict | None = None, max_lookups: int | None = None,
+                 ignore_eos: bool = False, suppress_ids: Sequence[int] = (), seed: int | None = None,
+                 progress: bool = False, cache: dict | None = None, max_lookups: int | None = None,
                  **hf_kwargs) -> list[GenerationResult]:
         """Continue each prompt, answering its lookups from the KB.
 
@@ -107,6 +107,8 @@ class LookupGenerator:
             num_beams: beam search (the best beam is returned); not with sampling.
             stop_strings: stop a row once its text outside calls ends with one of these.
             ignore_eos: run every row to ``max_new_tokens``; document separators are ordinary tokens.
+            suppress_ids: ids never generated (with ``ignore_eos``, the ends of a document and a chat
+                turn: a text that runs its full length in words); not the four call markers.
             seed: seeds torch's global generator before sampling.
             progress: show a progress bar over batches.
             cache: lookup answers by query ids, shared across calls (default: one per call).
@@ -135,10 +137,16 @@ class LookupGenerator:
             raise ValueError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r}")
         if stop_strings and ignore_eos:
             raise ValueError("stop_strings and ignore_eos exclude each other (a stopped row is padded with eos)")
+        if set(suppress_ids) & set(self.tok.call_ids):
+            raise ValueError("suppress_ids must not hold the call markers: use use_db=False for text without lookups")
         force_at = force_offsets(force_lookup_at, len(prompts))
         if seed is not None:
             torch.manual_seed(seed)
         warpers = _warpers(do_sample, temperature, top_k, top_p)
+        if suppress_ids:
+            from transformers import SuppressTokensLogitsProcessor
+
+            warpers.insert(0, SuppressTokensLogitsProcessor(sorted(set(suppress_ids)), self.model.device))
         ids = [self.prompt_ids(p, force_lookup) for p in prompts]
         room = self._room(ids, max_new_tokens)
         order = batch_order(ids)

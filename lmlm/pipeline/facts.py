@@ -29,7 +29,7 @@ from typing import Any
 from ..corpus import Document
 from ..device import default_device
 
-__all__ = ["ClozeFact", "cloze_facts", "write_trex", "choose_edits", "evaluate_models", "evaluate_edits",
+__all__ = ["ClozeFact", "open_base", "cloze_facts", "write_trex", "choose_edits", "evaluate_models", "evaluate_edits",
            "plain_perplexity", "MODELS"]
 
 REFERENCE_METHODS = ("infobox", "given")
@@ -131,7 +131,7 @@ def choose_edits(facts: list[ClozeFact], n: int, seed: int = 0) -> list[dict[str
 
 # -- evaluation -------------------------------------------------------------------------------------
 
-def _open_base(base: str, device: str):
+def open_base(base: str, device: str):
     """The untouched pretrained model with rows for the four lookup tokens (never written: its own outputs)."""
     from ..pretrained import start_pretrained
 
@@ -162,7 +162,7 @@ def _generators(models: dict[str, Path], kb_path: Path, base: str | None, constr
         m, tok, _ = load_checkpoint(models["standard"], device=device)
         gens["standard"] = (LookupGenerator(m, tok, None, use_db=False), False)
     if base:
-        m, tok = _open_base(base, device)
+        m, tok = open_base(base, device)
         gens["base"] = (LookupGenerator(m, tok, None, use_db=False), False)
     return gens
 
@@ -220,7 +220,7 @@ def plain_perplexity(texts: list[str], models: dict[str, Path], base: str | None
         m, tok, _ = load_checkpoint(path, device=device)
         out[name] = standard_perplexity(m.eval(), tok, texts, batch_size)
     if base:
-        m, tok = _open_base(base, device)
+        m, tok = open_base(base, device)
         out["base"] = standard_perplexity(m, tok, texts, batch_size)
     return out
 

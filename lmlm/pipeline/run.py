@@ -402,7 +402,12 @@ def stage_protocols(recipe: Recipe, out: Path) -> dict | None:
     unseen_file = next((f for f in (cloze / "heldout_infobox.jsonl", cloze / "heldout.jsonl") if f.exists()), None)
     unseen = read_facts(unseen_file) if forget and unseen_file else []
     ev = recipe.evaluate
-    section = run_protocols(lmlm, out / "kb", folder, facts=facts, standard=standard, forget=forget, unseen=unseen,
+    start = None
+    if forget and recipe.train.init_from and ev.base:  # what the pretrained start knew of the forget set
+        from .facts import open_base
+        start = open_base(recipe.train.init_from, device)
+    section = run_protocols(lmlm, out / "kb", folder, facts=facts, standard=standard, start=start, forget=forget,
+                            unseen=unseen,
                             edits=spec.edits, weight_edits=spec.weight_edits, sample=spec.sample,
                             fluency_n=spec.fluency_n, fluency_tokens=spec.fluency_tokens,
                             decoding={"name_bias": ev.name_bias, "copy_bias": ev.copy_bias},

@@ -109,11 +109,22 @@ def test_forgetting_command_deletes_the_alias_closure_and_leaves_no_residue(worl
     kb.close()
 
 
+def test_the_start_model_tells_leakage_inherited_from_leakage_learned(run_dir):
+    """``--start``: the model an LMLM was continued from, asked the forget set's prompts. Given the LMLM's
+    own weights, it states with no KB exactly what DEL-OFF states: all of it inherited, none learned."""
+    m = _run(["forgetting", "--model", str(run_dir / "lmlm"), "--facts", str(run_dir / "forget.jsonl"),
+              "--start", str(run_dir / "lmlm"), "--kinds", "name"])
+    assert m["forgetting_start_knew"] == m["forgetting_parametric_leakage"]
+    assert m["forgetting_learned_leakage"] == 0.0
+
+
 def test_forgetting_refuses_bad_input_in_one_line(run_dir, tmp_path):
     base = ["forgetting", "--model", str(run_dir / "lmlm")]
     for args, words in ((base, "--facts FILE or --world DIR"),
                         (base + ["--facts", str(run_dir / "forget.jsonl"), "--kinds", "name,rumour"], "--kinds takes"),
                         (base + ["--world", str(tmp_path)], "not a biography world"),
+                        (base + ["--facts", str(run_dir / "forget.jsonl"), "--start", str(tmp_path / "none")],
+                         "none"),
                         (["forgetting", "--model", str(run_dir / "standard"), "--facts", str(run_dir / "forget.jsonl")],
                          "Standard checkpoint")):
         res = runner.invoke(eval_app, args)

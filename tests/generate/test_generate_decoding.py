@@ -122,6 +122,12 @@ def test_ignore_eos_runs_to_the_limit(world, kb):
     full = gen.generate(prompts, max_new_tokens=30, ignore_eos=True, sequence_bias=eos_first)
     assert all(len(r.token_ids) == 30 and world.tok.eos_id in r.token_ids for r in full)
     assert gen.generate(prompts[:1], max_new_tokens=0)[0].token_ids == []
+    # an id suppressed is never drawn, however favoured: the text runs its length in words
+    held = gen.generate(prompts, max_new_tokens=30, ignore_eos=True, sequence_bias=eos_first,
+                        suppress_ids=[world.tok.eos_id])
+    assert all(len(r.token_ids) == 30 and world.tok.eos_id not in r.token_ids for r in held)
+    with pytest.raises(ValueError, match="call markers"):
+        gen.generate(prompts, suppress_ids=[world.tok.start_id])
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
