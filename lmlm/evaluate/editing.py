@@ -390,8 +390,8 @@ class _Scorer:
 
         hf = self.tok.hf
         specials = {*getattr(hf, "all_special_ids", ()), self.tok.eos_id, self.tok.doc_id} - set(self.tok.call_ids)
-        res = self.gen.generate(list(prompts), max_new_tokens=max_new_tokens + self._call_room, batch_size=self.batch_size,
-                                do_sample=True, top_k=5, seed=seed, ignore_eos=True,
+        res = self.gen.generate(list(prompts), max_new_tokens=max_new_tokens + self._call_room,
+                                batch_size=self.batch_size, do_sample=True, top_k=5, seed=seed, ignore_eos=True,
                                 suppress_ids=sorted(i for i in specials if i is not None and i < len(hf)))
         # ``max_new_tokens`` of text for every model: an LMLM's calls come on top (CALL_ROOM), as in answers
         return [hf.decode(ids[:max_new_tokens]) if len(ids := hf.encode(o, add_special_tokens=False)) > max_new_tokens

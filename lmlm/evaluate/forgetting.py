@@ -253,8 +253,8 @@ def audit_forgetting(model, tok, kb, forget: Sequence[Fact], *, unseen: Sequence
     unseen-facts reference; ``start``: ``(model, tok)`` of the pretrained model the LMLM was continued from,
     asked the forget set's own prompts (what it stated before any LMLM training is leakage the LMLM
     inherited, not learned: ``forgetting_start_knew``, and ``forgetting_learned_leakage``, the facts
-    DEL-OFF states that the start model did not); ``decoding``: the LMLM's ``name_bias`` and ``copy_bias``; ``on_miss``: what a
-    lookup the KB does not answer gets (``"text"``: "unknown", as ``lmlm generate``; ``"skip"``: nothing,
+    DEL-OFF states that the start model did not); ``decoding``: the LMLM's ``name_bias`` and ``copy_bias``;
+    ``on_miss``: what a lookup the KB does not answer gets (``"text"``: "unknown", as ``lmlm generate``; ``"skip"``: nothing,
     and the model goes on by itself, which shows what its weights hold at the call). Returns the metrics
     (``forgetting_*``); ``records`` gets one row per probe and state."""
     from ..generate import LookupGenerator
