@@ -152,8 +152,7 @@ def _forgetting(lmlm, standard, start, kb_folder: Path, out: Path, forget, unsee
         records: list = []
         decoding = {k: config[k] for k in ("name_bias", "copy_bias") if k in config}
         metrics = audit_forgetting(*lmlm, work, forget, unseen=unseen, standard=standard, start=start,
-                                   decoding=decoding,
-                                   max_new_tokens=max_new_tokens, batch_size=batch_size, records=records, log=log)
+                                   decoding=decoding, max_new_tokens=max_new_tokens, batch_size=batch_size, records=records, log=log)
         work.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -405,10 +405,10 @@ def stage_protocols(recipe: Recipe, out: Path) -> dict | None:
     start = None
     if forget and recipe.train.init_from and ev.base:  # what the pretrained start knew of the forget set
         from .facts import open_base
+
         start = open_base(recipe.train.init_from, device)
     section = run_protocols(lmlm, out / "kb", folder, facts=facts, standard=standard, start=start, forget=forget,
-                            unseen=unseen,
-                            edits=spec.edits, weight_edits=spec.weight_edits, sample=spec.sample,
+                            unseen=unseen, edits=spec.edits, weight_edits=spec.weight_edits, sample=spec.sample,
                             fluency_n=spec.fluency_n, fluency_tokens=spec.fluency_tokens,
                             decoding={"name_bias": ev.name_bias, "copy_bias": ev.copy_bias},
                             max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size, seed=recipe.seed, log=_log)
