@@ -10,6 +10,8 @@ entity itself (``Common Name: Albania`` in *Albania*) is a fact but never a call
 name of the entity the text is about retrieves nothing the text has not said. The back matter
 (references, external links, see also) gets no call.
 Every triple goes to the KB (with the article as its source); only mentioned ones become calls.
+A fact is seen once in the infobox and once at each of its calls (the triple's ``count``), so that
+of a key's several values the KB answers one the text states over those the infobox only lists.
 Other names of each entity go to ``aliases.jsonl``: the titles of the redirects to its article and
 its infobox's ``name`` and ``birth_name`` (``lmlm kb build --aliases`` reads them).
 
@@ -252,9 +254,14 @@ def annotate_dump(dump: str | Path, out: str | Path, limit: int | None = None, p
                 n_calls.append(len(calls))
                 names += [(a, art["title"]) for a in art["aliases"]]
                 relations.update(c.relation for c in calls)
+                stated = Counter((c.relation, c.value) for c in calls)
                 for e, r, v, p in art["triples"]:
+                    # seen once in the infobox and once at each call: of a key's several values ("Coach:
+                    # Emmanuel Agassi, Nick Bollettieri, Brad Gilbert, Darren Cahill") the KB answers the
+                    # one the text states ("With new coach [Brad Gilbert]") over those it only lists
+                    count = {"count": 1 + stated[(r, v)]} if stated[(r, v)] else {}
                     ft.write(json.dumps({"entity": e, "relation": r, "value": v, "source": art["doc_id"],
-                                         "position": p}, ensure_ascii=False) + "\n")
+                                         "position": p, **count}, ensure_ascii=False) + "\n")
                     n_triples += 1
                 yield Document(art["doc_id"], render(art["segments"], "dblookup"), art["plain"], source=art["title"],
                                meta={"infobox": art["infobox"]})

@@ -38,9 +38,9 @@ She died on November 27, 1852.
 """
 
 
-def _dump(tmp_path: Path) -> Path:
-    pages = [("1", "Ada Lovelace", ADA, False), ("2", "Lovelace", "#REDIRECT [[Ada Lovelace]]", True),
-             ("3", "Plain page", "A page about nothing in particular.", False)]
+def _dump(tmp_path: Path, pages=None) -> Path:
+    pages = pages or [("1", "Ada Lovelace", ADA, False), ("2", "Lovelace", "#REDIRECT [[Ada Lovelace]]", True),
+                      ("3", "Plain page", "A page about nothing in particular.", False)]
     xml = ['<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">']
     for pid, title, text, redirect in pages:
         esc = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
@@ -156,6 +156,23 @@ def test_dump_to_documents_triples_and_kb(tmp_path):
     kb.add_aliases(aliases, why="wikipedia redirects and names")
     assert kb.lookup("Lovelace", "birth date").value == "December 10, 1815"
     assert kb.explain("Augusta Ada Byron", "Birth Date").via == "alias"
+
+
+def test_of_a_keys_several_values_the_kb_answers_the_one_the_text_states(tmp_path):
+    """The infobox lists three coaches and the text states one. Built from the triples as they are written,
+    the KB answers that one (seen in the infobox and at its call), not the newest one the infobox lists."""
+    page = ("{{Infobox tennis biography\n| name = Tom Player\n"
+            "| coach = [[Emma Stone (coach)|Emma Stone]]<br />[[Brad Gilbert]]<br />[[Darren Cahill]]\n}}\n"
+            "'''Tom Player''' is a tennis player from Ohio. With new coach Brad Gilbert, he won eight titles.\n")
+    out = tmp_path / "wiki"
+    annotate_dump(_dump(tmp_path, [("5", "Tom Player", page, False)]), out, progress=False)
+    rows = [json.loads(line) for line in (out / "triples.jsonl").read_text().splitlines()]
+    assert [(r["value"], r.get("count", 1)) for r in rows] == [("Emma Stone", 1), ("Brad Gilbert", 2),
+                                                                ("Darren Cahill", 1)]
+    kb = KnowledgeBase.create(tmp_path / "kb", encoder=get_encoder())
+    kb.import_jsonl(out / "triples.jsonl", why="wikipedia infoboxes")
+    m = kb.lookup("Tom Player", "Coach")
+    assert (m.value, m.support, m.alternatives, m.sources) == ("Brad Gilbert", 2, 2, ("enwiki-5",))
 
 
 def test_bad_dumps_are_reported(tmp_path):
