@@ -256,9 +256,7 @@ def annotate_dump(dump: str | Path, out: str | Path, limit: int | None = None, p
                 relations.update(c.relation for c in calls)
                 stated = Counter((c.relation, c.value) for c in calls)
                 for e, r, v, p in art["triples"]:
-                    # seen once in the infobox and once at each call: of a key's several values ("Coach:
-                    # Emmanuel Agassi, Nick Bollettieri, Brad Gilbert, Darren Cahill") the KB answers the
-                    # one the text states ("With new coach [Brad Gilbert]") over those it only lists
+                    # seen in the infobox and at each call: the KB answers a stated value (module docstring)
                     count = {"count": 1 + stated[(r, v)]} if stated[(r, v)] else {}
                     ft.write(json.dumps({"entity": e, "relation": r, "value": v, "source": art["doc_id"],
                                          "position": p, **count}, ensure_ascii=False) + "\n")
