@@ -11,8 +11,9 @@ these documents add no fact to the weights: only the habit of calling.
 * :func:`read_facts`: the same from a triples file (``lmlm kb build``'s formats), or the source's name.
 * :func:`split_by_entity`: a seeded share of the entities held out whole (never a fact of one entity
   on each side), entities a corpus names kept out of the held-out side.
-* :func:`fact_documents`: one short document a fact, from a few phrasings of its relation; a relation
-  without phrasings of its own is written "The <relation> of <entity> is".
+* :func:`fact_documents`: one short document a fact, from a few phrasings of its relation: a source's own
+  (:data:`PHRASINGS`), else "The <relation> of <entity> is" or, for the common infobox fields, one of the
+  ways running text states them (:data:`TEXT_PHRASINGS`: "<entity> was born in").
 * :func:`cloze_records`: the held-out facts as LAMA T-REx cloze prompts for ``lmlm eval trex``.
 
 Exercised by ``lmlm data facts countryinfo --out FACTS --unnamed-in DOCS``.
@@ -30,7 +31,7 @@ from ..errors import LmlmError
 from ..lookup import Lookup, Text
 
 __all__ = ["SOURCES", "FactsError", "country_facts", "read_facts", "split_by_entity", "fact_documents",
-           "cloze_records", "write_jsonl", "PHRASINGS"]
+           "cloze_records", "write_jsonl", "PHRASINGS", "TEXT_PHRASINGS"]
 
 SOURCES = ("countryinfo",)
 
@@ -43,6 +44,79 @@ PHRASINGS: dict[str, list[tuple[str, str]]] = {
     "Continent": [("{e} is a country in", "."), ("{e} lies on the continent of", "."),
                   ("The country is located in", ".")],
     "Region": [("{e} is part of", "."), ("It is a country of", "."), ("Geographically, {e} belongs to", ".")],
+}
+
+# How text states the common infobox fields of English Wikipedia (as LAMA T-REx phrases its relations): the
+# words a sentence about a fact uses, so that a model trained on a corpus's infobox facts meets each relation
+# in the wording of running text ("Ada Lovelace was born in"), not only in its field's name. A fact of such a
+# relation is written either way: "The <relation> of <entity> is" (the cloze prompt) or one of these.
+TEXT_PHRASINGS: dict[str, list[tuple[str, str]]] = {
+    "Birth Date": [("{e} was born on", "."), ("The date of birth of {e} is", ".")],
+    "Birth Place": [("{e} was born in", "."), ("{e} is a native of", ".")],
+    "Birth Name": [("{e} was born with the name", "."), ("At birth, {e} was named", ".")],
+    "Death Date": [("{e} died on", "."), ("{e} passed away on", ".")],
+    "Death Place": [("{e} died in", "."), ("{e} passed away in", ".")],
+    "Resting Place": [("{e} is buried in", "."), ("{e} was laid to rest in", ".")],
+    "Spouse": [("{e} married", "."), ("{e} was married to", ".")],
+    "Spouses": [("{e} married", "."), ("{e} was married to", ".")],
+    "Partner": [("{e} lived with", "."), ("The partner of {e} was", ".")],
+    "Children": [("{e} was the parent of", "."), ("The children of {e} include", ".")],
+    "Parents": [("{e} was born to", "."), ("{e} was the child of", ".")],
+    "Siblings": [("{e} was the sibling of", "."), ("The siblings of {e} include", ".")],
+    "Relatives": [("{e} was related to", "."), ("The relatives of {e} include", ".")],
+    "Alma Mater": [("{e} studied at", "."), ("{e} graduated from", "."), ("{e} was educated at", ".")],
+    "Education": [("{e} studied at", "."), ("{e} was educated at", ".")],
+    "Occupation": [("{e} worked as", "."), ("By profession, {e} was", ".")],
+    "Nationality": [("By nationality, {e} was", "."), ("{e} held the nationality", ".")],
+    "Citizenship": [("{e} was a citizen of", "."), ("{e} held citizenship of", ".")],
+    "Residence": [("{e} lived in", "."), ("{e} resided in", ".")],
+    "Known For": [("{e} is best known for", "."), ("{e} is famous for", ".")],
+    "Notable Works": [("{e} wrote", "."), ("Among the works of {e} is", ".")],
+    "Notable Ideas": [("{e} is known for the idea of", "."), ("{e} introduced the notion of", ".")],
+    "Main Interests": [("{e} worked mainly on", "."), ("The main interests of {e} were", ".")],
+    "Field": [("{e} worked in the field of", "."), ("{e} was a scholar of", ".")],
+    "Fields": [("{e} worked in the field of", "."), ("{e} was a scholar of", ".")],
+    "Work Places": [("{e} worked at", "."), ("{e} taught at", ".")],
+    "Workplaces": [("{e} worked at", "."), ("{e} taught at", ".")],
+    "Awards": [("{e} received the", "."), ("{e} was awarded the", ".")],
+    "Prizes": [("{e} won the", "."), ("{e} was awarded the", ".")],
+    "Influences": [("{e} was influenced by", "."), ("{e} drew on the work of", ".")],
+    "Influenced": [("{e} influenced", "."), ("Among those influenced by {e} is", ".")],
+    "Party": [("{e} was a member of the", "."), ("{e} belonged to the", ".")],
+    "Religion": [("By religion, {e} is", "."), ("The faith of {e} is", ".")],
+    "Conventional Long Name": [("{e}, officially the", ", is a country."), ("The official name of {e} is the", ".")],
+    "Official Languages": [("The official language of {e} is", "."), ("In {e}, the official language is", ".")],
+    "National Languages": [("The national language of {e} is", "."), ("In {e}, people speak", ".")],
+    "Languages": [("The languages spoken in {e} include", "."), ("In {e}, people speak", ".")],
+    "Language": [("{e} is written in", "."), ("The original language of {e} is", ".")],
+    "Largest City": [("The largest city of {e} is", "."), ("The most populous city in {e} is", ".")],
+    "Currency": [("The currency of {e} is the", "."), ("In {e}, people pay with the", ".")],
+    "Leader Name": [("{e} is led by", "."), ("The leader of {e} is", ".")],
+    "Leader Title": [("The head of {e} holds the title of", "."), ("{e} is led by its", ".")],
+    "Legislature": [("The legislature of {e} is the", "."), ("Laws in {e} are made by the", ".")],
+    "Established Date": [("{e} was established on", "."), ("{e} was founded on", ".")],
+    "Established Event": [("{e} was established by the", "."), ("{e} came into being with the", ".")],
+    "Founded": [("{e} was founded in", "."), ("{e} was set up in", ".")],
+    "Founder": [("{e} was founded by", "."), ("The founder of {e} is", ".")],
+    "Author": [("{e} was written by", "."), ("The author of {e} is", ".")],
+    "Writer": [("{e} was written by", "."), ("The screenplay of {e} was written by", ".")],
+    "Illustrator": [("{e} was illustrated by", "."), ("The pictures in {e} were drawn by", ".")],
+    "Director": [("{e} was directed by", "."), ("The director of {e} is", ".")],
+    "Starring": [("{e} stars", "."), ("The cast of {e} includes", ".")],
+    "Genre": [("{e} belongs to the genre of", "."), ("{e} is a work of", ".")],
+    "Publisher": [("{e} was published by", "."), ("The publisher of {e} is", ".")],
+    "Composer": [("The music of {e} was composed by", "."), ("The score of {e} is by", ".")],
+    "Creator": [("{e} was created by", "."), ("The creator of {e} is", ".")],
+    "Country": [("{e} is in", "."), ("{e} comes from", ".")],
+    "Location": [("{e} is located in", "."), ("{e} lies in", ".")],
+    "Headquarters": [("{e} is headquartered in", "."), ("The headquarters of {e} are in", ".")],
+    "Operator": [("{e} was operated by", "."), ("{e} is run by", ".")],
+    "Manufacturer": [("{e} was built by", "."), ("{e} was manufactured by", ".")],
+    "Commander": [("{e} saw forces commanded by", "."), ("The commanders in {e} included", ".")],
+    "Combatant": [("{e} was fought by", "."), ("The sides in {e} included", ".")],
+    "Result": [("{e} ended in", "."), ("The outcome of {e} was", ".")],
+    "Coach": [("{e} was coached by", "."), ("The coach of {e} was", ".")],
+    "Time Zone": [("{e} is in the time zone", "."), ("The time in {e} follows", ".")],
 }
 
 
@@ -105,7 +179,8 @@ def split_by_entity(facts: Sequence[tuple[str, str, str]], held_out: float, seed
 
 
 def _phrasings(relation: str) -> list[tuple[str, str]]:
-    return PHRASINGS.get(relation) or [(f"The {relation.lower()} of {{e}} is", ".")]
+    """The relation's phrasings, the cloze prompt's first: a source's own, else the field's name and its text's words."""
+    return PHRASINGS.get(relation) or [(f"The {relation.lower()} of {{e}} is", ".")] + TEXT_PHRASINGS.get(relation, [])
 
 
 def fact_documents(facts: Iterable[tuple[str, str, str]], seed: int = 0, head: bool = True,

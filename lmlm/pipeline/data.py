@@ -95,7 +95,7 @@ def fact_documents_of(recipe: Recipe, out: Path, folder: Path, log=print) -> lis
 def corpus_relation_facts(out: Path, n: int, seed: int = 0, split: str = "train") -> list[tuple[str, str, str]]:
     """At most ``n`` infobox facts of the corpus's articles of ``split`` (``train``: the training articles,
     ``heldout``: those no model reads) from ``OUT/annotate/triples.jsonl``, of their relation's kind and with
-    a word in the value, taken in turn from every relation (seeded)."""
+    a word in the value and not the entity's own name, taken in turn from every relation (seeded)."""
     from ..annotate.support import fits_kind
     from ..kb.formats import read
 
@@ -105,7 +105,8 @@ def corpus_relation_facts(out: Path, n: int, seed: int = 0, split: str = "train"
     docs = {d.id for d in read_documents(out / "corpus" / "documents.jsonl") if (d.split or "train") == split}
     by_relation: dict[str, list[tuple[str, str, str]]] = {}
     for t in read(path)[0]:
-        if any(doc in docs for doc, _ in t.sources) and fits_kind(t.relation, t.value) and sum(c.isalpha() for c in t.value) >= 2:
+        if (any(doc in docs for doc, _ in t.sources) and fits_kind(t.relation, t.value)
+                and sum(c.isalpha() for c in t.value) >= 2 and t.value.casefold() != t.entity.casefold()):
             by_relation.setdefault(t.relation, []).append((t.entity, t.relation, t.value))
     rng = random.Random(seed)
     for facts in by_relation.values():

@@ -43,6 +43,15 @@ def test_a_fact_document_states_its_fact_with_the_call_before_the_value():
     assert cloze["masked_sentences"] == ["Kenya\nThe capital of Kenya is [MASK] ."] and cloze["obj_label"] == "Nairobi"
 
 
+def test_an_infobox_field_is_stated_in_the_words_of_running_text_as_well_as_by_its_name():
+    facts = [("Ada Lovelace", "Birth Place", "London")] * 40 + [("Ada Lovelace", "Latd", "51")] * 5
+    texts = {d.text.split("\n", 1)[1] for d in fact_documents(facts, seed=0)}
+    assert {"Ada Lovelace was born in London.", "The birth place of Ada Lovelace is London."} <= texts
+    assert "The latd of Ada Lovelace is 51." in texts and len(texts) == 4  # a field text has no words for
+    # the cloze prompt stays the field's name, so the held-out infobox split asks as it always did
+    assert cloze_records(facts[:1])[0]["masked_sentences"] == ["Ada Lovelace\nThe birth place of Ada Lovelace is [MASK] ."]
+
+
 def test_cli_writes_train_documents_and_held_out_triples_that_kb_build_reads(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     write_documents(corpus, [Document("a", "Kenya lies in East Africa.", "Kenya lies in East Africa.")])

@@ -403,13 +403,15 @@ def test_corpus_relation_sentences_come_from_training_articles_only_one_relation
                      Document.from_segments("b", [Text("Alabama is a state.")], split="heldout")])
     rows = [("Alaska", "Capital", "Juneau", "a"), ("Alaska", "Largest City", "Anchorage", "a"),
             ("Alaska", "Highest Point", "Denali", "a"), ("Alaska", "Population", "731,545", "a"),
-            ("Alaska", "Capital", "Juneau City", "a"), ("Alabama", "Capital", "Montgomery", "b")]
+            ("Alaska", "Capital", "Juneau City", "a"), ("Alaska", "Common Name", "alaska", "a"),
+            ("Alabama", "Capital", "Montgomery", "b")]
     (tmp_path / "annotate" / "triples.jsonl").write_text("".join(
         json.dumps({"entity": e, "relation": r, "value": v, "source": s, "position": None}) + "\n" for e, r, v, s in rows))
     facts = corpus_relation_facts(tmp_path, 3)
     assert len(facts) == 3 and {r for _, r, _ in facts} == {"Capital", "Largest City", "Highest Point"}
     every = corpus_relation_facts(tmp_path, 100)
-    assert all(e == "Alaska" for e, _, _ in every) and len(every) == 4  # a number with no word in it is left out
+    assert all(e == "Alaska" for e, _, _ in every) and len(every) == 4  # a number with no word in it is left
+    # out, and so is the entity's own name: "The common name of Alaska is Alaska" teaches no lookup
     assert corpus_relation_facts(tmp_path, 100, split="heldout") == [("Alabama", "Capital", "Montgomery")]
 
 
