@@ -188,8 +188,9 @@ class FactsSpec:
         documents: most training documents from the facts, a seeded sample (0: one per fact): a few hundred
             keep the corpus's own windows, and their relations, from being drowned by a few relations.
         corpus_relations: also this many sentences from the infobox facts of the corpus's training articles
-            ("The highest point of Alaska is"), spread over every relation those infoboxes name (0: none): a
-            relation then reaches the model in its own words, in text, so that it can name one it meets in a
+            ("The highest point of Alaska is"; a common field also in running text's words, "Andrei Tarkovsky
+            was born in": :data:`lmlm.data.facts.TEXT_PHRASINGS`), spread over every relation those infoboxes
+            name (0: none): a relation then reaches the model in text, so that it can name one it meets in a
             sentence. Held-out articles' facts are never among them.
     """
 
