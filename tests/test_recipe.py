@@ -40,6 +40,7 @@ def test_a_toml_file_is_a_preset(tmp_path):
     (["model_overrides=3"], "model_overrides must be a dict"),
     (["protocol_edits=[1, 0]"], r"protocol_edits = \[1, 0\] must hold edit counts of at least 1"),
     (["protocol_sample=0"], "protocol_sample = 0 must be at least 1"),
+    (["eval_batch_size=0"], "eval_batch_size = 0 must be at least 1"),
 ])
 def test_a_bad_field_names_itself(sets, message):
     with pytest.raises(RecipeError, match=message):

@@ -438,12 +438,12 @@ class PlainScorer(_Scorer):
 class KBEditor:
     """An LMLM's edit: ``KnowledgeBase.edit(subject, relation, new)`` on a fresh copy of the KB per count
     (a key the KB does not hold is added). ``source``: the KB folder; ``make_generator(kb)`` the LMLM's
-    generator over a copy."""
+    generator over a copy; ``batch_size``: rows per scoring and generation batch."""
 
     name = "lmlm"
 
-    def __init__(self, source: str | Path, make_generator):
-        self.source, self.make_generator = Path(source), make_generator
+    def __init__(self, source: str | Path, make_generator, batch_size: int = 32):
+        self.source, self.make_generator, self.batch_size = Path(source), make_generator, batch_size
         self.kb, self._tmp = None, None
         self.inserted = 0
 
@@ -452,7 +452,7 @@ class KBEditor:
         self.close()
         self.kb, self._tmp = scratch_kb(self.source, "lmlm-editing-kb-")
         self.inserted = 0
-        return LookupScorer(self.make_generator(self.kb))
+        return LookupScorer(self.make_generator(self.kb), batch_size=self.batch_size)
 
     def apply(self, cases: Sequence[EditCase], progress=None) -> None:
         from ..kb import KBError, Triple
@@ -483,15 +483,16 @@ class KBEditor:
 
 class WeightEditor:
     """FT-L or ROME (:mod:`lmlm.evaluate.weight_editing`) through the edit loop: ``start`` restores the
-    weights, ``apply`` edits them one rewrite after another; ``gen`` scores the model without a KB."""
+    weights, ``apply`` edits them one rewrite after another; ``gen`` scores the model without a KB
+    (``batch_size`` rows a batch)."""
 
-    def __init__(self, method, gen):
-        self.method, self.gen, self.name = method, gen, method.name
+    def __init__(self, method, gen, batch_size: int = 32):
+        self.method, self.gen, self.name, self.batch_size = method, gen, method.name, batch_size
         self.inserted = 0
 
     def start(self):
         self.method.reset()
-        return PlainScorer(self.gen)
+        return PlainScorer(self.gen, batch_size=self.batch_size)
 
     def apply(self, cases: Sequence[EditCase], progress=None) -> None:
         from .weight_editing import WeightEdit

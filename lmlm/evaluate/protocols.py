@@ -84,7 +84,9 @@ def run_protocols(lmlm, kb_folder: str | Path, out: str | Path, *, facts: dict[t
             ``unseen``: facts of entities no model read (empty ``forget``: no audit).
         edits: sequential KB edit counts (empty: no editing); ``weight_edits``: FT-L's counts (empty: none).
         sample, fluency_n, fluency_tokens: scored facts per count, fluency texts and their length.
-        decoding: the LMLM's ``name_bias`` and ``copy_bias``.
+        decoding: the LMLM's ``name_bias`` and ``copy_bias``; ``batch_size``: rows per generation and
+            scoring batch (the same outputs at any size, greedy rows; a small model on a CPU runs a larger
+            batch in less time).
     """
     out, decoding = Path(out), dict(decoding or {})
     out.mkdir(parents=True, exist_ok=True)
@@ -93,7 +95,7 @@ def run_protocols(lmlm, kb_folder: str | Path, out: str | Path, *, facts: dict[t
     weight_edits = list(weight_edits) if standard is not None else []
     if edits or weight_edits:
         section["editing"] = _editing(lmlm, standard, Path(kb_folder), out, facts, world, list(edits), weight_edits,
-                                      config, log)
+                                      config, batch_size, log)
     if forget:
         section["forgetting"] = _forgetting(lmlm, standard, start, Path(kb_folder), out, forget, unseen, config,
                                             max_new_tokens, batch_size, log)
@@ -101,7 +103,7 @@ def run_protocols(lmlm, kb_folder: str | Path, out: str | Path, *, facts: dict[t
 
 
 def _editing(lmlm, standard, kb_folder: Path, out: Path, facts, world, edits: list[int], weight_edits: list[int],
-             config: dict, log) -> dict:
+             config: dict, batch_size: int, log) -> dict:
     """The editing part of :func:`run_protocols`: the rewrites written, each method's counts run and scored."""
     from ..generate import LookupGenerator
     from .base import write_results
@@ -123,13 +125,14 @@ def _editing(lmlm, standard, kb_folder: Path, out: Path, facts, world, edits: li
     cases = read_edit_set(write_records(out / "counterfact.json", rewrites))
     decoding = {k: config[k] for k in ("name_bias", "copy_bias") if k in config}
     model, tok = lmlm
-    runs = [("lmlm", KBEditor(kb_folder, lambda kb: LookupGenerator(model, tok, kb, **decoding)), edits)] if edits else []
+    runs = [("lmlm", KBEditor(kb_folder, lambda kb: LookupGenerator(model, tok, kb, **decoding), batch_size),
+             edits)] if edits else []
     if weight_edits:
         from .weight_editing import FineTuneL
 
         sm, stok = standard
-        runs.append(("ft-l", WeightEditor(FineTuneL(sm, stok), LookupGenerator(sm, stok, None, use_db=False)),
-                     weight_edits))
+        plain = LookupGenerator(sm, stok, None, use_db=False)
+        runs.append(("ft-l", WeightEditor(FineTuneL(sm, stok), plain, batch_size), weight_edits))
     editing: dict = {"rewrites": len(cases), "facts": len(facts)}
     for name, editor, counts in runs:
         records: list = []

@@ -43,6 +43,7 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import unicodedata
@@ -84,6 +85,7 @@ def _fold(text: str) -> str:
     return "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the same names come back at every lookup of a generation
 def fuzzy_tokens(name_norm: str) -> tuple[str, ...]:
     """The words of a normalised name for alignment: diacritics folded, split at spaces and hyphens,
     edge punctuation dropped (``"m."`` is the initial ``"m"``)."""

@@ -78,3 +78,24 @@ def test_a_kb_whose_relations_have_one_value_each_is_not_edited_and_says_why(wor
                             log=lambda s: None)
     assert "single value" in section["editing"]["skipped"] and "forgetting" not in section
     assert "Editing not measured: no fact can be edited" in "\n".join(protocol_lines(section))
+
+
+def test_the_batch_size_changes_no_greedy_answer_of_the_protocols(world, tmp_path):
+    kb = KnowledgeBase.create(tmp_path / "kb")
+    kb.add([Triple(e, r, v) for (e, r), v in world.facts.items()])
+    kb.close()
+    forget = [Fact(n, "Birth City", c, f"{n} was born in") for n, c, _ in world.people[:3]]
+    sections = [run_protocols((world.model, world.tok), tmp_path / "kb", tmp_path / f"p{size}", facts=world.facts,
+                              world=PHRASES, standard=(copy.deepcopy(world.model), world.tok), forget=forget,
+                              edits=[12], weight_edits=[3], sample=12, fluency_n=0, batch_size=size,
+                              decoding={"name_bias": 10.0, "copy_bias": 5.0}, log=lambda s: None)
+                for size in (1, 16)]
+
+    def untimed(rows):  # fluency samples its texts: not a greedy answer
+        return [{k: v for k, v in r.items() if "seconds" not in k and "fluency" not in k} for r in rows]
+
+    records = [json.loads((tmp_path / f"p{size}" / "editing-lmlm.json").read_text())["records"] for size in (1, 16)]
+    assert untimed(records[0]) == untimed(records[1]) and len(records[0][0]["cases"]) == 12  # each answer, one by one
+    for part in ("lmlm", "ft-l"):
+        assert untimed(sections[0]["editing"][part]["rows"]) == untimed(sections[1]["editing"][part]["rows"])
+    assert sections[0]["forgetting"] == sections[1]["forgetting"]
