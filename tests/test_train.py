@@ -443,3 +443,46 @@ def test_lora_trains_an_adapter_and_the_lookup_rows_and_saves_a_plain_model(tmp_
 def test_lora_needs_a_pretrained_start(tmp_path):
     with pytest.raises(ValueError, match="lora 4 adapts a pretrained model; give init_from"):
         _config(tmp_path, lora=4)
+
+
+def test_the_heads_lookup_rows_train_as_peft_trains_them_without_a_whole_vocabulary_gradient(tok):
+    """A tied output head whose four lookup rows train: the same logits and gradients as PEFT's own
+    trainable-token layer, and a backward pass that computes no gradient for the frozen rows (counted
+    in FLOPs: one vocabulary-sized matrix product a token fewer)."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+    from tiny_lm import tiny_gpt2
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lmlm.train.lora import add_lora, lora_targets
+
+    torch.manual_seed(0)
+    model = tiny_gpt2(tok)
+    ids = sorted(tok.call_ids)
+    ours = add_lora(copy.deepcopy(model), r=4, new_token_ids=ids)
+    theirs = get_peft_model(copy.deepcopy(model), LoraConfig(
+        r=4, lora_alpha=8, target_modules=lora_targets(model), fan_in_fan_out=True, task_type="CAUSAL_LM",
+        trainable_token_indices={"wte": ids}))
+    trained = dict(theirs.named_parameters())
+    with torch.no_grad():  # the same trained state in both: rows and adapters away from their start
+        for n, p in ours.named_parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.1)
+                trained[n].copy_(p)
+    ours.eval(), theirs.eval()  # no dropout: the two passes see the same network
+    batch = torch.randint(0, len(tok), (2, 24))
+    batch[:, 5] = ids[0]  # a lookup token read as input, and predicted
+    flops, grads, logits = {}, {}, {}
+    for name, m in (("ours", ours), ("theirs", theirs)):
+        with FlopCounterMode(display=False) as count:
+            out = m(batch, labels=batch)
+            out.loss.backward()
+        flops[name], logits[name] = count.get_total_flops(), out.logits.detach()
+        grads[name] = {n: p.grad for n, p in m.named_parameters() if p.requires_grad}
+    torch.testing.assert_close(logits["ours"], logits["theirs"])
+    assert set(grads["ours"]) == set(grads["theirs"]) and len(grads["ours"]) > 4
+    for n in grads["ours"]:
+        torch.testing.assert_close(grads["ours"][n], grads["theirs"][n], rtol=1e-4, atol=1e-6)
+    vocab, width, tokens = len(tok), model.config.n_embd, batch.numel()
+    assert flops["theirs"] - flops["ours"] >= 0.9 * 2 * vocab * width * tokens

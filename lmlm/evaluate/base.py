@@ -19,7 +19,7 @@ from typing import Any
 from ..jsonio import write_json
 from ..lookup import PAPER_TOKENS, LookupTokens
 
-__all__ = ["Protocol", "mean", "output_text", "outputs_of", "progress_option", "read_json_records", "trace_dicts",
+__all__ = ["Protocol", "mean", "wilson_interval", "output_text", "outputs_of", "progress_option", "read_json_records", "trace_dicts",
            "write_results", "same_entity", "lookup_metrics", "scratch_kb"]
 
 
@@ -51,6 +51,25 @@ def mean(values: Iterable[float]) -> float:
     """Arithmetic mean; NaN for no values."""
     values = list(values)
     return float(sum(values) / len(values)) if values else math.nan
+
+
+def wilson_interval(hits: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson's score interval for a rate of ``hits`` in ``n`` (95% for the default ``z``); NaNs for ``n = 0``.
+
+    What a precision on a few dozen prompts can and cannot tell apart: 8 of 17 and 11 of 16 overlap.
+
+    Examples:
+        >>> [round(x, 3) for x in wilson_interval(8, 17)]
+        [0.262, 0.69]
+        >>> wilson_interval(0, 0)
+        (nan, nan)
+    """
+    if n <= 0:
+        return math.nan, math.nan
+    p, z2 = hits / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def output_text(result, tokens: LookupTokens | None = None) -> str:

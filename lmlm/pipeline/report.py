@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from ..evaluate.base import wilson_interval
 from ..jsonio import write_json
 from ..report import fmt_value, plot_protocols, plt_module, plot_training_curves, render_generation
 from .annotation import METHOD_NAMES
@@ -26,9 +27,10 @@ def _cloze_rows(table: dict[str, dict[str, dict[str, float]]]) -> list[dict[str,
     for model, splits in table.items():
         row: dict[str, Any] = {"model": model}
         for split, m in splits.items():
-            row[split] = {"precision": m.get("trex_exact_match"), "precision_at_1": m.get("trex_precision_at_1"),
-                          "n": int(m.get("trex_n", 0)), "lookup_found": m.get("trex_lookup_found"),
-                          "names_subject": m.get("trex_lookup_names_subject")}
+            n, p = int(m.get("trex_n", 0)), m.get("trex_exact_match")
+            row[split] = {"precision": p, "precision_ci95": list(wilson_interval(round(p * n), n)) if p is not None
+                          and n else None, "precision_at_1": m.get("trex_precision_at_1"), "n": n,
+                          "lookup_found": m.get("trex_lookup_found"), "names_subject": m.get("trex_lookup_names_subject")}
         rows.append(row)
     return rows
 
@@ -72,14 +74,18 @@ def _figures(out: Path, report: dict) -> dict[str, str]:
         width = 0.8 / len(rows)
         for k, r in enumerate(rows):
             vals = [(r.get(s) or {}).get("precision") or 0.0 for s in splits]
-            ax.bar([i + k * width for i in range(len(splits))], vals, width, label=MODEL_NAMES.get(r["model"], r["model"]))
+            cis = [(r.get(s) or {}).get("precision_ci95") or (v, v) for s, v in zip(splits, vals)]
+            ax.bar([i + k * width for i in range(len(splits))], vals, width, label=MODEL_NAMES.get(r["model"], r["model"]),
+                   yerr=[[max(0.0, v - lo) for v, (lo, _) in zip(vals, cis)], [max(0.0, hi - v) for v, (_, hi) in
+                                                                               zip(vals, cis)]],
+                   error_kw={"elinewidth": 0.8, "capsize": 2, "ecolor": "#333333"})
         ax.set_xticks([i + width * (len(rows) - 1) / 2 for i in range(len(splits))])
         ax.set_xticklabels([f"{SPLIT_NAMES.get(s, s)} "
                             f"(n={(rows[0].get(s) or {}).get('n', 0)})" for s in splits])
         ax.set_ylabel("cloze precision")
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7)
-        ax.set_title("Real facts: the value in the first five content words")
+        ax.set_title("Real facts: the value in the first five content words (95% intervals)")
         fig.tight_layout()
         fig.savefig(out / "figures" / "cloze.png", dpi=120)
         plt.close(fig)
@@ -162,13 +168,17 @@ def _markdown(r: dict, out: Path) -> str:
                   "corpus's own calls) whose value the text states where the call stands, and this run has none. "
                   "The LLM's calls are not taken as gold."]
     if table:
-        lines += ["| model | " + " | ".join(f"{s}: precision | {s}: P@1 | {s}: n" for s in splits) + " |",
+        lines += [("Each precision with its 95% interval (Wilson's): on a split of a few dozen prompts, rates that "
+                   "differ by less than the intervals' width are not told apart."), "",
+                  "| model | " + " | ".join(f"{s}: precision | {s}: P@1 | {s}: n" for s in splits) + " |",
                   "|---|" + "---|---|---|" * len(splits)]
         for row in table:
             cells = []
             for s in splits:
                 m = row.get(s) or {}
-                cells += [fmt_value(m.get("precision")), fmt_value(m.get("precision_at_1")), str(m.get("n", "–"))]
+                ci = m.get("precision_ci95")
+                cells += [fmt_value(m.get("precision")) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""),
+                          fmt_value(m.get("precision_at_1")), str(m.get("n", "–"))]
             lines.append(f"| {MODEL_NAMES.get(row['model'], row['model'])} | " + " | ".join(cells) + " |")
     calls = [(row, s) for row in table for s in splits if (row.get(s) or {}).get("names_subject") is not None
              and row["model"].startswith("lmlm") and row["model"] != "lmlm_no_kb"]

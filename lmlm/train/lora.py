@@ -83,7 +83,39 @@ def add_lora(model, r: int = 32, alpha: int | None = None, dropout: float = 0.0,
     conv = any(isinstance(m, pu.Conv1D) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules())
     config = LoraConfig(r=r, lora_alpha=alpha or 2 * r, lora_dropout=dropout, target_modules=targets,
                         fan_in_fan_out=conv, task_type="CAUSAL_LM", **extra)  # GPT-2's Conv1D stores W transposed
-    return get_peft_model(model, config)
+    peft_model = get_peft_model(model, config)
+    for module in peft_model.modules():
+        if type(module).__name__ == "TrainableTokensLayer" and isinstance(module.base_layer, torch.nn.Linear):
+            _head_rows_only(module)
+    return peft_model
+
+
+def _head_rows_only(layer) -> None:
+    """Let an output head whose new token rows train compute the gradient of those rows alone.
+
+    PEFT's trainable-token layer writes the trained rows into a copy of the whole weight and multiplies
+    by that, so the backward pass computes a gradient for every row of the vocabulary (for SmolLM2-135M
+    49,152 x 576 numbers a token, about a tenth of a LoRA step) and throws all but four away. Here the
+    frozen weight gives every logit and the trained rows give theirs again: the same logits, the same
+    gradients, no weight gradient for the frozen rows. Merged or disabled adapters go through PEFT's own path.
+    """
+    peft_forward = layer.forward_adapters
+
+    def forward_adapters(x, active_adapters, *args, **kwargs):
+        active = [a for a in active_adapters if a in layer.trainable_tokens_delta]
+        base = layer.base_layer
+        if layer.disable_adapters or layer.merged or not active or base.weight.requires_grad:
+            return peft_forward(x, active_adapters, *args, **kwargs)
+        layer._check_overlapping_tokens(active)
+        out = torch.nn.functional.linear(x, base.weight, base.bias)
+        for name in active:
+            index = torch.tensor(layer.token_indices[name], device=out.device)
+            rows = layer.trainable_tokens_delta[name].to(base.weight)
+            bias = base.bias[index] if base.bias is not None else None
+            out.index_copy_(-1, index, torch.nn.functional.linear(x, rows, bias))  # linear keeps no output for backward
+        return out
+
+    layer.forward_adapters = forward_adapters
 
 
 def freeze_lower_layers(model, n: int) -> int:

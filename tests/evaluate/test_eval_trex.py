@@ -175,3 +175,14 @@ def test_lookup_found_counts_no_namesake_of_the_paper_key_match(world, tmp_path)
     aware = trex_eval(LookupGenerator(world.model, world.tok, kb, on_miss="skip"), items, max_new_tokens=4)
     assert aware["trex_lookup_answered"] == 0.0 and aware["trex_lookup_wrong_entity"] == 0.0
     kb.close()
+
+
+@pytest.mark.parametrize("hits,n", [(8, 17), (11, 16), (0, 5), (5, 5), (59, 60), (1, 1)])
+def test_the_precision_interval_is_wilsons_as_scipy_computes_it(hits, n):
+    """The 95% interval the pipeline's report gives each cloze precision, against scipy's Wilson interval."""
+    from scipy.stats import binomtest
+
+    from lmlm.evaluate.base import wilson_interval
+
+    want = binomtest(hits, n).proportion_ci(confidence_level=0.95, method="wilson")
+    assert wilson_interval(hits, n) == pytest.approx((want.low, want.high), abs=1e-5)

@@ -356,6 +356,8 @@ def test_windows_and_held_out_facts_reach_training_and_their_own_cloze_split(tmp
     assert {"lmlm", "lmlm_free", "lmlm_no_kb", "standard"} <= set(rows)
     assert rows["lmlm"]["facts"]["n"] == report["cloze"]["facts"]["facts"] == min(6, len(held))
     assert 0 <= rows["lmlm"]["facts"]["names_subject"] <= 1
+    low, high = rows["lmlm"]["facts"]["precision_ci95"]  # an interval that holds the rate, wide on a few prompts
+    assert low <= rows["lmlm"]["facts"]["precision"] <= high and high - low > 0.2
     # the held-out documents' facts asked as the fact sentences word them, answered from the corpus KB
     from lmlm.evaluate.trex import read_trex
     asked = read_trex(tmp_path / "P" / "eval" / "cloze" / "heldout_infobox.jsonl")
