@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -82,31 +83,49 @@ def _load_gguf(path: Path, dtype=None):
     """A GGUF model dequantised by transformers, rebuilt as a plain model (saveable with ``save_pretrained``).
 
     Dequantising takes most of 20 s on 2 cores, and a pipeline opens its base model about seven times (both
-    trainings, the evaluations, the protocols): the last file's weights, config and tokenizer are kept in
-    the process (about 540 MB for SmolLM2-135M), and every open gets its own copy of them.
+    trainings, the evaluations, the protocols): the first open saves the plain model and its tokenizer in
+    ``$LMLM_CACHE_DIR/gguf`` (default ``~/.cache/lmlm``; 517 MB for SmolLM2-135M), and later opens, in any
+    process, read that folder in under a second. A copy that cannot be read is written again; a cache
+    folder that cannot be written is passed by.
     """
-    import copy
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from transformers import AutoModelForCausalLM
+    cache = gguf_cache_dir(path)
+    broken = False
+    if (cache / "config.json").exists():
+        try:
+            model = AutoModelForCausalLM.from_pretrained(cache)
+            tok = AutoTokenizer.from_pretrained(cache)
+            return (model.to(dtype) if dtype is not None else model), tok
+        except (OSError, ValueError) as e:
+            log.warning("%s: cached copy unreadable, dequantising again (%s)", cache, e)
+            broken = True
+    model, tok = _dequantise_gguf(path)
+    tmp = cache.with_name(f"{cache.name}.tmp-{os.getpid()}")
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if broken:
+            shutil.rmtree(cache)
+        if (cache / "config.json").exists():  # another process wrote it meanwhile
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, cache)  # whole or not at all: config.json appears with the weights
+    except OSError as e:
+        log.warning("%s: not cached (%s)", cache, e)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return (model.to(dtype) if dtype is not None else model), tok
 
+
+def gguf_cache_dir(path: Path) -> Path:
+    """Where the plain copy of GGUF ``path`` is kept: named by its file name, size and modification time."""
     stat = path.stat()
-    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-    if _GGUF_CACHE.get("key") != key:
-        _GGUF_CACHE.clear()
-        _GGUF_CACHE.update(key=key, opened=_dequantise_gguf(path))
-    config, state, tok = _GGUF_CACHE["opened"]
-    model = AutoModelForCausalLM.from_config(copy.deepcopy(config))  # a model's config changes with it
-    model.load_state_dict(state, strict=False)
-    if getattr(config, "tie_word_embeddings", False):
-        model.tie_weights()
-    return (model.to(dtype) if dtype is not None else model), copy.deepcopy(tok)
-
-
-_GGUF_CACHE: dict[str, Any] = {}
+    root = Path(os.environ.get("LMLM_CACHE_DIR") or Path.home() / ".cache" / "lmlm") / "gguf"
+    return root / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
 
 
 def _dequantise_gguf(path: Path):
-    """``(config, state_dict, tokenizer)`` of a GGUF file, read and dequantised by transformers."""
+    """The model and tokenizer of a GGUF file, read and dequantised by transformers."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -116,7 +135,12 @@ def _dequantise_gguf(path: Path):
         raise StartError(f"{path}: reading GGUF needs the gguf package: pip install 'lmlm[annotate-llm]' ({e})") from None
     config = AutoConfig.for_model(**{k: v for k, v in loaded.config.to_dict().items()
                                      if k not in ("quantization_config", "_name_or_path", "transformers_version")})
-    return config, {k: v.detach().clone() for k, v in loaded.state_dict().items()}, tok
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(loaded.state_dict(), strict=False)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    del loaded
+    return model, tok
 
 
 def open_pretrained(spec: str, dtype=None, attention: str | None = None,
