@@ -19,8 +19,8 @@ from typing import Any
 from ..jsonio import write_json
 from ..lookup import PAPER_TOKENS, LookupTokens
 
-__all__ = ["Protocol", "mean", "wilson_interval", "output_text", "outputs_of", "progress_option", "read_json_records", "trace_dicts",
-           "write_results", "same_entity", "lookup_metrics", "scratch_kb"]
+__all__ = ["Protocol", "mean", "wilson_interval", "output_text", "outputs_of", "progress_option", "read_json_records",
+           "trace_dicts", "write_results", "same_entity", "lookup_metrics", "scratch_kb"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def wilson_interval(hits: int, n: int, z: float = 1.959964) -> tuple[float, floa
     p, z2 = hits / n, z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if hits <= 0 else centre - half), (1.0 if hits >= n else centre + half)  # no rounding past the rate
 
 
 def output_text(result, tokens: LookupTokens | None = None) -> str:

@@ -94,8 +94,8 @@ def _head_rows_only(layer) -> None:
     """Let an output head whose new token rows train compute the gradient of those rows alone.
 
     PEFT's trainable-token layer writes the trained rows into a copy of the whole weight and multiplies
-    by that, so the backward pass computes a gradient for every row of the vocabulary (for SmolLM2-135M
-    49,152 x 576 numbers a token, about a tenth of a LoRA step) and throws all but four away. Here the
+    by that, so the backward pass computes a gradient for every row of the vocabulary (for SmolLM2-135M a
+    49,152 x 576 product a token, about a tenth of a LoRA step) and throws all but four away. Here the
     frozen weight gives every logit and the trained rows give theirs again: the same logits, the same
     gradients, no weight gradient for the frozen rows. Merged or disabled adapters go through PEFT's own path.
     """

@@ -185,4 +185,6 @@ def test_the_precision_interval_is_wilsons_as_scipy_computes_it(hits, n):
     from lmlm.evaluate.base import wilson_interval
 
     want = binomtest(hits, n).proportion_ci(confidence_level=0.95, method="wilson")
-    assert wilson_interval(hits, n) == pytest.approx((want.low, want.high), abs=1e-5)
+    low, high = wilson_interval(hits, n)
+    assert (low, high) == pytest.approx((want.low, want.high), abs=1e-5)
+    assert low <= hits / n <= high and (low == 0) == (hits == 0) and (high == 1) == (hits == n)
