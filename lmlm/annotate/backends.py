@@ -122,8 +122,9 @@ def get_backend(url: str | Backend, *, cache: str | Path | bool | None = None, *
 
 def default_cache_path() -> Path:
     """``$LMLM_CACHE_DIR/annotate-cache.sqlite`` (default ``~/.cache/lmlm``)."""
-    root = os.environ.get("LMLM_CACHE_DIR") or Path.home() / ".cache" / "lmlm"
-    return Path(root) / "annotate-cache.sqlite"
+    from ..pretrained import cache_root
+
+    return cache_root() / "annotate-cache.sqlite"
 
 
 # -- cache -----------------------------------------------------------------------------------------
